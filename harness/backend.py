@@ -1,0 +1,41 @@
+"""GPU or Triton interpreter: decided once, before any ``@triton.jit`` import.
+
+Triton reads ``TRITON_INTERPRET`` when a kernel module is imported, so the
+CLI and conftest call ``choose_backend`` first thing.
+"""
+from __future__ import annotations
+
+import os
+
+from reference.errors import NanfuzzError
+
+
+def gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()  # true on ROCm builds too (HIP answers as cuda)
+
+
+def choose_backend(device: str | None = None) -> str:
+    """Return "cuda" or "cpu" and set ``TRITON_INTERPRET`` to match.
+
+    With no ``device``, a GPU is used when present and the interpreter
+    otherwise; an explicit ``TRITON_INTERPRET=1`` from the user forces the
+    interpreter (on CPU tensors) even where a GPU exists.
+    """
+    if device not in (None, "cpu", "cuda"):
+        raise NanfuzzError(f"--device {device!r} is not one of cpu, cuda")
+    forced = os.environ.get("TRITON_INTERPRET") == "1"
+    if device is None:
+        device = "cpu" if forced or not gpu_available() else "cuda"
+    if device == "cuda" and not gpu_available():
+        raise NanfuzzError("--device cuda: no GPU is visible to torch (torch.cuda.is_available() is False); use --device cpu to run under Triton's interpreter")
+    if device == "cuda" and forced:
+        raise NanfuzzError("--device cuda conflicts with TRITON_INTERPRET=1; unset it or use --device cpu")
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    return device
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"

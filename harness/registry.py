@@ -1,0 +1,87 @@
+"""Kernels under test: built-ins, vLLM's, and users' own ``module:callable``.
+
+A kernel is a callable ``run(batch, out) -> Tensor`` plus its capabilities.
+``out`` is a ``[num_tokens, num_q_heads, head_size]`` buffer pre-filled with
+NaN; the callable writes into it (or returns a tensor of that shape).
+Built-in kernel modules are imported lazily, so the caller can decide on
+``TRITON_INTERPRET`` before any ``@triton.jit`` is defined.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from reference.batch import PagedBatch
+from reference.capabilities import Capabilities
+from reference.errors import NanfuzzError
+
+RunFn = Callable[[PagedBatch, torch.Tensor], "torch.Tensor | None"]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str                      # family@variant, vllm:..., or module:callable
+    run: RunFn
+    capabilities: Capabilities
+    expect: str = "pass"           # built-ins: "pass" (fixed) or "caught" (old, buggy)
+    summary: str = ""
+
+    def __call__(self, batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
+        result = self.run(batch, out)
+        return out if result is None else result
+
+
+# Built-in families: module path under harness.kernels; each exposes KERNELS.
+BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified")
+
+
+def builtin_kernels() -> dict[str, Kernel]:
+    kernels: dict[str, Kernel] = {}
+    for family in BUILTIN_MODULES:
+        module = importlib.import_module(f"harness.kernels.{family}")
+        for kernel in module.KERNELS:
+            kernels[kernel.name] = kernel
+    return kernels
+
+
+def resolve(name: str) -> Kernel:
+    """Turn a kernel name from the command line or a repro into a Kernel."""
+    if name.startswith("vllm:"):
+        from harness.adapters import vllm as vllm_adapters
+
+        return vllm_adapters.kernel(name)
+    if "@" in name or ":" not in name:
+        known = builtin_kernels()
+        if name not in known:
+            raise NanfuzzError(f"unknown kernel {name!r}; known: {', '.join(sorted(known))}, vllm:rocm_attn, vllm:triton_attn, or package.module:callable")
+        return known[name]
+    return _user_kernel(name)
+
+
+def _user_kernel(spec: str) -> Kernel:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise NanfuzzError(f"kernel {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise NanfuzzError(f"kernel {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(obj, Kernel):
+        return obj
+    if callable(obj) and isinstance(getattr(obj, "capabilities", None), Capabilities):
+        return Kernel(name=spec, run=obj, capabilities=obj.capabilities)
+    if callable(obj):
+        try:
+            made = obj()
+        except TypeError:
+            made = None
+        if isinstance(made, Kernel):
+            return made
+    raise NanfuzzError(
+        f"kernel {spec!r} is neither a harness.registry.Kernel, a factory returning one, "
+        "nor a callable with a .capabilities attribute")

@@ -1,0 +1,66 @@
+"""The canonical batch a kernel adapter receives."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reference.case import Case
+
+
+@dataclass
+class PagedBatch:
+    """Device tensors of one case, in the harness's canonical layout.
+
+    The cache already holds the new tokens (as vLLM writes them before
+    attention); ``k``/``v`` repeat them for kernels that read new tokens from
+    separate tensors.  Host-side lengths come from ``case`` so adapters never
+    need a device sync to size a launch.
+    """
+
+    case: Case
+    q: torch.Tensor             # [num_tokens, num_q_heads, head_size]
+    k: torch.Tensor             # [num_tokens, num_kv_heads, head_size]
+    v: torch.Tensor             # [num_tokens, num_kv_heads, head_size]
+    key_cache: torch.Tensor     # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor   # [num_blocks, block_size, num_kv_heads, head_size]
+    block_table: torch.Tensor   # int32 [num_seqs, table_width]
+    seq_lens: torch.Tensor      # int32 [num_seqs]
+    query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
+    sinks: torch.Tensor | None  # float32 [num_q_heads], logits added to the denominator only
+
+    @property
+    def scale(self) -> float:
+        return self.case.scale
+
+    @property
+    def sliding_window(self) -> int:
+        return self.case.sliding_window
+
+    @property
+    def causal(self) -> bool:
+        return self.case.causal
+
+    @property
+    def max_query_len(self) -> int:
+        return self.case.max_query_len
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.case.max_seq_len
+
+    @property
+    def context_lens(self) -> torch.Tensor:
+        return self.seq_lens - (self.query_start_loc[1:] - self.query_start_loc[:-1])
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """Every input tensor by name (what a kernel must not write)."""
+        named = {
+            "q": self.q, "k": self.k, "v": self.v,
+            "key_cache": self.key_cache, "value_cache": self.value_cache,
+            "block_table": self.block_table, "seq_lens": self.seq_lens,
+            "query_start_loc": self.query_start_loc,
+        }
+        if self.sinks is not None:
+            named["sinks"] = self.sinks
+        return named

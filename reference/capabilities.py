@@ -1,0 +1,76 @@
+"""What a kernel accepts.  Strategies generate only cases inside it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from reference.case import DTYPES, Case
+
+DEFAULT_HEAD_SIZES = (32, 64, 80, 96, 128)
+# 48 stands for the non-power-of-two block sizes hybrid (mamba) models use.
+DEFAULT_BLOCK_SIZES = (16, 8, 32, 64, 48)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    dtypes: tuple[str, ...] = DTYPES
+    head_sizes: tuple[int, ...] = DEFAULT_HEAD_SIZES
+    block_sizes: tuple[int, ...] = DEFAULT_BLOCK_SIZES
+    max_query_len: int | None = None  # 1 = decode only
+    min_query_len: int = 0            # >1 = prefill only (padding sequences still allowed)
+    causal: bool = True
+    non_causal: bool = False
+    sliding_window: bool = True
+    sinks: bool = False
+    max_q_heads: int = 16
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    # dtypes the Triton interpreter cannot run for this kernel (no bf16 arithmetic there)
+    interpreter_dtypes: tuple[str, ...] = ("float16", "float32")
+    notes: str = ""
+
+    @property
+    def decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+    def restrict(self, **changes) -> "Capabilities":
+        return replace(self, **changes)
+
+    def unsupported(self, case: Case, *, interpreter: bool = False) -> str | None:
+        """Why this kernel cannot take ``case``, or None when it can."""
+        g = case.geometry
+        dtypes = tuple(d for d in self.dtypes if d in self.interpreter_dtypes) if interpreter else self.dtypes
+        if g.dtype not in dtypes:
+            where = " under the interpreter" if interpreter else ""
+            return f"dtype {g.dtype} (supported{where}: {', '.join(dtypes)})"
+        if g.head_size not in self.head_sizes:
+            return f"head_size {g.head_size} (supported: {self.head_sizes})"
+        if g.block_size not in self.block_sizes:
+            return f"block_size {g.block_size} (supported: {self.block_sizes})"
+        if g.num_q_heads > self.max_q_heads:
+            return f"{g.num_q_heads} query heads (at most {self.max_q_heads})"
+        if self.max_query_len is not None and case.max_query_len > self.max_query_len:
+            return f"query_len {case.max_query_len} (at most {self.max_query_len})"
+        if self.min_query_len > 1 and any(0 < s.query_len < self.min_query_len for s in case.sequences):
+            return f"query_len below {self.min_query_len} (prefill only)"
+        if case.causal and not self.causal:
+            return "causal attention"
+        if not case.causal and not self.non_causal:
+            return "non-causal attention"
+        if case.sliding_window and not self.sliding_window:
+            return "a sliding window"
+        if case.sinks and not self.sinks:
+            return "attention sinks"
+        return None
+
+    def describe(self) -> str:
+        parts = [
+            "/".join(d.replace("float", "fp").replace("bfp16", "bf16") for d in self.dtypes),
+            "decode" if self.decode_only else ("prefill" if self.min_query_len > 1 else "decode+prefill"),
+            "+".join(x for x, on in (("causal", self.causal), ("non-causal", self.non_causal)) if on),
+        ]
+        if self.sliding_window:
+            parts.append("window")
+        if self.sinks:
+            parts.append("sinks")
+        parts.append("heads " + ",".join(map(str, self.head_sizes)))
+        parts.append("blocks " + ",".join(map(str, self.block_sizes)))
+        return " ".join(parts)

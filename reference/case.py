@@ -1,0 +1,243 @@
+"""The case model: one paged-attention batch, small, frozen and JSON-exact.
+
+A case holds no tensors.  Everything a kernel sees is rebuilt from it by
+``reference.materialize``, so a case is also the repro: a few hundred bytes
+of JSON that replay bit for bit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from reference.errors import CaseError
+
+SCHEMA_VERSION = 1
+
+DTYPES = ("float16", "bfloat16", "float32")
+POISON_VALUES = ("nan", "inf", "-inf", "max", "garbage", "bits")
+POISON_TENSORS = ("v", "k", "kv")
+NULL_BLOCK = 0
+
+
+@dataclass(frozen=True)
+class Geometry:
+    num_q_heads: int
+    num_kv_heads: int
+    head_size: int
+    block_size: int
+    num_blocks: int
+    dtype: str
+
+    @property
+    def queries_per_kv(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One request: ``seq_len`` keys in the cache, the last ``query_len`` of them new.
+
+    ``block_table`` maps logical block j to a physical block id; entries at
+    and past ``ceil(seq_len / block_size)`` are padding.
+    """
+
+    query_len: int
+    seq_len: int
+    block_table: tuple[int, ...]
+
+    @property
+    def context_len(self) -> int:
+        return self.seq_len - self.query_len
+
+
+@dataclass(frozen=True)
+class PoisonSite:
+    """A dead slot (``offset`` set) or a whole physical block (``offset`` None)."""
+
+    block: int
+    offset: int | None = None
+
+
+@dataclass(frozen=True)
+class Poison:
+    """What goes into dead slots.
+
+    ``sites`` None means every dead slot; otherwise only the listed sites get
+    ``value`` and every other dead slot holds finite garbage.
+    """
+
+    value: str = "nan"
+    tensors: str = "v"
+    sites: tuple[PoisonSite, ...] | None = None
+
+    @property
+    def hits_k(self) -> bool:
+        return "k" in self.tensors
+
+    @property
+    def hits_v(self) -> bool:
+        return "v" in self.tensors
+
+
+@dataclass(frozen=True)
+class Case:
+    geometry: Geometry
+    sequences: tuple[Sequence, ...]
+    sliding_window: int = 0  # W keys including the query's own position; 0 = none
+    causal: bool = True
+    sinks: bool = False
+    padding_block: int = NULL_BLOCK  # where block-table padding entries point
+    poison: Poison = field(default_factory=Poison)
+    data_seed: int = 0
+
+    # -- derived ---------------------------------------------------------------
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.geometry.head_size)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.query_len for s in self.sequences)
+
+    @property
+    def table_width(self) -> int:
+        return len(self.sequences[0].block_table) if self.sequences else 0
+
+    @property
+    def max_query_len(self) -> int:
+        return max((s.query_len for s in self.sequences), default=0)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max((s.seq_len for s in self.sequences), default=0)
+
+    def query_start_loc(self) -> list[int]:
+        starts = [0]
+        for s in self.sequences:
+            starts.append(starts[-1] + s.query_len)
+        return starts
+
+    def replace(self, **changes: Any) -> "Case":
+        return dataclasses.replace(self, **changes)
+
+    # -- JSON ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        g = self.geometry
+        return {
+            "geometry": dataclasses.asdict(g),
+            "sequences": [
+                {"query_len": s.query_len, "seq_len": s.seq_len, "block_table": list(s.block_table)}
+                for s in self.sequences
+            ],
+            "sliding_window": self.sliding_window,
+            "causal": self.causal,
+            "sinks": self.sinks,
+            "padding_block": self.padding_block,
+            "poison": {
+                "value": self.poison.value,
+                "tensors": self.poison.tensors,
+                "sites": None
+                if self.poison.sites is None
+                else [[p.block, p.offset] for p in self.poison.sites],
+            },
+            "data_seed": self.data_seed,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Case":
+        try:
+            poison = data["poison"]
+            sites = poison["sites"]
+            case = cls(
+                geometry=Geometry(**data["geometry"]),
+                sequences=tuple(
+                    Sequence(int(s["query_len"]), int(s["seq_len"]), tuple(int(b) for b in s["block_table"]))
+                    for s in data["sequences"]
+                ),
+                sliding_window=int(data["sliding_window"]),
+                causal=bool(data["causal"]),
+                sinks=bool(data["sinks"]),
+                padding_block=int(data["padding_block"]),
+                poison=Poison(
+                    value=poison["value"],
+                    tensors=poison["tensors"],
+                    sites=None if sites is None else tuple(PoisonSite(int(b), None if o is None else int(o)) for b, o in sites),
+                ),
+                data_seed=int(data["data_seed"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CaseError(f"case JSON is malformed ({type(exc).__name__}: {exc}); expected the fields of Case.to_dict()") from None
+        case.validate()
+        return case
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Case":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CaseError(f"case is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise CaseError(f"case JSON must be an object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    # -- validity --------------------------------------------------------------
+    def validate(self) -> "Case":
+        """Raise CaseError naming the first rule this case breaks."""
+        from reference.semantics import live_key_range  # semantics imports this module
+
+        g = self.geometry
+        _check(g.dtype in DTYPES, f"dtype={g.dtype!r} is not one of {DTYPES}")
+        for name in ("num_q_heads", "num_kv_heads", "head_size", "block_size", "num_blocks"):
+            _check(getattr(g, name) >= 1, f"{name}={getattr(g, name)} must be >= 1")
+        _check(g.num_q_heads % g.num_kv_heads == 0,
+               f"num_q_heads={g.num_q_heads} is not a multiple of num_kv_heads={g.num_kv_heads}")
+        _check(len(self.sequences) >= 1, "a case needs at least one sequence")
+        _check(self.sliding_window >= 0, f"sliding_window={self.sliding_window} must be >= 0 (0 = no window)")
+        _check(0 <= self.padding_block < g.num_blocks,
+               f"padding_block={self.padding_block} is outside 0..{g.num_blocks - 1}")
+        width = self.table_width
+        for i, s in enumerate(self.sequences):
+            _check(0 <= s.query_len <= s.seq_len,
+                   f"sequence {i}: query_len={s.query_len} must lie in 0..seq_len={s.seq_len}")
+            _check(len(s.block_table) == width,
+                   f"sequence {i}: block table has {len(s.block_table)} entries, sequence 0 has {width}")
+            used = -(-s.seq_len // g.block_size)
+            _check(used <= width, f"sequence {i}: seq_len={s.seq_len} needs {used} blocks, table has {width}")
+            lo, hi = live_key_range(self, s)
+            for j, b in enumerate(s.block_table):
+                _check(0 <= b < g.num_blocks, f"sequence {i}: block_table[{j}]={b} is outside 0..{g.num_blocks - 1}")
+                if j >= used:
+                    _check(b == self.padding_block,
+                           f"sequence {i}: padding entry block_table[{j}]={b} must point at padding_block={self.padding_block}")
+                holds_live = max(lo, j * g.block_size) < min(hi, (j + 1) * g.block_size)
+                if holds_live:
+                    _check(b != NULL_BLOCK, f"sequence {i}: block_table[{j}] holds live keys but points at the null block 0")
+        from reference.semantics import slot_liveness
+
+        live = slot_liveness(self)
+        _check(not any(live[self.padding_block]),
+               f"padding_block={self.padding_block} holds live keys; padding must point at a dead block")
+        p = self.poison
+        _check(p.value in POISON_VALUES, f"poison value={p.value!r} is not one of {POISON_VALUES}")
+        _check(p.tensors in POISON_TENSORS, f"poison tensors={p.tensors!r} is not one of {POISON_TENSORS}")
+        if p.sites is not None:
+            for site in p.sites:
+                _check(0 <= site.block < g.num_blocks, f"poison site block={site.block} is outside the cache")
+                if site.offset is None:
+                    _check(not any(live[site.block]), f"poison site block {site.block} holds live keys; only dead slots may be poisoned")
+                else:
+                    _check(0 <= site.offset < g.block_size, f"poison site offset={site.offset} is outside 0..{g.block_size - 1}")
+                    _check(not live[site.block][site.offset],
+                           f"poison site ({site.block}, {site.offset}) is live; only dead slots may be poisoned")
+        return self
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise CaseError(message)

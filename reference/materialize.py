@@ -1,0 +1,154 @@
+"""Build a case's tensors on a device.
+
+Live slots hold values that depend only on the data seed and the slot's
+address; dead slots hold finite garbage (its own seed) except where the
+poison specification puts NaN, Inf or other hostile bits.  Two calls with the
+same arguments give bit-identical tensors on any device.
+"""
+from __future__ import annotations
+
+import torch
+
+from reference import values
+from reference.batch import PagedBatch
+from reference.case import Case
+from reference.semantics import slot_liveness
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_BITS_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32}
+
+# Live data: K and V uniform on [-1, 1); Q three times wider so that the
+# softmax is peaked enough for a wrong window edge to move the output.
+_Q_SPREAD = 3.0
+# Finite garbage in unpoisoned dead slots: magnitudes log-uniform in [1, 1e4]
+# (below fp16's 65504), so a kernel that lets a dead slot reach its output
+# with a non-zero weight changes the result visibly (the LEAK verdict).
+_GARBAGE_DECADES = 4.0
+
+
+def _derive(*parts: int) -> int:
+    seed = 0
+    for part in parts:
+        seed = values._mix_int(seed ^ (part & values._MASK64))
+    return seed
+
+
+def live_mask(case: Case, device: torch.device | str) -> torch.Tensor:
+    """bool ``[num_blocks, block_size]``: may some query read this slot?"""
+    return torch.tensor(slot_liveness(case), dtype=torch.bool, device=device)
+
+
+def poison_mask(case: Case, live: torch.Tensor) -> torch.Tensor:
+    """bool ``[num_blocks, block_size]``: the slots the poison specification names."""
+    sites = case.poison.sites
+    if sites is None:
+        return ~live
+    mask = torch.zeros_like(live)
+    for site in sites:
+        if site.offset is None:
+            mask[site.block] = True
+        else:
+            mask[site.block, site.offset] = True
+    return mask & ~live
+
+
+def _garbage(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
+    u = values.uniform(seed, stream, index)
+    magnitude = torch.pow(10.0, u.abs() * _GARBAGE_DECADES)
+    return torch.where(u < 0, -magnitude, magnitude)
+
+
+def _poison_values(case: Case, stream: str, index: torch.Tensor) -> torch.Tensor:
+    dtype_name = case.geometry.dtype
+    dtype = TORCH_DTYPES[dtype_name]
+    kind = case.poison.value
+    shape = index.shape
+    device = index.device
+    if kind == "nan":
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    if kind == "inf":
+        return torch.full(shape, float("inf"), dtype=dtype, device=device)
+    if kind == "-inf":
+        return torch.full(shape, float("-inf"), dtype=dtype, device=device)
+    finfo = torch.finfo(dtype)
+    if kind == "max":
+        return torch.full(shape, finfo.max, dtype=dtype, device=device)
+    seed = _derive(case.data_seed, 1)
+    if kind == "garbage":
+        # large but finite: half to all of the dtype's range, either sign
+        u = values.uniform(seed, stream, index)
+        return (torch.sign(u) * finfo.max * (0.5 + 0.5 * u.abs())).clamp(-finfo.max, finfo.max).to(dtype)
+    assert kind == "bits", kind
+    bits = values.random_bits(seed, stream, index)
+    view = _BITS_VIEW[dtype_name]
+    width = 16 if view == torch.int16 else 32
+    low = bits & ((1 << width) - 1)
+    low = torch.where(low >= 1 << (width - 1), low - (1 << width), low)
+    return low.to(view).view(dtype)
+
+
+def _cache(case: Case, which: str, live: torch.Tensor, poisoned: torch.Tensor | None,
+           garbage_seed: int, device) -> torch.Tensor:
+    g = case.geometry
+    dtype = TORCH_DTYPES[g.dtype]
+    shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
+    index = torch.arange(g.num_blocks * g.block_size * g.num_kv_heads * g.head_size,
+                         device=device, dtype=torch.int64).view(shape)
+    live_values = values.uniform(case.data_seed, f"cache_{which}", index)
+    garbage = _garbage(_derive(case.data_seed, 2, garbage_seed), f"garbage_{which}", index)
+    cache = torch.where(live[:, :, None, None], live_values, garbage).to(dtype)
+    if poisoned is not None:
+        cache = torch.where(poisoned[:, :, None, None], _poison_values(case, f"poison_{which}", index), cache)
+    return cache
+
+
+def token_layout(case: Case) -> tuple[list[int], list[int]]:
+    """For each query token in order: its sequence and its absolute position."""
+    seq_of, pos_of = [], []
+    for s, seq in enumerate(case.sequences):
+        seq_of += [s] * seq.query_len
+        pos_of += range(seq.context_len, seq.seq_len)
+    return seq_of, pos_of
+
+
+def materialize(case: Case, device: torch.device | str = "cpu", *,
+                garbage_seed: int = 0, poisoned: bool = True) -> PagedBatch:
+    """The case's tensors on ``device``.
+
+    ``garbage_seed`` changes the finite garbage in every unpoisoned dead slot
+    and nothing else; ``poisoned=False`` leaves the poison out (every dead
+    slot finite), which is how the LEAK check compares two runs.
+    """
+    g = case.geometry
+    device = torch.device(device)
+    live = live_mask(case, device)
+    poison = poison_mask(case, live) if poisoned else None
+    key_cache = _cache(case, "k", live, poison if case.poison.hits_k else None, garbage_seed, device)
+    value_cache = _cache(case, "v", live, poison if case.poison.hits_v else None, garbage_seed, device)
+
+    seq_of, pos_of = token_layout(case)
+    seq_t = torch.tensor(seq_of, dtype=torch.int64, device=device)
+    pos_t = torch.tensor(pos_of, dtype=torch.int64, device=device)
+    heads = torch.arange(g.num_q_heads * g.head_size, device=device, dtype=torch.int64)
+    q_index = ((seq_t << 24) + pos_t)[:, None] * (g.num_q_heads * g.head_size) + heads[None, :]
+    q = (values.uniform(case.data_seed, "q", q_index) * _Q_SPREAD).to(TORCH_DTYPES[g.dtype])
+    q = q.view(len(seq_of), g.num_q_heads, g.head_size)
+
+    block_table = torch.tensor([list(s.block_table) for s in case.sequences], dtype=torch.int32, device=device)
+    blocks = block_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t
+    offsets = pos_t % g.block_size
+    k = key_cache[blocks, offsets]
+    v = value_cache[blocks, offsets]
+
+    sinks = None
+    if case.sinks:
+        index = torch.arange(g.num_q_heads, device=device, dtype=torch.int64)
+        sinks = (values.uniform(case.data_seed, "sinks", index) * 2.0).to(torch.float32)
+
+    return PagedBatch(
+        case=case, q=q, k=k, v=v, key_cache=key_cache, value_cache=value_cache,
+        block_table=block_table,
+        seq_lens=torch.tensor([s.seq_len for s in case.sequences], dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor(case.query_start_loc(), dtype=torch.int32, device=device),
+        sinks=sinks,
+    )

@@ -1,0 +1,107 @@
+"""The float64 oracle: attention computed from the allowed keys alone.
+
+Keys are *gathered* from the live slots into a zero-initialised buffer, so a
+dead slot's bits never enter a single floating-point operation here, whatever
+poison it holds.  Vectorised over sequences, queries and heads; sequences are
+processed in chunks so that the gathered K/V stay within a memory budget.
+"""
+from __future__ import annotations
+
+import torch
+
+from reference.batch import PagedBatch
+from reference.materialize import token_layout
+from reference.semantics import live_key_range
+
+# Gathered K plus V per chunk, in float64 elements (2 x 2**27 x 8 B = 2 GiB).
+_CHUNK_ELEMENTS = 1 << 27
+
+
+def oracle(batch: PagedBatch) -> torch.Tensor:
+    """float64 ``[num_tokens, num_q_heads, head_size]`` on the batch's device."""
+    case = batch.case
+    g = case.geometry
+    device = batch.q.device
+    out = torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=torch.float64, device=device)
+    if case.num_tokens == 0:
+        return out
+    seq_of, _ = token_layout(case)
+    per_seq = max(1, case.max_seq_len) * g.num_kv_heads * g.head_size
+    chunk = max(1, _CHUNK_ELEMENTS // per_seq)
+    starts = case.query_start_loc()
+    for first in range(0, len(case.sequences), chunk):
+        last = min(first + chunk, len(case.sequences))
+        if starts[last] == starts[first]:
+            continue
+        out[starts[first]:starts[last]] = _attend(batch, first, last, seq_of[starts[first]:starts[last]])
+    return out
+
+
+def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> torch.Tensor:
+    case = batch.case
+    g = case.geometry
+    device = batch.q.device
+    seqs = case.sequences[first:last]
+    n = len(seqs)
+    max_len = max(s.seq_len for s in seqs)
+    max_q = max(s.query_len for s in seqs)
+    hkv, group, d, bs = g.num_kv_heads, g.queries_per_kv, g.head_size, g.block_size
+
+    def ints(xs):
+        return torch.tensor(xs, dtype=torch.int64, device=device)
+
+    seq_len = ints([s.seq_len for s in seqs])
+    query_len = ints([s.query_len for s in seqs])
+    context = seq_len - query_len
+    ranges = [live_key_range(case, s) for s in seqs]
+    lo, hi = ints([r[0] for r in ranges]), ints([r[1] for r in ranges])
+
+    # -- gather the live keys ------------------------------------------------
+    keys = torch.arange(max_len, device=device)
+    live = (keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None])      # [n, max_len]
+    seq_idx, key_idx = live.nonzero(as_tuple=True)
+    table = batch.block_table[first:last].long()
+    slot = table[seq_idx, key_idx // bs] * bs + key_idx % bs
+    k_flat = batch.key_cache.reshape(-1, hkv, d)
+    v_flat = batch.value_cache.reshape(-1, hkv, d)
+    k = torch.zeros(n, max_len, hkv, d, dtype=torch.float64, device=device)
+    v = torch.zeros_like(k)
+    k[seq_idx, key_idx] = k_flat[slot].double()
+    v[seq_idx, key_idx] = v_flat[slot].double()
+
+    # -- the queries, padded to [n, max_q] -----------------------------------
+    starts = case.query_start_loc()
+    tok = torch.arange(len(seq_of), device=device)
+    tok_seq = ints(seq_of) - first
+    tok_row = tok - ints(starts[first:last])[tok_seq]
+    q = torch.zeros(n, max_q, hkv, group, d, dtype=torch.float64, device=device)
+    tok_global = tok + starts[first]
+    q[tok_seq, tok_row] = batch.q[tok_global].double().view(-1, hkv, group, d)
+
+    # -- the allowed set -----------------------------------------------------
+    rows = torch.arange(max_q, device=device)
+    position = context[:, None] + rows[None, :]                                # [n, max_q]
+    key = keys[None, None, :]
+    pos = position[:, :, None]
+    allowed = (rows[None, :, None] < query_len[:, None, None]) & (key < seq_len[:, None, None])
+    if case.causal:
+        allowed &= key <= pos
+    if case.sliding_window > 0:
+        distance = (pos - key) if case.causal else (pos - key).abs()
+        allowed &= distance < case.sliding_window
+
+    # -- softmax(scale * q.k) v over the allowed keys --------------------------
+    scores = torch.einsum("sqhgd,slhd->shgql", q, k) * case.scale               # [n, hkv, group, max_q, max_len]
+    scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
+    m = scores.amax(dim=-1, keepdim=True)
+    sink = None
+    if batch.sinks is not None:
+        sink = batch.sinks.double().view(1, hkv, group, 1, 1)
+        m = torch.maximum(m, sink)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))                 # rows with no query
+    p = torch.exp(scores - m)
+    denom = p.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        denom = denom + torch.exp(sink - m)
+    out = torch.einsum("shgql,slhd->sqhgd", p, v) / denom.permute(0, 3, 1, 2, 4)
+    return out[tok_seq, tok_row].reshape(len(seq_of), g.num_q_heads, d)
