@@ -65,8 +65,8 @@ def _user_kernel(spec: str) -> Kernel:
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise NanfuzzError(f"kernel {spec!r}: cannot import module {module_name!r} ({exc})") from None
+    except Exception as exc:  # a user's module may fail in any way while importing
+        raise NanfuzzError(f"kernel {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})") from None
     try:
         obj = getattr(module, attr)
     except AttributeError:

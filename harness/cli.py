@@ -1,0 +1,175 @@
+"""The ``nanfuzz`` command: list, fuzz, replay.  Exit 0 / 1 (a failure) / 2 (usage)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from reference.errors import NanfuzzError
+
+DEFAULT_REPRO_DIR = ".nanfuzz/repros"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nanfuzz", description="NaN-poisoning fuzzer for paged-attention Triton kernels")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,fuzz,replay}")
+
+    def common(p):
+        p.add_argument("--device", choices=("cpu", "cuda"), help="cuda: the GPU; cpu: Triton's interpreter (default: GPU if present)")
+        p.add_argument("--vllm-src", metavar="DIR", help="a vLLM source tree or unpacked wheel for the vllm:* kernels")
+
+    p = sub.add_parser("list", help="kernels, variants, capabilities, where they run")
+    common(p)
+
+    p = sub.add_parser("fuzz", help="fuzz one kernel, or self-check every built-in kernel")
+    common(p)
+    p.add_argument("--kernel", help="family@variant, vllm:rocm_attn, vllm:triton_attn or package.module:callable; "
+                                    "omit to self-check every built-in kernel")
+    p.add_argument("--max-examples", type=int, metavar="N", help="examples per kernel (default: from the profile)")
+    p.add_argument("--seed", type=int, metavar="S", help="fix Hypothesis's seed")
+    p.add_argument("--repro-dir", default=DEFAULT_REPRO_DIR, metavar="D", help=f"where repros go (default {DEFAULT_REPRO_DIR})")
+    p.add_argument("--profile", choices=("dev", "ci", "pr-gate", "nightly"), help="default: ci under CI=true, else dev")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS", help="wall-time bound per kernel")
+    p.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
+    p.add_argument("--decode-only", action="store_true")
+    p.add_argument("--prefill-only", action="store_true")
+    p.add_argument("--no-window", action="store_true")
+    p.add_argument("--causal-only", action="store_true")
+    p.add_argument("--non-causal-only", action="store_true")
+    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
+
+    p = sub.add_parser("replay", help="re-run a repro; exit 1 while it still fails")
+    common(p)
+    p.add_argument("file", metavar="FILE.json")
+    p.add_argument("--kernel", help="replay against another kernel (e.g. the fixed variant)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        from harness.backend import choose_backend
+
+        device = choose_backend(args.device)  # before any @triton.jit import
+        if args.vllm_src:
+            os.environ["NANFUZZ_VLLM_SRC"] = args.vllm_src
+        return {"list": _list, "fuzz": _fuzz, "replay": _replay}[args.command](args, device)
+    except NanfuzzError as exc:
+        print(f"nanfuzz: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nanfuzz: interrupted", file=sys.stderr)
+        return 130
+
+
+def _list(args, device) -> int:
+    from harness.registry import builtin_kernels
+
+    rows = [("kernel", "expect", "runs on", "capabilities")]
+    for kernel in builtin_kernels().values():
+        caps = kernel.capabilities
+        where = "gpu, cpu-interpreter (" + "/".join(d.replace("float", "fp") for d in caps.interpreter_dtypes) + ")"
+        rows.append((kernel.name, kernel.expect, where, caps.describe()))
+    for name in ("vllm:rocm_attn", "vllm:triton_attn"):
+        try:
+            from harness.registry import resolve
+
+            caps = resolve(name).capabilities
+            rows.append((name, "-", "gpu, cpu-interpreter", caps.describe()))
+        except NanfuzzError as exc:
+            rows.append((name, "-", "unavailable", str(exc)[:100]))
+    _table(rows)
+    print(f"\nbackend now: {'GPU' if device == 'cuda' else 'CPU under Triton interpreter'}; "
+          "user kernels: --kernel package.module:callable")
+    return 0
+
+
+def _table(rows) -> None:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for n, row in enumerate(rows):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _focus(args):
+    from harness.focus import Focus
+
+    return Focus(decode_only=args.decode_only, prefill_only=args.prefill_only, no_window=args.no_window,
+                 causal_only=args.causal_only, non_causal_only=args.non_causal_only, dtype=args.dtype)
+
+
+def _fuzz(args, device) -> int:
+    from harness.fuzz import fuzz, progress_printer
+    from harness.picture import picture
+    from harness.profiles import get_profile
+    from harness.registry import builtin_kernels, resolve
+    from harness.repro import write_repro
+
+    if args.max_examples is not None and args.max_examples < 1:
+        raise NanfuzzError(f"--max-examples={args.max_examples} must be >= 1")
+    profile = get_profile(args.profile)
+    focus = _focus(args)
+    kernels = [resolve(args.kernel)] if args.kernel else list(builtin_kernels().values())
+    self_check = args.kernel is None
+    mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
+    print(f"nanfuzz fuzz: {len(kernels)} kernel(s), profile {profile.name}, {mode}", flush=True)
+    rows = [("kernel", "expect", "verdict", "examples", "first failure", "shrink", "time", "result")]
+    summary = []
+    all_good = True
+    any_failure = False
+    for kernel in kernels:
+        campaign = fuzz(kernel, device=device, max_examples=args.max_examples, seed=args.seed, profile=profile,
+                        focus=focus, time_budget=args.time_budget, shrink=not args.no_shrink,
+                        on_example=progress_printer())
+        verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
+        paths = []
+        if campaign.failed:
+            any_failure = True
+            paths = write_repro(kernel.name, campaign.failing_case, campaign.failure, args.repro_dir, device)
+            campaign.repro_paths = [str(p) for p in paths]
+            print(f"\n{kernel.name}: {campaign.failure.summary}\n{picture(campaign.failing_case)}\n"
+                  f"repro: {paths[0]}\n", flush=True)
+        expected = (kernel.expect == "caught") == campaign.failed
+        all_good &= expected
+        result = ("ok" if expected else "UNEXPECTED") if self_check else ("FAIL" if campaign.failed else "ok")
+        first = f"{campaign.examples_to_first_failure} ex/{campaign.time_to_first_failure:.1f}s" if campaign.failed and campaign.time_to_first_failure is not None else "-"
+        shrink = f"{campaign.shrink_time:.1f}s" if campaign.shrink_time is not None else "-"
+        rows.append((kernel.name, kernel.expect if self_check else "-", verdict, campaign.examples, first, shrink,
+                     f"{campaign.elapsed:.1f}s", result))
+        summary.append({"kernel": kernel.name, "expect": kernel.expect, "verdict": verdict, "examples": campaign.examples,
+                        "elapsed_s": round(campaign.elapsed, 3), "time_to_first_failure_s": campaign.time_to_first_failure,
+                        "examples_to_first_failure": campaign.examples_to_first_failure,
+                        "shrink_s": campaign.shrink_time, "repro": campaign.repro_paths,
+                        "summary": campaign.failure.summary if campaign.failed else "PASS",
+                        "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()}})
+    print()
+    _table(rows)
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps({"device": device, "profile": profile.name, "kernels": summary}, indent=1))
+    if self_check:
+        print("\nself-check: " + ("every old variant caught, every fixed variant passed" if all_good
+                                  else "UNEXPECTED results above"))
+        return 0 if all_good else 1
+    return 1 if any_failure else 0
+
+
+def _replay(args, device) -> int:
+    from harness.picture import picture
+    from harness.replay import replay
+
+    result = replay(args.file, kernel_name=args.kernel, device=device)
+    print(result.line())
+    if result.still_fails:
+        from harness.repro import load_repro
+
+        print(picture(load_repro(args.file)["case"]))
+    return 1 if result.still_fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Turning bad output rows into evidence a kernel engineer can act on."""
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from reference.case import Case
+from reference.features import POISON_CLASSES, poisoned_slots
+from reference.semantics import Dead, slot_reasons
+
+MAX_LISTED = 12
+
+
+def sequence_of_tokens(case: Case, tokens: list[int]) -> list[int]:
+    starts = case.query_start_loc()
+    return [bisect.bisect_right(starts, t) - 1 for t in tokens]
+
+
+def reachable_poison(case: Case, seq_index: int) -> dict[str, list[list[int]]]:
+    """Poisoned slots in blocks that sequence's table points at, by dead-slot class.
+
+    Each class maps to ``[[block, first_offset, last_offset], ...]`` runs.
+    """
+    reasons = slot_reasons(case)
+    blocks = set(case.sequences[seq_index].block_table)
+    found: dict[str, list[list[int]]] = {}
+    for block, offset in poisoned_slots(case):
+        if block not in blocks:
+            continue
+        for flag, name in POISON_CLASSES.items():
+            if reasons[block][offset] & flag:
+                runs = found.setdefault(name.removeprefix("poison:"), [])
+                if runs and runs[-1][0] == block and runs[-1][2] == offset - 1:
+                    runs[-1][2] = offset
+                else:
+                    runs.append([block, offset, offset])
+    return found
+
+
+def bad_rows(mask: torch.Tensor) -> tuple[list[int], list[int], int]:
+    """Tokens and heads with any bad element in a ``[T, H, D]`` mask, and the count of bad rows."""
+    rows = mask.any(dim=-1)                       # [T, H]
+    tokens = rows.any(dim=1).nonzero().flatten().tolist()
+    heads = rows.any(dim=0).nonzero().flatten().tolist()
+    return tokens, heads, int(rows.sum())
+
+
+def describe_rows(case: Case, mask: torch.Tensor) -> dict:
+    tokens, heads, count = bad_rows(mask)
+    seqs = sorted(set(sequence_of_tokens(case, tokens)))
+    return {
+        "bad_rows": count,
+        "total_rows": case.num_tokens * case.geometry.num_q_heads,
+        "tokens": tokens[:MAX_LISTED],
+        "heads": heads[:MAX_LISTED],
+        "sequences": seqs[:MAX_LISTED],
+        "reachable_poison": {str(s): reachable_poison(case, s) for s in seqs[:MAX_LISTED]},
+    }
+
+
+def span(xs: list[int]) -> str:
+    if not xs:
+        return "-"
+    if xs == list(range(xs[0], xs[-1] + 1)) and len(xs) > 2:
+        return f"{xs[0]}-{xs[-1]}"
+    return ",".join(map(str, xs[:6])) + (",..." if len(xs) > 6 else "")
+
+
+def classes_line(evidence: dict) -> str:
+    classes = sorted({c for per_seq in evidence["reachable_poison"].values() for c in per_seq})
+    return ", ".join(classes) if classes else "no poisoned slot in its table (check unreferenced blocks)"
+
+
+_ = Dead  # re-exported flags are documented in reference.semantics

@@ -1,0 +1,79 @@
+"""A text picture of a case's block tables: which slots are live, expired,
+tail, freed, reused or poisoned.  It goes into repros and failure messages."""
+from __future__ import annotations
+
+from reference.case import NULL_BLOCK, Case
+from reference.features import poisoned_slots
+from reference.semantics import live_key_range, slot_liveness
+
+LEGEND = ("slots: o live  x expired (out of window)  t tail past seq_len  p padding entry  "
+          "r dead here, live for another sequence;  UPPER CASE = poisoned ({value} in {tensors})")
+
+
+def _kind(seq) -> str:
+    if seq.query_len == 0:
+        return "padding" if seq.seq_len == 0 else "no query"
+    if seq.query_len == 1 and seq.seq_len > 1:
+        return "decode"
+    return "prefill" if seq.context_len == 0 else "chunked prefill"
+
+
+def picture(case: Case) -> str:
+    g = case.geometry
+    bs = g.block_size
+    poisoned = set(poisoned_slots(case))
+    live_any = slot_liveness(case)
+    window = f"window {case.sliding_window}" if case.sliding_window else "no window"
+    lines = [
+        f"{len(case.sequences)} sequence(s), block_size {bs}, {g.num_blocks} physical blocks, "
+        f"Hq {g.num_q_heads} / Hkv {g.num_kv_heads}, head {g.head_size}, {g.dtype}, "
+        f"{'causal' if case.causal else 'non-causal'}, {window}{', sinks' if case.sinks else ''}, seed {case.data_seed}",
+        LEGEND.format(value=case.poison.value, tensors=case.poison.tensors.upper()),
+    ]
+    owners: dict[int, list[int]] = {}
+    for s, seq in enumerate(case.sequences):
+        lo, hi = live_key_range(case, seq)
+        for j in range(-(-seq.seq_len // bs)):
+            if max(lo, j * bs) < min(hi, (j + 1) * bs):
+                owners.setdefault(seq.block_table[j], []).append(s)
+    for s, seq in enumerate(case.sequences):
+        lo, hi = live_key_range(case, seq)
+        lines.append(f"seq {s}: {_kind(seq)}, query_len {seq.query_len}, seq_len {seq.seq_len}, "
+                     f"context {seq.context_len}, live keys [{lo}, {hi})")
+        used = -(-seq.seq_len // bs)
+        for j, block in enumerate(seq.block_table):
+            cells = []
+            for offset in range(bs):
+                key = j * bs + offset
+                if j >= used:
+                    c = "p"
+                elif key >= seq.seq_len:
+                    c = "t"
+                elif lo <= key < hi:
+                    c = "o"
+                elif live_any[block][offset]:
+                    c = "r"
+                else:
+                    c = "x"
+                if (block, offset) in poisoned:
+                    c = c.upper()
+                cells.append(c)
+            notes = []
+            if block == NULL_BLOCK:
+                notes.append("null block")
+            if j >= used:
+                notes.append("padding")
+            others = [o for o in owners.get(block, []) if o != s]
+            if others:
+                live_here = s in owners.get(block, [])
+                notes.append(("shared with" if live_here else "reused by") + " seq " + ",".join(map(str, others)))
+            elif j < used and not any(lo <= k < hi for k in range(j * bs, min((j + 1) * bs, seq.seq_len))):
+                if block != NULL_BLOCK:
+                    notes.append("freed (expired)")
+            lines.append(f"  logical {j:>2} -> block {block:>3} [{''.join(cells)}] {'; '.join(notes)}".rstrip())
+    referenced = {b for seq in case.sequences for b in seq.block_table}
+    loose = [b for b in range(g.num_blocks) if b not in referenced]
+    if loose:
+        counts = ", ".join(f"{b} ({sum((b, o) in poisoned for o in range(bs))}/{bs} poisoned)" for b in loose)
+        lines.append(f"blocks in no table: {counts}")
+    return "\n".join(lines)

@@ -1,0 +1,43 @@
+"""Re-run a repro and say whether the bug is still there, bit for bit."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.check import Outcome, check
+from harness.registry import resolve
+from harness.repro import environment, load_repro
+
+
+@dataclass
+class Replay:
+    kernel: str
+    recorded_verdict: str
+    outcome: Outcome
+    same_environment: bool
+    identical_output: bool | None  # None when the environment differs (bits are not comparable)
+
+    @property
+    def still_fails(self) -> bool:
+        return self.outcome.failed
+
+    def line(self) -> str:
+        bits = ""
+        if self.identical_output is True:
+            bits = "; output bits identical to the recording"
+        elif self.identical_output is False:
+            bits = "; output bits DIFFER from the recording on the same device and versions"
+        return (f"{self.kernel}: {self.outcome.verdict.value} (recorded {self.recorded_verdict}){bits}\n"
+                f"  {self.outcome.summary}")
+
+
+def replay(path: str, *, kernel_name: str | None = None, device: str = "cpu") -> Replay:
+    record = load_repro(path)
+    kernel = resolve(kernel_name or record["kernel"])
+    outcome = check(kernel, record["case"], device)
+    recorded_env = record.get("environment", {})
+    now_env = environment(device)
+    same = all(recorded_env.get(k) == now_env.get(k) for k in ("device_name", "torch", "triton"))
+    identical = None
+    if same and kernel.name == record["kernel"] and record.get("output_sha256"):
+        identical = outcome.output_sha256 == record["output_sha256"]
+    return Replay(kernel.name, record.get("verdict", "?"), outcome, same, identical)

@@ -1,0 +1,90 @@
+"""Named situations a case exercises: for coverage tallies and repro summaries."""
+from __future__ import annotations
+
+from reference.case import NULL_BLOCK, Case
+from reference.semantics import Dead, live_key_range, slot_liveness, slot_reasons
+
+POISON_CLASSES = {
+    Dead.TAIL: "poison:tail",
+    Dead.OUT_OF_WINDOW: "poison:out-of-window",
+    Dead.NULL_BLOCK: "poison:null-block",
+    Dead.PADDING: "poison:padding",
+    Dead.UNREFERENCED: "poison:unreferenced",
+}
+
+
+def poisoned_slots(case: Case) -> list[tuple[int, int]]:
+    """The dead slots the poison specification actually fills."""
+    reasons = slot_reasons(case)
+    sites = case.poison.sites
+    if sites is None:
+        return [(b, o) for b, row in enumerate(reasons) for o, why in enumerate(row) if why]
+    chosen = set()
+    for site in sites:
+        offsets = range(case.geometry.block_size) if site.offset is None else (site.offset,)
+        chosen.update((site.block, o) for o in offsets if reasons[site.block][o])
+    return sorted(chosen)
+
+
+def case_features(case: Case) -> set[str]:
+    g = case.geometry
+    bs = g.block_size
+    found: set[str] = {f"dtype:{g.dtype}", "causal" if case.causal else "non-causal"}
+    if case.sliding_window:
+        found.add("window")
+        if case.sliding_window == 1:
+            found.add("window:1")
+        if not case.causal:
+            found.add("non-causal+window")
+    if g.num_q_heads != g.num_kv_heads:
+        found.add("gqa")
+    if case.sinks:
+        found.add("sinks")
+    reasons = slot_reasons(case)
+    for b, o in poisoned_slots(case):
+        for flag, name in POISON_CLASSES.items():
+            if reasons[b][o] & flag:
+                found.add(name)
+    found.add("poison-value:" + case.poison.value)
+    found.add("poison-tensors:" + case.poison.tensors)
+    if case.poison.sites is not None and len(poisoned_slots(case)) == 1:
+        found.add("poison:single-slot")
+    live = slot_liveness(case)
+    kinds = set()
+    for seq in case.sequences:
+        if seq.query_len == 0:
+            kinds.add("padding-sequence")
+        elif seq.query_len == 1 and seq.seq_len > 1:
+            kinds.add("decode")
+        elif seq.context_len == 0:
+            kinds.add("prefill")
+        else:
+            kinds.add("chunked-prefill")
+        if seq.seq_len % bs:
+            found.add("partial-last-block")
+        lo, hi = live_key_range(case, seq)
+        used = -(-seq.seq_len // bs)
+        for j in range(used):
+            start, end = j * bs, min((j + 1) * bs, seq.seq_len)
+            block = seq.block_table[j]
+            if start < lo < end:
+                found.add("straddling-window")
+            if end <= lo and seq.query_len:
+                found.add("expired-block")
+                if block == NULL_BLOCK:
+                    found.add("expired-to-null")
+                elif any(live[block]):
+                    found.add("reused-block")
+    found |= kinds
+    if len(kinds - {"padding-sequence"}) > 1:
+        found.add("mixed")
+    users: dict[int, int] = {}
+    for seq in case.sequences:
+        lo, hi = live_key_range(case, seq)
+        for j in {k // bs for k in range(lo, hi)}:
+            users[seq.block_table[j]] = users.get(seq.block_table[j], 0) + 1
+    if any(n > 1 for n in users.values()):
+        found.add("shared-block")
+    if len(case.sequences) > 1:
+        found.add("multi-sequence")
+    return found

@@ -1,0 +1,61 @@
+"""Sequences, windows and block tables: the batch situations that break masking."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from reference.capabilities import Capabilities
+
+KINDS = ("decode", "prefill", "chunked", "padding")
+
+
+@dataclass(frozen=True)
+class Lengths:
+    query_len: int
+    seq_len: int
+
+
+def _allowed_kinds(caps: Capabilities, padding: bool) -> list[str]:
+    kinds = []
+    if caps.min_query_len <= 1:
+        kinds.append("decode")
+    if caps.max_query_len is None or caps.max_query_len > 1:
+        kinds += ["prefill", "chunked"]
+    if padding:
+        kinds.append("padding")
+    return kinds
+
+
+@st.composite
+def sequence_lengths(draw, caps: Capabilities, max_len: int, max_query: int, padding: bool = True) -> Lengths:
+    """One request; shrinks toward a decode of one key.  ``padding`` allows Q = L = 0."""
+    kind = draw(st.sampled_from(_allowed_kinds(caps, padding)))
+    q_lo = max(1, caps.min_query_len)
+    q_hi = max_query if caps.max_query_len is None else min(max_query, caps.max_query_len)
+    if kind == "decode":
+        return Lengths(1, draw(st.integers(1, max_len)))
+    if kind == "padding":
+        return Lengths(0, 0)
+    q = draw(st.integers(q_lo, max(q_lo, q_hi)))
+    if kind == "prefill":
+        return Lengths(q, q)
+    context = draw(st.integers(1, max(1, max_len - q)))
+    return Lengths(q, context + q)
+
+
+def windows(caps: Capabilities, longest: int, block_size: int):
+    """No window, a one-key window, or any width up to a little past the longest sequence.
+
+    Random widths against random lengths put the window edge inside a
+    block often (a block holding expired and live keys) and leave whole
+    blocks below it (freed blocks).
+    """
+    if not caps.sliding_window:
+        return st.just(0)
+    return st.one_of(st.just(0), st.just(1), st.integers(2, max(2, longest + block_size)))
+
+
+def causal_flags(caps: Capabilities):
+    options = [flag for flag, ok in ((True, caps.causal), (False, caps.non_causal)) if ok]
+    return st.sampled_from(options)

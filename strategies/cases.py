@@ -1,0 +1,72 @@
+"""``paged_cases``: the Hypothesis strategy over whole poisoned batches."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from reference.capabilities import Capabilities
+from reference.case import Case, Geometry, Poison, Sequence
+from reference.semantics import live_key_range
+from strategies.batches import causal_flags, sequence_lengths, windows
+from strategies.geometry import shapes
+from strategies.poison import poisons
+from strategies.tables import block_tables
+
+
+@dataclass(frozen=True)
+class Size:
+    """How large generated batches get."""
+
+    max_sequences: int = 16
+    max_blocks_per_sequence: int = 8
+    max_query_len: int = 48
+    max_kv_heads: int = 4
+
+
+# Under the interpreter every program runs in Python: keep batches small.
+INTERPRETER_SIZE = Size(max_sequences=6, max_blocks_per_sequence=5, max_query_len=24, max_kv_heads=2)
+GPU_SIZE = Size()
+
+
+@st.composite
+def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
+                interpreter: bool = False, size: Size | None = None) -> Case:
+    """A valid, poisoned paged-attention batch that ``capabilities`` accepts.
+
+    Shrinks toward one decode sequence of one key, one KV head, the smallest
+    head size, no window, and NaN in V of a single dead slot.
+    """
+    caps = capabilities
+    size = size or (INTERPRETER_SIZE if interpreter else GPU_SIZE)
+    shape = draw(shapes(caps, interpreter=interpreter, max_kv_heads=size.max_kv_heads))
+    bs = shape.block_size
+    max_len = size.max_blocks_per_sequence * bs
+    # The first sequence has a query, so every batch has at least one output row.
+    first = draw(sequence_lengths(caps, max_len, size.max_query_len, padding=False))
+    lengths = [first] + draw(st.lists(sequence_lengths(caps, max_len, size.max_query_len),
+                                      max_size=size.max_sequences - 1))
+    causal = draw(causal_flags(caps))
+    longest = max(x.seq_len for x in lengths)
+    window = draw(windows(caps, longest, bs))
+    sinks = draw(st.booleans()) if caps.sinks else False
+
+    # Placeholder tables fix the live ranges; the real tables depend on them.
+    placeholder = Case(
+        geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, bs, 1, shape.dtype),
+        sequences=tuple(Sequence(x.query_len, x.seq_len, ()) for x in lengths),
+        sliding_window=window, causal=causal)
+    live_ranges = [live_key_range(placeholder, s) for s in placeholder.sequences]
+    tables = draw(block_tables(lengths, live_ranges, bs))
+
+    unpoisoned = Case(
+        geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, bs,
+                          tables.num_blocks, shape.dtype),
+        sequences=tuple(Sequence(x.query_len, x.seq_len, row) for x, row in zip(lengths, tables.rows)),
+        sliding_window=window, causal=causal, sinks=sinks,
+        padding_block=tables.padding_block, poison=Poison(), data_seed=0)
+    poison = draw(poisons(unpoisoned))
+    seed = draw(st.integers(0, 2**32 - 1))
+    case = unpoisoned.replace(poison=poison, data_seed=seed).validate()
+    assert caps.unsupported(case, interpreter=interpreter) is None, caps.unsupported(case, interpreter=interpreter)
+    return case

@@ -1,0 +1,69 @@
+"""The strategy reaches every situation that breaks kernels, in a stated share.
+
+Shares are measured over 400 derandomized examples of the full-capability
+strategy; the floors below sit well under the measured shares (printed with
+-s) so that the test fails only when a situation really goes missing.
+"""
+import collections
+
+from hypothesis import HealthCheck, given, settings
+
+from reference.capabilities import Capabilities
+from reference.features import case_features
+from strategies import paged_cases
+
+N = 400
+FLOORS = {
+    "poison:tail": 0.25,
+    "poison:out-of-window": 0.10,
+    "poison:null-block": 0.15,
+    "poison:padding": 0.10,
+    "poison:unreferenced": 0.15,
+    "poison:single-slot": 0.20,
+    "straddling-window": 0.12,
+    "expired-block": 0.10,
+    "expired-to-null": 0.05,
+    "reused-block": 0.04,
+    "shared-block": 0.02,
+    "padding-sequence": 0.10,
+    "non-causal+window": 0.10,
+    "window:1": 0.08,
+    "decode": 0.25, "prefill": 0.25, "chunked-prefill": 0.15, "mixed": 0.15,
+    "gqa": 0.40, "sinks": 0.20, "partial-last-block": 0.40,
+    "dtype:float16": 0.2, "dtype:bfloat16": 0.2, "dtype:float32": 0.2,
+    "poison-value:nan": 0.2, "poison-value:inf": 0.05, "poison-value:-inf": 0.05, "poison-value:max": 0.03,
+    "poison-value:garbage": 0.03, "poison-value:bits": 0.02,
+    "poison-tensors:k": 0.1, "poison-tensors:v": 0.2, "poison-tensors:kv": 0.1,
+}
+
+
+def test_feature_shares():
+    tally = collections.Counter()
+    seen = []
+
+    @settings(max_examples=N, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(paged_cases(Capabilities(non_causal=True, sinks=True)))
+    def collect(case):
+        seen.append(case)
+        tally.update(case_features(case))
+
+    collect()
+    shares = {name: tally[name] / len(seen) for name in FLOORS}
+    print("\n".join(f"{name:24s} {share:.2f}" for name, share in sorted(shares.items())))
+    low = {name: round(share, 3) for name, share in shares.items() if share < FLOORS[name]}
+    assert not low, f"situations below their floor share: {low}"
+    geometries = {(c.geometry.num_q_heads, c.geometry.num_kv_heads) for c in seen}
+    assert {(5, 1), (6, 2)} & geometries, "non-power-of-two GQA groups never generated"
+    assert {80, 96} <= {c.geometry.head_size for c in seen}
+    assert 48 in {c.geometry.block_size for c in seen}
+    assert max(len(c.sequences) for c in seen) >= 8
+
+
+def test_decode_only_capabilities_generate_decode_batches():
+    @settings(max_examples=60, database=None, deadline=None)
+    @given(paged_cases(Capabilities(max_query_len=1, dtypes=("float16",), sliding_window=False)))
+    def check(case):
+        assert case.max_query_len <= 1 and case.sliding_window == 0 and case.geometry.dtype == "float16"
+
+    check()
