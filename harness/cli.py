@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--causal-only", action="store_true")
     p.add_argument("--non-causal-only", action="store_true")
     p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--poison", action="append", metavar="CLASS",
+                   choices=("tail", "out-of-window", "null-block", "padding", "unreferenced"),
+                   help="poison only this dead-slot class (repeatable): tail, out-of-window, null-block, padding, unreferenced")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
 
     p = sub.add_parser("replay", help="re-run a repro; exit 1 while it still fails")
@@ -100,7 +103,8 @@ def _focus(args):
     from harness.focus import Focus
 
     return Focus(decode_only=args.decode_only, prefill_only=args.prefill_only, no_window=args.no_window,
-                 causal_only=args.causal_only, non_causal_only=args.non_causal_only, dtype=args.dtype)
+                 causal_only=args.causal_only, non_causal_only=args.non_causal_only, dtype=args.dtype,
+                 poison_classes=tuple(args.poison) if args.poison else None)
 
 
 def _fuzz(args, device) -> int:

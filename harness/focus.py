@@ -15,12 +15,15 @@ class Focus:
     causal_only: bool = False
     non_causal_only: bool = False
     dtype: str | None = None
+    poison_classes: tuple[str, ...] | None = None  # dead-slot classes to poison; None = all
 
     def label(self) -> str:
         parts = [name.replace("_", "-") for name in ("decode_only", "prefill_only", "no_window",
                                                      "causal_only", "non_causal_only") if getattr(self, name)]
         if self.dtype:
             parts.append(self.dtype)
+        if self.poison_classes:
+            parts.append("poison=" + "+".join(self.poison_classes))
         return ",".join(parts)
 
     def apply(self, caps: Capabilities, kernel_name: str) -> Capabilities:

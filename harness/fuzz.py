@@ -138,7 +138,7 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
         if outcome.failed:
             raise _FAILURE_TYPES[outcome.verdict](outcome, case)
 
-    strategy = paged_cases(caps, interpreter=interpreter)
+    strategy = paged_cases(caps, interpreter=interpreter, poison_classes=focus.poison_classes)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
     database = DirectoryBasedExampleDatabase(str(STATE_DIR / "examples")) if use_database else None
     remaining = max_examples

@@ -31,11 +31,13 @@ GPU_SIZE = Size()
 
 @st.composite
 def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
-                interpreter: bool = False, size: Size | None = None) -> Case:
+                interpreter: bool = False, size: Size | None = None,
+                poison_classes: tuple[str, ...] | None = None) -> Case:
     """A valid, poisoned paged-attention batch that ``capabilities`` accepts.
 
     Shrinks toward one decode sequence of one key, one KV head, the smallest
-    head size, no window, and NaN in V of a single dead slot.
+    head size, no window, and NaN in V of a single dead slot.  ``poison_classes``
+    aims the poison at some dead-slot classes only (see ``strategies.poison``).
     """
     caps = capabilities
     size = size or (INTERPRETER_SIZE if interpreter else GPU_SIZE)
@@ -65,7 +67,7 @@ def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
         sequences=tuple(Sequence(x.query_len, x.seq_len, row) for x, row in zip(lengths, tables.rows)),
         sliding_window=window, causal=causal, sinks=sinks,
         padding_block=tables.padding_block, poison=Poison(), data_seed=0)
-    poison = draw(poisons(unpoisoned))
+    poison = draw(poisons(unpoisoned, poison_classes))
     seed = draw(st.integers(0, 2**32 - 1))
     case = unpoisoned.replace(poison=poison, data_seed=seed).validate()
     assert caps.unsupported(case, interpreter=interpreter) is None, caps.unsupported(case, interpreter=interpreter)

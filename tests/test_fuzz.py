@@ -1,0 +1,90 @@
+"""Campaigns: sensitivity, silence, shrinking, no lost case, bit-exact replay."""
+import json
+
+import pytest
+
+from harness import fuzz as fuzz_module
+from harness.check import Verdict
+from harness.focus import Focus
+from harness.fuzz import fuzz, pending_path
+from harness.registry import builtin_kernels
+from harness.replay import replay
+from harness.repro import load_repro, write_repro
+from reference.case import Case, Geometry, Poison, Sequence
+from tests.torch_kernels import torch_kernel
+
+KERNELS = builtin_kernels()
+OLD = sorted(name for name, k in KERNELS.items() if k.expect == "caught")
+FIXED = sorted(name for name, k in KERNELS.items() if k.expect == "pass")
+
+
+@pytest.fixture(autouse=True)
+def private_state(tmp_path, monkeypatch):
+    monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")
+
+
+@pytest.mark.parametrize("name", OLD)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_old_variants_are_caught_within_200_examples(name, seed, nanfuzz_device):
+    campaign = fuzz(KERNELS[name], device=nanfuzz_device, max_examples=200, seed=seed, shrink=False, use_database=False)
+    assert campaign.failed, f"{name} passed 200 examples (seed {seed})"
+    assert campaign.failure.verdict in (Verdict.NONFINITE, Verdict.LEAK), campaign.failure.summary
+
+
+@pytest.mark.parametrize("name", FIXED)
+def test_fixed_variants_pass_300_examples(name, nanfuzz_device):
+    campaign = fuzz(KERNELS[name], device=nanfuzz_device, max_examples=300, profile="ci", use_database=False)
+    assert not campaign.failed, f"{campaign.failure.summary}\n{campaign.failing_case.to_json()}"
+    assert campaign.examples >= 300
+
+
+def test_window_bug_shrinks_to_a_minimal_repro(nanfuzz_device):
+    kernel = KERNELS["paged_decode@unmasked"]
+    campaign = fuzz(kernel, device=nanfuzz_device, max_examples=300, seed=0, use_database=False,
+                    focus=Focus(poison_classes=("out-of-window",)))
+    case = campaign.failing_case
+    assert campaign.failure.verdict is Verdict.NONFINITE
+    g = case.geometry
+    assert len(case.sequences) == 1 and g.num_kv_heads == 1
+    assert g.head_size == min(kernel.capabilities.head_sizes)
+    assert g.num_blocks <= 4
+    assert case.poison.tensors == "v" and case.poison.sites is not None and len(case.poison.sites) == 1
+    assert case.poison.sites[0].offset is not None
+
+
+def test_a_case_left_by_a_dead_process_is_reported_as_a_crash(tmp_path):
+    case = Case(Geometry(1, 1, 32, 16, 2, "float32"), (Sequence(1, 3, (1,)),)).validate()
+    path = pending_path("torch@correct")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"kernel": "torch@correct", "case": case.to_dict()}))
+    campaign = fuzz(torch_kernel(), device="cpu", max_examples=5)
+    assert campaign.failure.verdict is Verdict.CRASH and campaign.failing_case == case
+    assert not path.exists()
+    assert not fuzz(torch_kernel(), device="cpu", max_examples=5, use_database=False).failed
+
+
+def test_pending_file_is_written_before_each_launch(tmp_path):
+    seen = []
+
+    def spy(batch, out):
+        seen.append(json.loads(pending_path("spy").read_text())["case"] == batch.case.to_dict())
+        return torch_kernel().run(batch, out)
+
+    from harness.registry import Kernel
+    from tests.torch_kernels import CAPS
+
+    fuzz(Kernel("spy", spy, CAPS), device="cpu", max_examples=5, use_database=False)
+    assert seen and all(seen)
+    assert not pending_path("spy").exists()
+
+
+def test_replay_gives_identical_output_bits(tmp_path, nanfuzz_device):
+    kernel = KERNELS["paged_decode@unmasked"]
+    campaign = fuzz(kernel, device=nanfuzz_device, max_examples=50, seed=3, use_database=False)
+    paths = write_repro(kernel.name, campaign.failing_case, campaign.failure, tmp_path, nanfuzz_device)
+    record = load_repro(paths[0])
+    assert record["case"] == campaign.failing_case
+    again = replay(str(paths[0]), device=nanfuzz_device)
+    assert again.still_fails and again.identical_output is True
+    fixed = replay(str(paths[0]), kernel_name="paged_decode@masked", device=nanfuzz_device)
+    assert not fixed.still_fails

@@ -1,0 +1,38 @@
+"""Known bugs stay caught: each repro in tests/regressions/ keeps its verdict on
+its old kernel, and the fixed sibling of a built-in family passes it."""
+from pathlib import Path
+
+import pytest
+
+from harness.check import check
+from harness.registry import builtin_kernels, resolve
+from harness.repro import load_repro
+
+REPROS = sorted((Path(__file__).parent / "regressions").glob("*.json"))
+
+
+def _fixed_sibling(name: str) -> str | None:
+    if "@" not in name:
+        return None
+    family = name.split("@")[0]
+    return f"{family}@masked" if f"{family}@masked" in builtin_kernels() else None
+
+
+@pytest.mark.parametrize("path", REPROS, ids=[p.stem for p in REPROS])
+def test_regression_keeps_its_verdict(path, nanfuzz_device):
+    record = load_repro(path)
+    if record["kernel"].startswith("vllm:"):
+        pytest.importorskip("harness.adapters.vllm")
+    kernel = resolve(record["kernel"])
+    outcome = check(kernel, record["case"], nanfuzz_device)
+    assert outcome.verdict.value == record["verdict"], outcome.summary
+    sibling = _fixed_sibling(record["kernel"])
+    if sibling:
+        fixed = check(resolve(sibling), record["case"], nanfuzz_device)
+        assert not fixed.failed, f"{sibling}: {fixed.summary}"
+
+
+def test_the_known_bugs_are_on_file():
+    kernels = {load_repro(p)["kernel"] for p in REPROS}
+    assert {"paged_decode@unmasked", "paged_decode@tail-masked", "prefix_prefill@unmasked",
+            "unified@overshoot"} <= kernels

@@ -1,0 +1,66 @@
+"""Small pure-torch kernels with planted bugs: they exercise every verdict without Triton."""
+from __future__ import annotations
+
+import torch
+
+from harness.registry import Kernel
+from reference.capabilities import Capabilities
+from reference.materialize import token_layout
+
+CAPS = Capabilities(non_causal=True, sinks=True, interpreter_dtypes=("float16", "bfloat16", "float32"))
+
+
+def attention(batch, out, *, bug: str | None = None):
+    """Dense attention over every slot of each sequence's table, masking scores.
+
+    ``bug`` plants one defect: "mask-multiply" (p = 0 times unmasked V: NaN leaks),
+    "additive-mask" (scores get -1e4 instead of -inf: garbage K leaks), "window-off-by-one",
+    "head-map" (GQA heads mapped modulo instead of by group), "clobber" (writes a guard row),
+    "clobber-input" (writes into the value cache), "raise".
+    """
+    if bug == "raise":
+        raise RuntimeError("planted launch failure")
+    case = batch.case
+    g = case.geometry
+    seq_of, pos_of = token_layout(case)
+    width = batch.block_table.shape[1] * g.block_size
+    keys = torch.arange(width)
+    for t, (s, p) in enumerate(zip(seq_of, pos_of)):
+        seq = case.sequences[s]
+        slots = batch.block_table[s].long()[keys // g.block_size] * g.block_size + keys % g.block_size
+        k = batch.key_cache.reshape(-1, g.num_kv_heads, g.head_size)[slots].float()
+        v = batch.value_cache.reshape(-1, g.num_kv_heads, g.head_size)[slots].float()
+        ok = keys < seq.seq_len
+        if case.causal:
+            ok &= keys <= p
+        if case.sliding_window:
+            window = case.sliding_window - (1 if bug == "window-off-by-one" else 0)
+            dist = (p - keys) if case.causal else (p - keys).abs()
+            ok &= dist < window
+        if bug not in ("mask-multiply", "additive-mask"):
+            k = torch.where(ok[:, None, None], k, 0.0)
+            v = torch.where(ok[:, None, None], v, 0.0)
+        for h in range(g.num_q_heads):
+            kv = h % g.num_kv_heads if bug == "head-map" else h // g.queries_per_kv
+            scores = (k[:, kv] @ batch.q[t, h].float()) * case.scale
+            if bug == "additive-mask":
+                scores = scores + torch.where(ok, 0.0, -1e4)
+            else:
+                scores = torch.where(ok, scores, float("-inf"))
+            m = scores.max()
+            if batch.sinks is not None:
+                m = torch.maximum(m, batch.sinks[h])
+            p_ = torch.exp(scores - m)
+            denom = p_.sum() + (torch.exp(batch.sinks[h] - m) if batch.sinks is not None else 0.0)
+            out[t, h] = ((p_ @ v[:, kv]) / denom).to(out.dtype)
+    if bug == "clobber":
+        base = out.as_strided((out.shape[0] + 1, *out.shape[1:]), out.stride())
+        base[-1].zero_()
+    if bug == "clobber-input":
+        batch.value_cache[0, 0].zero_()
+    return out
+
+
+def torch_kernel(bug: str | None = None) -> Kernel:
+    return Kernel(name=f"torch@{bug or 'correct'}", run=lambda b, o: attention(b, o, bug=bug), capabilities=CAPS,
+                  expect="caught" if bug else "pass")
