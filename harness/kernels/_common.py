@@ -1,0 +1,46 @@
+"""Pieces the built-in kernel families share.
+
+``softmax_step`` is the online-softmax update every family's tile loop calls;
+``dot_rows`` pads a row count to what ``tl.dot`` accepts.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# tl.dot wants at least 16 along each dimension on current GPUs.
+MIN_DOT_SIZE = 16
+
+
+def dot_rows(n: int) -> int:
+    """``n`` rounded up to a power of two, and to at least ``MIN_DOT_SIZE``."""
+    return max(MIN_DOT_SIZE, triton.next_power_of_2(n))
+
+
+@triton.jit
+def softmax_step(acc, l_i, m_i, qk, v):
+    """Fold one tile of keys into the running softmax state; returns ``(acc, l_i, m_i)``.
+
+    qk : (M, N) float32 scores, already scaled, -inf where a key is not allowed
+    v  : (N, D) the tile's values, in the cache dtype
+    acc: (M, D) float32 running numerator; l_i, m_i: (M,) float32 running
+    denominator and maximum.  Start from (0, 0, -inf), or, for a sink,
+    m_i = sink and l_i = 1 (its exp(sink - m) term).
+
+    Every row of ``v`` meets the dot, with weight exactly 0 where qk is -inf:
+    a NaN or Inf there still poisons the output (0 * NaN = NaN), so dead
+    slots must be kept out of ``v`` by the caller's load masks.  The caller
+    divides ``acc`` by ``l_i`` after the last tile.  Float32 values use an
+    IEEE dot (not TF32), so fp32 caches keep fp32 accuracy.
+    """
+    # -- new running maximum (m_new : (M,)) -----------------------------------
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    # rows with no allowed key yet keep m = -inf; shift them by 0 so that
+    # exp(-inf - shift) is 0 instead of exp(-inf + inf) = NaN
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    # -- rescale the old state, add the tile ----------------------------------
+    alpha = tl.exp(m_i - shift)
+    p = tl.exp(qk - shift[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return acc, l_i, m_new

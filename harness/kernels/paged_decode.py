@@ -1,0 +1,185 @@
+"""Paged-attention decode: one query per sequence, keys read through a block table.
+
+One kernel, three variants chosen by constexpr switches:
+
+- ``unmasked``: the old kernel.  Dead keys get a -inf score, but K and V of
+  every tile from key 0 up to seq_len rounded up to the tile are loaded
+  without a per-key mask, so tail slots and expired (freed) blocks reach
+  ``p @ V`` with weight 0, and 0 * NaN = NaN.
+- ``tail-masked``: slots >= seq_len are load-masked on the last tile, but
+  tiles below the sliding window are still loaded (the freed-block bug).
+- ``masked``: the fix.  The tile loop starts at the first tile holding an
+  allowed key, and per-key load masks apply only on the tiles that straddle
+  the window start or seq_len; interior tiles load without them.
+
+One program per (sequence, KV head) computes all query heads of that KV head
+at once, padded to a ``tl.dot``-friendly row count.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.kernels._common import dot_rows, softmax_step
+from harness.registry import Kernel
+from reference.batch import PagedBatch
+from reference.capabilities import Capabilities
+
+# variant -> (MASK_TAIL, MASK_WINDOW)
+VARIANTS = {
+    "unmasked": (False, False),
+    "tail-masked": (True, False),
+    "masked": (True, True),
+}
+# Keys per loop step; independent of the physical block size.
+DEFAULT_TILE_SIZE = 32
+
+
+@triton.jit
+def _paged_decode_kernel(
+    Out, Q, KCache, VCache, Sinks, BlockTable, SeqLens, QueryStartLoc,
+    scale, window, head_size, queries_per_kv, table_width,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    TILE_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr, QUERY_ROWS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+    MASK_TAIL: tl.constexpr, MASK_WINDOW: tl.constexpr,
+):
+    tl.static_assert(TILE_SIZE >= 16, "tl.dot needs at least 16 keys per tile")
+    tl.static_assert(QUERY_ROWS >= 16, "tl.dot needs at least 16 query rows")
+    tl.static_assert(MASK_TAIL or not MASK_WINDOW, "a window mask without a tail mask is no shipped variant")
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    # -- a sequence without a query (padding) has no output row ---------------
+    token = tl.load(QueryStartLoc + seq)
+    if tl.load(QueryStartLoc + seq + 1) == token:
+        return
+    token = token.to(tl.int64)
+    seq_len = tl.load(SeqLens + seq)
+    # the query sits at p = seq_len - 1; its allowed keys are [lo, seq_len)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+
+    # -- the query heads of this KV head: q : (QUERY_ROWS, HEAD_PAD) -----------
+    rows = tl.arange(0, QUERY_ROWS)
+    offs_d = tl.arange(0, HEAD_PAD)
+    offs_t = tl.arange(0, TILE_SIZE)
+    row_ok = rows < queries_per_kv
+    dim_ok = offs_d < head_size
+    heads = kv_head * queries_per_kv + rows
+    q = tl.load(Q + token * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+
+    # -- softmax state; a sink starts as the running maximum with weight 1 ----
+    acc = tl.zeros([QUERY_ROWS, HEAD_PAD], dtype=tl.float32)
+    if HAS_SINKS:
+        m_i = tl.load(Sinks + heads, mask=row_ok, other=float("-inf")).to(tl.float32)
+        l_i = tl.where(row_ok, 1.0, 0.0)
+    else:
+        m_i = tl.full([QUERY_ROWS], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([QUERY_ROWS], dtype=tl.float32)
+
+    # -- tile range: the fixed kernel skips tiles wholly below the window -----
+    first_tile = 0
+    if MASK_WINDOW:
+        first_tile = lo // TILE_SIZE
+    num_tiles = tl.cdiv(seq_len, TILE_SIZE)
+    table_row = BlockTable + seq.to(tl.int64) * stride_bt
+    k_head = KCache + kv_head * stride_kh
+    v_head = VCache + kv_head * stride_vh
+    for tile in range(first_tile, num_tiles):
+        start = tile * TILE_SIZE
+        keys = start + offs_t
+        allowed = (keys >= lo) & (keys < seq_len)
+        # -- where each key lives; keys past the table read its last entry ----
+        blocks = tl.load(table_row + tl.minimum(keys // BLOCK_SIZE, table_width - 1)).to(tl.int64)
+        slots = keys % BLOCK_SIZE
+        k_ptrs = k_head + blocks[None, :] * stride_kb + slots[None, :] * stride_ks + offs_d[:, None]
+        v_ptrs = v_head + blocks[:, None] * stride_vb + slots[:, None] * stride_vs + offs_d[None, :]
+
+        # -- load K : (HEAD_PAD, TILE_SIZE) and V : (TILE_SIZE, HEAD_PAD) ------
+        # per-key load masks only on a tile that straddles an edge the variant
+        # guards; every other tile loads whole (but for head padding)
+        if MASK_TAIL:
+            if MASK_WINDOW:
+                straddles = (start < lo) | (start + TILE_SIZE > seq_len)
+                load_ok = allowed
+            else:
+                straddles = start + TILE_SIZE > seq_len
+                load_ok = keys < seq_len
+            if straddles:
+                k = tl.load(k_ptrs, mask=dim_ok[:, None] & load_ok[None, :], other=0.0)
+                v = tl.load(v_ptrs, mask=load_ok[:, None] & dim_ok[None, :], other=0.0)
+            else:
+                k = tl.load(k_ptrs, mask=dim_ok[:, None], other=0.0)
+                v = tl.load(v_ptrs, mask=dim_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=dim_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=dim_ok[None, :], other=0.0)
+
+        # -- scores, dead keys to -inf, online softmax -----------------------
+        qk = tl.dot(q, k, input_precision="ieee") * scale
+        qk = tl.where(allowed[None, :], qk, float("-inf"))
+        acc, l_i, m_i = softmax_step(acc, l_i, m_i, qk, v)
+
+    # -- epilogue: normalise, write the real heads ----------------------------
+    acc = acc / l_i[:, None]
+    out_ptrs = Out + token * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
+
+
+def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked",
+                 tile_size: int = DEFAULT_TILE_SIZE) -> torch.Tensor:
+    """Decode attention of ``batch`` into ``out`` ``[num_tokens, num_q_heads, head_size]``."""
+    mask_tail, mask_window = VARIANTS[variant]
+    assert batch.max_query_len <= 1, f"paged_decode is decode-only, got query_len {batch.max_query_len}"
+    q, key_cache, value_cache, table = batch.q, batch.key_cache, batch.value_cache, batch.block_table
+    num_tokens, num_q_heads, head_size = q.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    assert q.stride(2) == out.stride(2) == key_cache.stride(3) == value_cache.stride(3) == 1, \
+        "the head dimension must be contiguous"
+    if num_tokens == 0:
+        return out
+    queries_per_kv = num_q_heads // num_kv_heads
+    window = batch.sliding_window
+    grid = (table.shape[0], num_kv_heads)
+    _paged_decode_kernel[grid](
+        out, q, key_cache, value_cache, batch.sinks, table, batch.seq_lens, batch.query_start_loc,
+        batch.scale, window, head_size, queries_per_kv, table.shape[1],
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        table.stride(0),
+        TILE_SIZE=tile_size, BLOCK_SIZE=block_size,
+        HEAD_PAD=triton.next_power_of_2(head_size), QUERY_ROWS=dot_rows(queries_per_kv),
+        HAS_WINDOW=window > 0, HAS_SINKS=batch.sinks is not None,
+        MASK_TAIL=mask_tail, MASK_WINDOW=mask_window,
+    )
+    return out
+
+
+# For decode (p = seq_len - 1) the symmetric non-causal window allows the same keys.
+CAPABILITIES = Capabilities(
+    max_query_len=1, causal=True, non_causal=True, sliding_window=True, sinks=True,
+    interpreter_dtypes=("float16", "float32"),
+)
+
+KERNELS = [
+    Kernel("paged_decode@unmasked", functools.partial(paged_decode, variant="unmasked"),
+           CAPABILITIES, expect="caught",
+           summary="score-masks dead keys but loads K/V of every tile unmasked: tail and freed-block V reach p@V"),
+    Kernel("paged_decode@tail-masked", functools.partial(paged_decode, variant="tail-masked"),
+           CAPABILITIES, expect="caught",
+           summary="load-masks slots past seq_len but still loads tiles below the sliding window"),
+    Kernel("paged_decode@masked", functools.partial(paged_decode, variant="masked"),
+           CAPABILITIES, expect="pass",
+           summary="skips tiles below the window, load-masks only the edge tiles: no dead slot reaches arithmetic"),
+]
