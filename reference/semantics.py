@@ -6,6 +6,7 @@ notes); the oracle, the poisoner and the repro picture all ask it.
 from __future__ import annotations
 
 import enum
+import functools
 
 from reference.case import NULL_BLOCK, Case, Sequence
 
@@ -29,11 +30,15 @@ def live_key_range(case: Case, seq: Sequence) -> tuple[int, int]:
     The union of the queries' allowed sets is contiguous: every query reads
     its own position, and the window reaches back from the first query.
     """
+    return _live_range(seq, case.sliding_window)
+
+
+def _live_range(seq: Sequence, window: int) -> tuple[int, int]:
     if seq.query_len == 0:
         return 0, 0
     lo = 0
-    if case.sliding_window > 0:
-        lo = max(0, seq.context_len - case.sliding_window + 1)
+    if window > 0:
+        lo = max(0, seq.context_len - window + 1)
     return lo, seq.seq_len
 
 
@@ -50,53 +55,95 @@ class Dead(enum.IntFlag):
 
 def slot_liveness(case: Case) -> list[list[bool]]:
     """``live[block][offset]``: may some query of the batch read this slot?"""
-    g = case.geometry
-    live = [[False] * g.block_size for _ in range(g.num_blocks)]
-    for seq in case.sequences:
-        lo, hi = live_key_range(case, seq)
-        for key in range(lo, hi):
-            live[seq.block_table[key // g.block_size]][key % g.block_size] = True
-    return live
+    return [list(row) for row in _liveness(*_layout_key(case))]
 
 
 def slot_reasons(case: Case) -> list[list[Dead]]:
     """``reasons[block][offset]``: every reason a slot is dead (empty when it is live)."""
+    return [[_DEAD[why] for why in row] for row in _reason_bits(*_layout_key(case))]
+
+
+# Liveness and dead-slot reasons depend on the block layout alone, not on the
+# poison or the data seed; the strategy, validation, materialisation and the
+# evidence all ask for them, several times per case, so they are memoised on
+# these fields (a case's own hash would miss across poison variants).
+def _layout_key(case: Case) -> tuple:
     g = case.geometry
-    live = slot_liveness(case)
-    reasons = [[Dead(0)] * g.block_size for _ in range(g.num_blocks)]
-    referenced = [False] * g.num_blocks
-    for seq in case.sequences:
-        used = -(-seq.seq_len // g.block_size)
-        lo, hi = live_key_range(case, seq)
+    return g.num_blocks, g.block_size, case.sequences, case.sliding_window, case.padding_block
+
+
+def _memoised(compute):
+    cached = functools.lru_cache(maxsize=256)(compute)
+
+    @functools.wraps(compute)
+    def lookup(*key):
+        try:
+            return cached(*key)
+        except TypeError:  # an unhashable hand-built case (lists for tuples)
+            return compute(*key)
+
+    lookup.cache_clear = cached.cache_clear
+    return lookup
+
+
+@_memoised
+def _liveness(num_blocks: int, block_size: int, sequences: tuple[Sequence, ...], window: int,
+              padding_block: int) -> tuple[tuple[bool, ...], ...]:
+    live = [[False] * block_size for _ in range(num_blocks)]
+    for seq in sequences:
+        lo, hi = _live_range(seq, window)
+        # block by block: the keys [start, end) of logical block j are live
+        for j in range(lo // block_size, -(-hi // block_size)):
+            start, end = max(lo, j * block_size) - j * block_size, min(hi, (j + 1) * block_size) - j * block_size
+            live[seq.block_table[j]][start:end] = [True] * (end - start)
+    return tuple(tuple(row) for row in live)
+
+
+# Dead flags by value: IntFlag arithmetic is slow, so flags are combined as
+# plain ints and turned into ``Dead`` only on the way out.
+_DEAD = {value: Dead(value) for value in range(2 ** len(Dead))}
+_TAIL, _OUT_OF_WINDOW, _NULL_BLOCK, _PADDING, _UNREFERENCED, _NO_QUERY = (
+    int(f) for f in (Dead.TAIL, Dead.OUT_OF_WINDOW, Dead.NULL_BLOCK, Dead.PADDING, Dead.UNREFERENCED, Dead.NO_QUERY))
+
+
+@_memoised
+def _reason_bits(num_blocks: int, block_size: int, sequences: tuple[Sequence, ...], window: int,
+                 padding_block: int) -> tuple[tuple[int, ...], ...]:
+    bs = block_size
+    live = _liveness(num_blocks, bs, sequences, window, padding_block)
+    reasons = [[0] * bs for _ in range(num_blocks)]
+    referenced = [False] * num_blocks
+
+    def mark(block: int, start: int, end: int, why: int) -> None:
+        if start < end:
+            row = reasons[block]
+            row[start:end] = [r | why for r in row[start:end]]
+
+    for seq in sequences:
+        used = -(-seq.seq_len // bs)
+        lo, _ = _live_range(seq, window)
         for j in range(used):
             block = seq.block_table[j]
             referenced[block] = True
-            for offset in range(g.block_size):
-                key = j * g.block_size + offset
-                if key >= seq.seq_len:
-                    why = Dead.TAIL
-                elif seq.query_len == 0:
-                    why = Dead.NO_QUERY
-                elif not lo <= key < hi:
-                    why = Dead.OUT_OF_WINDOW
-                else:
-                    continue
-                reasons[block][offset] |= why
-    for block in range(g.num_blocks):
-        extra = Dead(0)
+            # offsets [0, keys) hold keys < seq_len; the rest of the block is tail
+            keys = min(bs, seq.seq_len - j * bs)
+            mark(block, keys, bs, _TAIL)
+            if seq.query_len == 0:
+                mark(block, 0, keys, _NO_QUERY)
+            else:  # keys below the live range [lo, seq_len) expired
+                mark(block, 0, min(keys, lo - j * bs), _OUT_OF_WINDOW)
+    padded = any(len(s.block_table) > -(-s.seq_len // bs) for s in sequences)
+    for block in range(num_blocks):
+        extra = 0
         if block == NULL_BLOCK:
-            extra |= Dead.NULL_BLOCK
-        if block == case.padding_block and any(len(s.block_table) > -(-s.seq_len // g.block_size) for s in case.sequences):
-            extra |= Dead.PADDING
+            extra |= _NULL_BLOCK
+        if block == padding_block and padded:
+            extra |= _PADDING
         if not referenced[block]:
-            extra |= Dead.UNREFERENCED
-        for offset in range(g.block_size):
-            reasons[block][offset] |= extra
-    for block in range(g.num_blocks):
-        for offset in range(g.block_size):
-            if live[block][offset]:
-                reasons[block][offset] = Dead(0)
-    return reasons
+            extra |= _UNREFERENCED
+        alive = live[block]
+        reasons[block] = [0 if alive[o] else why | extra for o, why in enumerate(reasons[block])]
+    return tuple(tuple(row) for row in reasons)
 
 
 def dead_slots(case: Case) -> list[tuple[int, int]]:
@@ -106,13 +153,15 @@ def dead_slots(case: Case) -> list[tuple[int, int]]:
     before null, padding and unreferenced blocks, so that a strategy that
     picks "dead slot number 0" shrinks toward a slot that matters.
     """
-    reasons = slot_reasons(case)
-    reached = Dead.TAIL | Dead.OUT_OF_WINDOW
-    slots = [
-        (block, offset)
-        for block, row in enumerate(reasons)
-        for offset, why in enumerate(row)
-        if why
-    ]
-    slots.sort(key=lambda s: (not reasons[s[0]][s[1]] & reached, s))
-    return slots
+    return list(_dead_slots(*_layout_key(case)))
+
+
+@_memoised
+def _dead_slots(*key) -> tuple[tuple[int, int], ...]:
+    reached = _TAIL | _OUT_OF_WINDOW
+    first, then = [], []
+    for block, row in enumerate(_reason_bits(*key)):
+        for offset, why in enumerate(row):
+            if why:
+                (first if why & reached else then).append((block, offset))
+    return tuple(first + then)
