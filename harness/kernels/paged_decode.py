@@ -9,8 +9,9 @@ One kernel, three variants chosen by constexpr switches:
 - ``tail-masked``: slots >= seq_len are load-masked on the last tile, but
   tiles below the sliding window are still loaded (the freed-block bug).
 - ``masked``: the fix.  The tile loop starts at the first tile holding an
-  allowed key, and per-key load masks apply only on the tiles that straddle
-  the window start or seq_len; interior tiles load without them.
+  allowed key, and per-key load masks apply only on the two tiles that
+  straddle the window start and seq_len; interior tiles load whole, in a
+  loop of their own, so it pipelines exactly like the old kernel's.
 
 One program per (sequence, KV head) computes all query heads of that KV head
 at once, padded to a ``tl.dot``-friendly row count.
@@ -36,6 +37,37 @@ VARIANTS = {
 }
 # Keys per loop step; independent of the physical block size.
 DEFAULT_TILE_SIZE = 32
+
+
+@triton.jit
+def _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale, table_width,
+                 offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb, stride_vs,
+                 TILE_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, LOAD_MASK: tl.constexpr):
+    """Fold keys ``[tile * TILE_SIZE, +TILE_SIZE)`` into the softmax state.
+
+    LOAD_MASK 0: load every key of the tile (an interior tile, or the old
+    kernel's every tile); 1: load only keys < seq_len; 2: only allowed keys.
+    Scores of keys outside ``[lo, seq_len)`` are -inf either way.
+    """
+    keys = tile * TILE_SIZE + offs_t
+    allowed = (keys >= lo) & (keys < seq_len)
+    # -- where each key lives; keys past the table read its last entry --------
+    blocks = tl.load(table_row + tl.minimum(keys // BLOCK_SIZE, table_width - 1)).to(tl.int64)
+    slots = keys % BLOCK_SIZE
+    k_ptrs = k_head + blocks[None, :] * stride_kb + slots[None, :] * stride_ks + offs_d[:, None]
+    v_ptrs = v_head + blocks[:, None] * stride_vb + slots[:, None] * stride_vs + offs_d[None, :]
+    # -- K : (HEAD_PAD, TILE_SIZE), V : (TILE_SIZE, HEAD_PAD) -------------------
+    if LOAD_MASK == 0:
+        k = tl.load(k_ptrs, mask=dim_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=dim_ok[None, :], other=0.0)
+    else:
+        load_ok = allowed if LOAD_MASK == 2 else keys < seq_len
+        k = tl.load(k_ptrs, mask=dim_ok[:, None] & load_ok[None, :], other=0.0)
+        v = tl.load(v_ptrs, mask=load_ok[:, None] & dim_ok[None, :], other=0.0)
+    # -- scores, dead keys to -inf, online softmax -------------------------------
+    qk = tl.dot(q, k, input_precision="ieee") * scale
+    qk = tl.where(allowed[None, :], qk, float("-inf"))
+    return softmax_step(acc, l_i, m_i, qk, v)
 
 
 @triton.jit
@@ -87,48 +119,36 @@ def _paged_decode_kernel(
         m_i = tl.full([QUERY_ROWS], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([QUERY_ROWS], dtype=tl.float32)
 
-    # -- tile range: the fixed kernel skips tiles wholly below the window -----
-    first_tile = 0
-    if MASK_WINDOW:
-        first_tile = lo // TILE_SIZE
+    # -- tile ranges ----------------------------------------------------------
+    # [first, full_lo): the tile the window starts in (masked variant only)
+    # [full_lo, full_hi): interior tiles, loaded whole, so the loop pipelines
+    #   like the old kernel's; the fixed kernel starts it at the window
+    # [tail, num_tiles): the tile seq_len ends in
     num_tiles = tl.cdiv(seq_len, TILE_SIZE)
+    first = 0
+    full_lo = 0
+    full_hi = num_tiles
+    if MASK_WINDOW:
+        first = lo // TILE_SIZE
+        full_lo = tl.cdiv(lo, TILE_SIZE)
+    if MASK_TAIL:
+        full_hi = seq_len // TILE_SIZE
+    tail = tl.maximum(full_hi, full_lo)
     table_row = BlockTable + seq.to(tl.int64) * stride_bt
     k_head = KCache + kv_head * stride_kh
     v_head = VCache + kv_head * stride_vh
-    for tile in range(first_tile, num_tiles):
-        start = tile * TILE_SIZE
-        keys = start + offs_t
-        allowed = (keys >= lo) & (keys < seq_len)
-        # -- where each key lives; keys past the table read its last entry ----
-        blocks = tl.load(table_row + tl.minimum(keys // BLOCK_SIZE, table_width - 1)).to(tl.int64)
-        slots = keys % BLOCK_SIZE
-        k_ptrs = k_head + blocks[None, :] * stride_kb + slots[None, :] * stride_ks + offs_d[:, None]
-        v_ptrs = v_head + blocks[:, None] * stride_vb + slots[:, None] * stride_vs + offs_d[None, :]
-
-        # -- load K : (HEAD_PAD, TILE_SIZE) and V : (TILE_SIZE, HEAD_PAD) ------
-        # per-key load masks only on a tile that straddles an edge the variant
-        # guards; every other tile loads whole (but for head padding)
-        if MASK_TAIL:
-            if MASK_WINDOW:
-                straddles = (start < lo) | (start + TILE_SIZE > seq_len)
-                load_ok = allowed
-            else:
-                straddles = start + TILE_SIZE > seq_len
-                load_ok = keys < seq_len
-            if straddles:
-                k = tl.load(k_ptrs, mask=dim_ok[:, None] & load_ok[None, :], other=0.0)
-                v = tl.load(v_ptrs, mask=load_ok[:, None] & dim_ok[None, :], other=0.0)
-            else:
-                k = tl.load(k_ptrs, mask=dim_ok[:, None], other=0.0)
-                v = tl.load(v_ptrs, mask=dim_ok[None, :], other=0.0)
-        else:
-            k = tl.load(k_ptrs, mask=dim_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=dim_ok[None, :], other=0.0)
-
-        # -- scores, dead keys to -inf, online softmax -----------------------
-        qk = tl.dot(q, k, input_precision="ieee") * scale
-        qk = tl.where(allowed[None, :], qk, float("-inf"))
-        acc, l_i, m_i = softmax_step(acc, l_i, m_i, qk, v)
+    for tile in range(first, full_lo):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
+                                     table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
+                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2)
+    for tile in range(full_lo, full_hi):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
+                                     table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
+                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 0)
+    for tile in range(tail, num_tiles):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
+                                     table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
+                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2 if MASK_WINDOW else 1)
 
     # -- epilogue: normalise, write the real heads ----------------------------
     acc = acc / l_i[:, None]
@@ -137,7 +157,7 @@ def _paged_decode_kernel(
 
 
 def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked",
-                 tile_size: int = DEFAULT_TILE_SIZE) -> torch.Tensor:
+                 tile_size: int = DEFAULT_TILE_SIZE, **launch) -> torch.Tensor:
     """Decode attention of ``batch`` into ``out`` ``[num_tokens, num_q_heads, head_size]``."""
     mask_tail, mask_window = VARIANTS[variant]
     assert batch.max_query_len <= 1, f"paged_decode is decode-only, got query_len {batch.max_query_len}"
@@ -162,6 +182,7 @@ def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
         HEAD_PAD=triton.next_power_of_2(head_size), QUERY_ROWS=dot_rows(queries_per_kv),
         HAS_WINDOW=window > 0, HAS_SINKS=batch.sinks is not None,
         MASK_TAIL=mask_tail, MASK_WINDOW=mask_window,
+        **launch,  # num_warps / num_stages, for tuning
     )
     return out
 
