@@ -1,0 +1,1 @@
+"""Adapters that drive kernels living outside nanfuzz (vLLM's attention kernels)."""

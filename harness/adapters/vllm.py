@@ -1,0 +1,202 @@
+"""vLLM's real attention kernels as nanfuzz kernels.
+
+``vllm:rocm_attn``
+    The ROCM_ATTN backend's Triton path: ``chunked_prefill_paged_decode``,
+    which runs ``context_attention_fwd`` (prefix_prefill.py) for sequences
+    with more than one query token and ``kernel_paged_attention_2d`` for the
+    rest.  ROCm's custom HIP decode kernel is switched off (the loader's
+    stand-in for ``vllm.platforms.rocm`` always declines it), so the same
+    Triton code runs on every GPU and under the interpreter.  vLLM itself
+    decodes with this Triton kernel on ROCm whenever a sliding window, sinks,
+    fp32, a head size other than 64/128 or a block size other than 16/32 is
+    in play, and always prefills with ``context_attention_fwd``.
+
+``vllm:triton_attn``
+    The TRITON_ATTN backend: ``unified_attention``.  It has a 2D path (one
+    program per query block and KV head) and a 3D split-K path for small
+    decode batches (the KV length cut into softmax segments, merged by
+    ``reduce_segments``).  vLLM picks 3D when the caller hands it segment
+    scratch and the batch is short: query length at most 8 (1 + speculative
+    tokens), causal, and few enough query blocks.  The adapter offers the
+    scratch for odd ``data_seed`` and withholds it for even ones, so every
+    kind of case meets both paths and a repro replays on the path it failed
+    on; ``vllm:triton_attn@2d`` and ``@3d`` pin the choice.
+
+Both adapters convert the window as their backend does (W keys, the query's
+own position included): ROCM_ATTN receives ``sliding_window=W``,
+``unified_attention`` ``window_size=(W-1, 0)`` causal and ``(W-1, W-1)``
+non-causal, ``(-1, -1)`` for none.
+"""
+from __future__ import annotations
+
+import torch
+
+from harness.adapters import vllm_loader
+from harness.adapters.vllm_loader import set_vllm_source  # noqa: F401 - the CLI's entry point
+from harness.registry import Kernel
+from reference.batch import PagedBatch
+from reference.capabilities import Capabilities
+from reference.case import Case
+from reference.errors import NanfuzzError
+
+KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn")
+UNIFIED_PATHS = ("2d", "3d")
+
+# Both backends take any multiple of 16 (MultipleOf(16)); 48 stands for the
+# non-power-of-two sizes of hybrid models, which ROCM_ATTN tiles by 32.
+BLOCK_SIZES = (16, 32, 64, 48)
+# unified_attention's split-K segment count in the TRITON_ATTN backend.
+SOFTMAX_SEGMENTS = 16
+
+
+# -- vllm:rocm_attn ----------------------------------------------------------------
+
+ROCM_ATTN_CAPABILITIES = Capabilities(
+    dtypes=("float16", "bfloat16", "float32"),
+    block_sizes=BLOCK_SIZES,
+    causal=True,
+    non_causal=True,
+    sliding_window=True,
+    sinks=True,  # the Triton kernels take sinks; only ROCm's HIP kernel does not
+    notes="vLLM ROCM_ATTN Triton path (chunked_prefill_paged_decode); fp32 dots use TF32 on NVIDIA GPUs",
+)
+
+
+def rocm_key_cache(key_cache: torch.Tensor) -> torch.Tensor:
+    """``[blocks, B, H, D]`` -> ROCM_ATTN's ``[blocks, H, D/x, B, x]``, x = 16 bytes of elements."""
+    blocks, block_size, heads, head_size = key_cache.shape
+    x = 16 // key_cache.element_size()
+    assert head_size % x == 0, (head_size, x)
+    split = key_cache.reshape(blocks, block_size, heads, head_size // x, x)
+    return split.permute(0, 2, 3, 1, 4).contiguous()
+
+
+def rocm_value_cache(value_cache: torch.Tensor) -> torch.Tensor:
+    """``[blocks, B, H, D]`` -> ROCM_ATTN's ``[blocks, H, D, B]``."""
+    return value_cache.permute(0, 2, 3, 1).contiguous()
+
+
+def run_rocm_attn(batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
+    case = batch.case
+    loaded = vllm_loader.load("rocm_attn")
+    entry = loaded["chunked_prefill_paged_decode"].chunked_prefill_paged_decode
+    # vLLM schedules no sequence without a query token (its padding entries
+    # have seq_len 0 and come last), and the decode kernel writes a row at
+    # such a sequence's start offset, which belongs to the next sequence.
+    # They own no output rows, so they stay out of the launch.
+    kept = [i for i, s in enumerate(case.sequences) if s.query_len > 0]
+    if not kept:
+        return out
+    block_table, seq_lens, query_start_loc = batch.block_table, batch.seq_lens, batch.query_start_loc
+    if len(kept) < len(case.sequences):
+        index = torch.tensor(kept, dtype=torch.long, device=block_table.device)
+        block_table = block_table.index_select(0, index)
+        seq_lens = seq_lens.index_select(0, index)
+        query_start_loc = torch.cat([query_start_loc.index_select(0, index), query_start_loc[-1:]])
+    unit_scale = torch.ones(1, dtype=torch.float32, device=batch.q.device)
+    with loaded.active():
+        entry(
+            query=batch.q, key=batch.k, value=batch.v, output=out,
+            kv_cache_dtype="auto",
+            key_cache=rocm_key_cache(batch.key_cache),
+            value_cache=rocm_value_cache(batch.value_cache),
+            block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens,
+            max_seq_len=max(case.sequences[i].seq_len for i in kept),
+            max_query_len=case.max_query_len,
+            k_scale=unit_scale, v_scale=unit_scale,
+            sliding_window=case.sliding_window,  # W itself; 0 = none
+            sm_scale=case.scale,
+            sinks=batch.sinks,
+            causal=case.causal,
+        )
+    return out
+
+
+# -- vllm:triton_attn -------------------------------------------------------------
+
+TRITON_ATTN_CAPABILITIES = Capabilities(
+    dtypes=("float16", "bfloat16", "float32"),
+    block_sizes=BLOCK_SIZES,
+    causal=True,
+    non_causal=True,
+    sliding_window=True,
+    sinks=True,
+    notes="vLLM TRITON_ATTN unified_attention, 2D and 3D (split-K) paths by data_seed parity; "
+          "fp32 dots use TF32 on NVIDIA GPUs",
+)
+
+
+def offers_split_k(case: Case, path: str | None = None) -> bool:
+    """Does the adapter hand ``unified_attention`` split-K scratch for this case?"""
+    if path is not None:
+        return path == "3d"
+    return case.data_seed % 2 == 1
+
+
+def unified_window(case: Case) -> tuple[int, int]:
+    w = case.sliding_window
+    if w == 0:
+        return (-1, -1)
+    return (w - 1, 0) if case.causal else (w - 1, w - 1)
+
+
+def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = None) -> torch.Tensor:
+    case = batch.case
+    g = case.geometry
+    loaded = vllm_loader.load("triton_attn")
+    entry = loaded["triton_unified_attention"].unified_attention
+    device = batch.q.device
+    num_seqs = len(case.sequences)
+    descale = torch.ones(1, dtype=torch.float32, device=device).expand(num_seqs, g.num_kv_heads)
+    split_k: dict = {}
+    if offers_split_k(case, path) and case.num_tokens > 0:
+        # Stale scratch is realistic (vLLM reuses it across layers and steps),
+        # so it starts as NaN: a segment the merge reads without writing shows.
+        padded = 1 << (g.head_size - 1).bit_length()  # HEAD_SIZE_PADDED
+        rows = (case.num_tokens, g.num_q_heads, SOFTMAX_SEGMENTS)
+        split_k = dict(
+            # at least num_seqs * ceil(max_query_len / BLOCK_Q): vLLM's size rule never vetoes
+            seq_threshold_3D=num_seqs * max(1, case.max_query_len),
+            num_par_softmax_segments=SOFTMAX_SEGMENTS,
+            softmax_segm_output=torch.full((*rows, padded), float("nan"), dtype=torch.float32, device=device),
+            softmax_segm_max=torch.full(rows, float("nan"), dtype=torch.float32, device=device),
+            softmax_segm_expsum=torch.full(rows, float("nan"), dtype=torch.float32, device=device),
+        )
+    with loaded.active():
+        entry(
+            q=batch.q, k=batch.key_cache, v=batch.value_cache, out=out,
+            cu_seqlens_q=batch.query_start_loc, max_seqlen_q=case.max_query_len,
+            seqused_k=batch.seq_lens, max_seqlen_k=case.max_seq_len,
+            softmax_scale=case.scale, causal=case.causal, window_size=unified_window(case),
+            block_table=batch.block_table, softcap=0,
+            q_descale=None, k_descale=descale, v_descale=descale,
+            sinks=batch.sinks,
+            **split_k,
+        )
+    return out
+
+
+# -- registry entry -----------------------------------------------------------------
+
+def kernel(name: str) -> Kernel:
+    """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` (or ``@2d`` / ``@3d``).
+
+    The kernel files are loaded here, so a missing or unusable vLLM source is
+    a configuration error now rather than a crash of the first case.
+    """
+    if name == "vllm:rocm_attn":
+        source = vllm_loader.load("rocm_attn").source
+        return Kernel(name=name, run=run_rocm_attn, capabilities=ROCM_ATTN_CAPABILITIES,
+                      summary=f"ROCM_ATTN Triton path: prefix_prefill + kernel_paged_attention_2d; {source}")
+    base, _, path = name.partition("@")
+    if base == "vllm:triton_attn" and path in ("", *UNIFIED_PATHS):
+        source = vllm_loader.load("triton_attn").source
+
+        def run(batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
+            return run_triton_attn(batch, out, path=path or None)
+
+        which = f"{path.upper()} path" if path else "2D/3D by data_seed parity"
+        return Kernel(name=name, run=run, capabilities=TRITON_ATTN_CAPABILITIES,
+                      summary=f"TRITON_ATTN: unified_attention, {which}; {source}")
+    known = ", ".join((*KERNEL_NAMES, "vllm:triton_attn@2d", "vllm:triton_attn@3d"))
+    raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {known}")

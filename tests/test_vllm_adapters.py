@@ -1,0 +1,273 @@
+"""vLLM's real attention kernels behind ``vllm:rocm_attn`` and ``vllm:triton_attn``.
+
+The kernels come from the released vllm==0.33.0 wheel: fetched once with
+``pip download --no-deps`` into ``$NANFUZZ_CACHE/vllm-0.33.0`` (default
+``~/.cache/nanfuzz/vllm-0.33.0``) and reused.  The tests skip only when no
+package index can be reached; any other fetch failure fails them.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pytest
+import torch
+
+from harness.adapters import vllm as vllm_adapters
+from harness.adapters import vllm_loader
+from harness.adapters.vllm_fetch import FetchError, ensure_vllm_source
+from harness.backend import interpreted
+from harness.registry import resolve
+from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
+from reference.errors import NanfuzzError
+from reference.materialize import materialize
+from reference.oracle import oracle
+
+VLLM_VERSION = "0.33.0"
+DEVICE = "cpu" if interpreted() else "cuda"
+
+# Largest |kernel - float64 oracle| on live data (|q| < 3, |k|, |v| < 1):
+# fp16 output and the fp16 cast of P before P @ V each round at 2**-11
+# relative, a few units of that over a row; fp32 is exact-ish under the
+# interpreter (true fp32 dots) but uses TF32 (10-bit mantissa) on a GPU.
+TOLERANCE = {"float16": 2e-3, "float32": 1e-5 if interpreted() else 2e-3}
+
+# The interpreter evaluates exp(-inf - -inf) on masked lanes before the
+# kernels discard them; numpy's warning about it is noise.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_source():
+    try:
+        path = ensure_vllm_source(VLLM_VERSION)
+    except FetchError as exc:
+        if exc.network:
+            pytest.skip(f"vllm=={VLLM_VERSION} is not cached and no package index is reachable: {exc}")
+        raise
+    previous = os.environ.get(vllm_loader.ENV_VAR)
+    vllm_adapters.set_vllm_source(path)
+    yield path
+    vllm_adapters.set_vllm_source(previous)
+
+
+def make_case(seqs, *, window=0, causal=True, sinks=False, q_heads=4, kv_heads=2, head_size=64,
+              block_size=16, dtype="float16", seed=0, poison=Poison()) -> Case:
+    """Sequences ``(query_len, seq_len)`` on consecutive blocks from 1; padding points at block 0."""
+    width = max(-(-seq_len // block_size) for _, seq_len in seqs) + 1
+    tables, next_block = [], 1
+    for _, seq_len in seqs:
+        used = -(-seq_len // block_size)
+        tables.append(tuple(range(next_block, next_block + used)) + (0,) * (width - used))
+        next_block += used
+    geometry = Geometry(q_heads, kv_heads, head_size, block_size, next_block + 1, dtype)
+    sequences = tuple(Sequence(q, seq_len, table) for (q, seq_len), table in zip(seqs, tables))
+    return Case(geometry, sequences, sliding_window=window, causal=causal, sinks=sinks,
+                poison=poison, data_seed=seed).validate()
+
+
+def run(name: str, case: Case, *, poisoned: bool = False) -> torch.Tensor:
+    batch = materialize(case, DEVICE, poisoned=poisoned)
+    g = case.geometry
+    out = torch.full((case.num_tokens, g.num_q_heads, g.head_size), float("nan"), dtype=batch.q.dtype, device=DEVICE)
+    return resolve(name)(batch, out)
+
+
+def max_error(name: str, case: Case) -> float:
+    out = run(name, case)
+    return (out.double() - oracle(materialize(case, DEVICE, poisoned=False))).abs().max().item()
+
+
+class LaunchSpy:
+    """Stands in for a ``@triton.jit`` kernel in its module and records each launch grid."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.grids: list[tuple] = []
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def record(*args, **kwargs):
+            self.grids.append(tuple(grid))
+            return launch(*args, **kwargs)
+
+        return record
+
+
+@pytest.fixture
+def unified_spy(monkeypatch):
+    """Records launches of unified_attention's main kernel and of its 3D merge."""
+    module = vllm_loader.load("triton_attn")["triton_unified_attention"]
+    spies = {name: LaunchSpy(getattr(module, name)) for name in ("kernel_unified_attention", "reduce_segments")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(module, name, spy)
+    return spies
+
+
+CASES = {
+    "decode": dict(seqs=[(1, 40), (1, 17), (1, 5)]),
+    "prefill": dict(seqs=[(20, 20), (9, 9)]),
+    "mixed": dict(seqs=[(7, 50), (1, 33), (12, 12)]),
+    "idle-sequence": dict(seqs=[(3, 30), (0, 21), (1, 9)]),
+    "gqa-d80-b48": dict(seqs=[(7, 60), (1, 33)], q_heads=8, kv_heads=2, head_size=80, block_size=48),
+    "window": dict(seqs=[(7, 50), (1, 33), (12, 12)], window=10),
+    "non-causal": dict(seqs=[(7, 50), (1, 33), (12, 12)], causal=False),
+    "sinks-window": dict(seqs=[(7, 50), (1, 33)], sinks=True, window=5),
+    "fp32": dict(seqs=[(7, 50), (1, 33)], dtype="float32"),
+}
+
+
+@pytest.mark.parametrize("shape", CASES)
+def test_rocm_attn_matches_oracle(shape):
+    case = make_case(**CASES[shape])
+    assert max_error("vllm:rocm_attn", case) <= TOLERANCE[case.geometry.dtype]
+
+
+def takes_3d(shape: str) -> bool:
+    """vLLM's rule once split-K scratch is offered: causal, queries at most 8 long."""
+    return CASES[shape].get("causal", True) and max(q for q, _ in CASES[shape]["seqs"]) <= 8
+
+
+# Split-K (3D) scratch is offered for odd data seeds: seed 0 runs 2D, seed 1 3D.
+TRITON_RUNS = [(shape, 0) for shape in CASES] + [(shape, 1) for shape in CASES if takes_3d(shape)]
+
+
+@pytest.mark.parametrize("shape,seed", TRITON_RUNS)
+def test_triton_attn_matches_oracle(shape, seed, unified_spy):
+    case = make_case(**CASES[shape], seed=seed)
+    assert max_error("vllm:triton_attn", case) <= TOLERANCE[case.geometry.dtype]
+    (grid,) = unified_spy["kernel_unified_attention"].grids
+    assert len(grid) == (3 if seed == 1 else 2)
+    assert len(unified_spy["reduce_segments"].grids) == seed
+
+
+def test_triton_attn_pinned_paths(unified_spy):
+    case = make_case(seqs=[(1, 40), (2, 70)], seed=0)
+    for name, segments in (("vllm:triton_attn@3d", vllm_adapters.SOFTMAX_SEGMENTS), ("vllm:triton_attn@2d", None)):
+        assert max_error(name, case) <= TOLERANCE["float16"]
+        grid = unified_spy["kernel_unified_attention"].grids.pop()
+        assert (grid[2] if len(grid) == 3 else None) == segments
+
+
+# -- the bug class ------------------------------------------------------------------
+
+def windowed_case(query_len: int, window: int, **kw) -> Case:
+    """One sequence of 40 keys in blocks 1-3; with a window of 8, block 1 (keys 0-15) is freed."""
+    freed = PoisonSite(block=1) if window else None
+    return make_case(seqs=[(query_len, 40)], window=window,
+                     poison=Poison("nan", "v", None if freed is None else (freed,)), **kw)
+
+
+@pytest.mark.parametrize("query_len", [1, 8], ids=["decode", "prefill"])
+def test_rocm_attn_reads_nan_v_below_the_window(query_len):
+    """vLLM 0.33.0's ROCM_ATTN kernels mask out-of-window scores but load the V rows."""
+    out = run("vllm:rocm_attn", windowed_case(query_len, window=8), poisoned=True)
+    assert torch.isnan(out).any()
+    clean = run("vllm:rocm_attn", windowed_case(query_len, window=0), poisoned=True)
+    assert torch.isfinite(clean).all()  # tail and padding NaN stay out: the last tile is masked
+
+
+@pytest.mark.parametrize("path", vllm_adapters.UNIFIED_PATHS)
+def test_triton_attn_zeroes_v_below_the_window(path):
+    out = run(f"vllm:triton_attn@{path}", windowed_case(1, window=8), poisoned=True)
+    assert torch.isfinite(out).all()
+
+
+def row_errors(name: str, case: Case) -> torch.Tensor:
+    out = run(name, case)
+    return (out.double() - oracle(materialize(case, DEVICE, poisoned=False))).abs().amax(dim=(1, 2))
+
+
+# Non-causal with a window: the specification's window is symmetric, |p - k| < W,
+# as unified_attention's score mask is; a 12-token chunk with W = 4.
+NON_CAUSAL_WINDOW = dict(seqs=[(12, 12)], window=4, causal=False, q_heads=2, kv_heads=2)
+
+
+def test_triton_attn_non_causal_window_drops_later_keys():
+    """unified_attention zeroes V beyond the window of a query block's *first*
+    query, so every later query of the block (here one block of 16) loses
+    in-window keys ahead of it."""
+    error = row_errors("vllm:triton_attn", make_case(**NON_CAUSAL_WINDOW))
+    assert error[0] <= TOLERANCE["float16"]
+    assert (error[1:] > 0.05).all()
+
+
+def test_rocm_attn_non_causal_window_keeps_far_later_keys():
+    """context_attention_fwd windows only keys before the query (p - k < W), so
+    non-causal queries also read chunk keys W or more positions ahead."""
+    error = row_errors("vllm:rocm_attn", make_case(**NON_CAUSAL_WINDOW))
+    assert (error[:8] > 0.05).all()  # queries 0-7 have keys >= p + 4 in the chunk
+    assert (error[8:] <= TOLERANCE["float16"]).all()
+
+
+def test_layout_conversion_copies_every_block():
+    batch = materialize(windowed_case(1, window=8), DEVICE)  # NaN V in freed block 1
+    blocks, block_size, heads, head_size = batch.key_cache.shape
+    x = 16 // batch.key_cache.element_size()
+    key_cache = vllm_adapters.rocm_key_cache(batch.key_cache)
+    value_cache = vllm_adapters.rocm_value_cache(batch.value_cache)
+    assert key_cache.shape == (blocks, heads, head_size // x, block_size, x)
+    assert value_cache.shape == (blocks, heads, head_size, block_size)
+    back_k = key_cache.permute(0, 3, 1, 2, 4).reshape(batch.key_cache.shape)
+    back_v = value_cache.permute(0, 3, 1, 2)
+    # bit for bit, poison included
+    assert torch.equal(back_k.view(torch.int16), batch.key_cache.view(torch.int16))
+    assert torch.equal(back_v.view(torch.int16), batch.value_cache.view(torch.int16))
+    assert torch.isnan(value_cache[1]).all()
+
+
+# -- loading ------------------------------------------------------------------------
+
+def test_stand_ins_do_not_stay_in_sys_modules():
+    run("vllm:rocm_attn", make_case(seqs=[(2, 20)]))
+    assert not [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]
+
+
+def one_line_error(group: str) -> str:
+    with pytest.raises(NanfuzzError) as info:
+        vllm_loader.load(group)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_bogus_source_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(vllm_loader.ENV_VAR, str(tmp_path / "nowhere"))
+    message = one_line_error("rocm_attn")
+    assert str(tmp_path / "nowhere") in message and "not a directory" in message and "--vllm-src" in message
+    with pytest.raises(NanfuzzError, match="not a directory"):
+        resolve("vllm:triton_attn")  # at resolution, before any case runs
+    monkeypatch.setenv(vllm_loader.ENV_VAR, str(tmp_path))
+    message = one_line_error("triton_attn")
+    assert "vllm/v1/attention/ops" in message and "unpacked vllm wheel" in message
+
+
+def test_missing_module_and_function_are_named(tmp_path, monkeypatch, vllm_source):
+    tree = tmp_path / "vllm"
+    shutil.copytree(vllm_source / "vllm", tree)
+    ops = tree / "v1" / "attention" / "ops"
+    (ops / "triton_unified_attention.py").unlink()
+    monkeypatch.setenv(vllm_loader.ENV_VAR, str(tmp_path))
+    message = one_line_error("triton_attn")
+    assert "lacks vllm/v1/attention/ops/triton_unified_attention.py" in message and str(tree) in message
+    chunked = ops / "chunked_prefill_paged_decode.py"
+    chunked.write_text(chunked.read_text().replace("def chunked_prefill_paged_decode(", "def renamed_entry("))
+    message = one_line_error("rocm_attn")
+    assert "has no chunked_prefill_paged_decode()" in message and str(chunked) in message
+
+
+def test_installed_package_without_runtime_is_found(monkeypatch, vllm_source):
+    monkeypatch.delenv(vllm_loader.ENV_VAR)
+    monkeypatch.syspath_prepend(str(vllm_source))
+    vllm_loader._cache.clear()
+    loaded = vllm_loader.load("rocm_attn")
+    assert not loaded.native and "runtime not importable" in loaded.source
+    assert not [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]
+    vllm_loader._cache.clear()
+
+
+def test_unknown_vllm_kernel_names_the_known_ones():
+    with pytest.raises(NanfuzzError, match="vllm:rocm_attn, vllm:triton_attn"):
+        resolve("vllm:flash_attn")
