@@ -87,19 +87,37 @@ def _poison_values(case: Case, stream: str, index: torch.Tensor) -> torch.Tensor
     return low.to(view).view(dtype)
 
 
+def _slots(mask: torch.Tensor, device) -> torch.Tensor:
+    """Flat slot numbers (block * block_size + offset) where ``mask`` holds, on ``device``."""
+    return mask.flatten().nonzero().flatten().to(device)
+
+
+def _fill(cache: torch.Tensor, slots: torch.Tensor, make) -> None:
+    """Write ``make(element index)`` into the given slots of a ``[slots, heads * head_size]`` cache.
+
+    A value depends only on its element index, so computing it for the slots
+    that need it gives the same bits as computing it for the whole cache.
+    """
+    if slots.numel():
+        width = cache.shape[1]
+        index = slots[:, None] * width + torch.arange(width, device=cache.device, dtype=torch.int64)
+        cache[slots] = make(index).to(cache.dtype)
+
+
 def _cache(case: Case, which: str, live: torch.Tensor, poisoned: torch.Tensor | None,
            garbage_seed: int, device) -> torch.Tensor:
+    """One cache; ``live`` and ``poisoned`` are host-side ``[num_blocks, block_size]`` masks."""
     g = case.geometry
-    dtype = TORCH_DTYPES[g.dtype]
     shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
-    index = torch.arange(g.num_blocks * g.block_size * g.num_kv_heads * g.head_size,
-                         device=device, dtype=torch.int64).view(shape)
-    live_values = values.uniform(case.data_seed, f"cache_{which}", index)
-    garbage = _garbage(_derive(case.data_seed, 2, garbage_seed), f"garbage_{which}", index)
-    cache = torch.where(live[:, :, None, None], live_values, garbage).to(dtype)
+    cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads * g.head_size,
+                        dtype=TORCH_DTYPES[g.dtype], device=device)
+    garbage = ~live if poisoned is None else ~live & ~poisoned
+    _fill(cache, _slots(live, device), lambda index: values.uniform(case.data_seed, f"cache_{which}", index))
+    _fill(cache, _slots(garbage, device),
+          lambda index: _garbage(_derive(case.data_seed, 2, garbage_seed), f"garbage_{which}", index))
     if poisoned is not None:
-        cache = torch.where(poisoned[:, :, None, None], _poison_values(case, f"poison_{which}", index), cache)
-    return cache
+        _fill(cache, _slots(poisoned, device), lambda index: _poison_values(case, f"poison_{which}", index))
+    return cache.view(shape)
 
 
 def token_layout(case: Case) -> tuple[list[int], list[int]]:
@@ -121,7 +139,7 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
     """
     g = case.geometry
     device = torch.device(device)
-    live = live_mask(case, device)
+    live = live_mask(case, "cpu")  # the masks stay on the host: no device sync to find their slots
     poison = poison_mask(case, live) if poisoned else None
     key_cache = _cache(case, "k", live, poison if case.poison.hits_k else None, garbage_seed, device)
     value_cache = _cache(case, "v", live, poison if case.poison.hits_v else None, garbage_seed, device)
@@ -151,4 +169,29 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
         seq_lens=torch.tensor([s.seq_len for s in case.sequences], dtype=torch.int32, device=device),
         query_start_loc=torch.tensor(case.query_start_loc(), dtype=torch.int32, device=device),
         sinks=sinks,
+    )
+
+
+def refill_dead_slots(batch: PagedBatch, garbage_seed: int) -> PagedBatch:
+    """A copy of ``batch`` with the finite garbage of ``garbage_seed`` in every dead slot.
+
+    For a freshly materialised ``batch`` this is bit-identical to
+    ``materialize(batch.case, device, garbage_seed=garbage_seed, poisoned=False)``
+    (live slots and the new tokens are copied, not recomputed), so the LEAK
+    check's second batch costs a copy plus the garbage.
+    """
+    case = batch.case
+    device = batch.key_cache.device
+    dead = _slots(~live_mask(case, "cpu"), device)
+    seed = _derive(case.data_seed, 2, garbage_seed)
+    caches = {}
+    for which, cache in (("k", batch.key_cache), ("v", batch.value_cache)):
+        flat = cache.flatten(0, 1).flatten(1).clone()
+        _fill(flat, dead, lambda index: _garbage(seed, f"garbage_{which}", index))
+        caches[which] = flat.view(cache.shape)
+    return PagedBatch(
+        case=case, q=batch.q.clone(), k=batch.k.clone(), v=batch.v.clone(),
+        key_cache=caches["k"], value_cache=caches["v"], block_table=batch.block_table.clone(),
+        seq_lens=batch.seq_lens.clone(), query_start_loc=batch.query_start_loc.clone(),
+        sinks=None if batch.sinks is None else batch.sinks.clone(),
     )
