@@ -14,7 +14,8 @@ from harness.registry import Kernel
 from harness.tolerance import allowed_error
 from reference.case import Case
 from reference.errors import NanfuzzError
-from reference.materialize import materialize
+from reference.batch import PagedBatch
+from reference.materialize import materialize, refill_dead_slots
 from reference.oracle import oracle
 
 GUARD_ROWS = 2  # canary rows after the last token's output row
@@ -82,6 +83,8 @@ def _crash(exc: BaseException, when: str) -> Outcome:
 
 def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
           interpreter: bool | None = None) -> Outcome:
+    """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
+    materialize (both batches), kernel (both launches), oracle, verdict (the rest)."""
     device = torch.device(device)
     if interpreter is None:
         interpreter = device.type == "cpu"
@@ -89,12 +92,12 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     if reason:
         raise NanfuzzError(f"kernel {kernel.name} does not support this case: {reason}")
     g = case.geometry
-    timings: dict[str, float] = {}
+    timings = {"materialize": 0.0, "kernel": 0.0, "oracle": 0.0, "verdict": 0.0}
     t0 = time.perf_counter()
     batch = materialize(case, device)
     snapshot = {name: t.clone() for name, t in batch.inputs().items()}
     _sync(device)
-    timings["materialize"] = time.perf_counter() - t0
+    timings["materialize"] += time.perf_counter() - t0
 
     # -- the poisoned run ------------------------------------------------------
     t0 = time.perf_counter()
@@ -102,7 +105,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
         result, out, buffer = _launch(kernel, batch, device)
     except Exception as exc:  # the kernel's own failure is the finding
         return _crash(exc, "on the poisoned run")
-    timings["kernel"] = time.perf_counter() - t0
+    timings["kernel"] += time.perf_counter() - t0
     expected_shape = (case.num_tokens, g.num_q_heads, g.head_size)
     if tuple(result.shape) != expected_shape:
         return Outcome(Verdict.CRASH, f"CRASH: kernel returned shape {tuple(result.shape)}, expected {expected_shape}",
@@ -111,20 +114,28 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     t0 = time.perf_counter()
     reference = oracle(batch)
     _sync(device)
-    timings["oracle"] = time.perf_counter() - t0
+    timings["oracle"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    outcome = _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device)
-    _sync(device)
-    timings["verdict"] = time.perf_counter() - t0
-    outcome.timings = timings
+    outcome = _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings)
     if outcome.output_sha256 is None:
         outcome.output_sha256 = digest(result)
+    timings["verdict"] += time.perf_counter() - t0 - timings.pop("_leak_run")
+    outcome.timings = timings
     return outcome
 
 
-def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device) -> Outcome:
+def _pristine(case: Case, snapshot: dict[str, torch.Tensor]) -> PagedBatch:
+    """The batch as materialised, rebuilt from the copies taken before the launch."""
+    tensors = {name: t for name, t in snapshot.items() if name != "sinks"}
+    return PagedBatch(case=case, sinks=snapshot.get("sinks"), **tensors)
+
+
+def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings) -> Outcome:
+    """The first verdict that applies.  ``timings`` gets the LEAK run's materialisation
+    and launch under their own phases, and their sum under ``_leak_run``."""
     g = case.geometry
+    timings["_leak_run"] = 0.0
     result64 = result.double()
     # -- NONFINITE -------------------------------------------------------------
     nonfinite = ~torch.isfinite(result64) & torch.isfinite(reference)
@@ -137,15 +148,34 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
                        f"poison they can reach: {classes_line(ev)}", ev, digest(result))
 
     # -- LEAK: different finite garbage in every dead slot, bit-identical output
-    clean = materialize(case, device, garbage_seed=1, poisoned=False)
+    t0 = time.perf_counter()
+    clean = refill_dead_slots(_pristine(case, snapshot), garbage_seed=1)
+    _sync(device)
+    t1 = time.perf_counter()
     try:
         other, _, _ = _launch(kernel, clean, device)
     except Exception as exc:
         return _crash(exc, "on the finite-garbage run")
+    t2 = time.perf_counter()
+    timings["materialize"] += t1 - t0
+    timings["kernel"] += t2 - t1
+    timings["_leak_run"] = t2 - t0
     differs = _bits(other) != _bits(result)
     both_nan = torch.isnan(other) & torch.isnan(result) if result.is_floating_point() else torch.zeros_like(differs)
     differs &= ~both_nan
-    if differs.any():
+    error = (result64 - reference).abs()
+    tolerance = allowed_error(reference, g.dtype)
+    off = error > tolerance
+    # The remaining verdicts' flags, read back from the device in one go.
+    guarded = result.data_ptr() == out.data_ptr()
+    written_guard = ~torch.isnan(buffer[case.num_tokens:]).all() if guarded else torch.zeros((), dtype=torch.bool, device=device)
+    now = batch.inputs()
+    written_inputs = [(_bits(before) != _bits(now[name])).any() if before.shape == now[name].shape
+                      else torch.ones((), dtype=torch.bool, device=device) for name, before in snapshot.items()]
+    flags = torch.stack([differs.any(), off.any(), written_guard, *written_inputs]).tolist()
+    leaks, mismatches, guard_hit, inputs_hit = flags[0], flags[1], flags[2], flags[3:]
+
+    if leaks:
         ev = describe_rows(case, differs)
         delta = (other.double() - result64).abs()
         ev["max_change"] = float(delta[differs].max())
@@ -155,10 +185,7 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
                        ev, digest(result))
 
     # -- MISMATCH ----------------------------------------------------------------
-    error = (result64 - reference).abs()
-    tolerance = allowed_error(reference, g.dtype)
-    off = error > tolerance
-    if off.any():
+    if mismatches:
         ev = describe_rows(case, off)
         worst = int(torch.argmax((error - tolerance).flatten()))
         t, h, d = worst // (g.num_q_heads * g.head_size), (worst // g.head_size) % g.num_q_heads, worst % g.head_size
@@ -171,15 +198,8 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
                        f"tolerance {ev['tolerance']:.3g})", ev, digest(result))
 
     # -- CLOBBER -----------------------------------------------------------------
-    written = []
-    if result.data_ptr() == out.data_ptr():
-        guard = buffer[case.num_tokens:]
-        if not torch.isnan(guard).all():
-            written.append("output guard rows past the last token")
-    for name, before in snapshot.items():
-        now = batch.inputs()[name]
-        if not torch.equal(_bits(before), _bits(now)):
-            written.append(name)
+    written = ["output guard rows past the last token"] if guard_hit else []
+    written += [name for name, hit in zip(snapshot, inputs_hit) if hit]
     if written:
         return Outcome(Verdict.CLOBBER, f"CLOBBER: the kernel wrote into {', '.join(written)}",
                        {"written": written}, digest(result))
