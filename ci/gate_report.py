@@ -1,0 +1,279 @@
+"""After the workers: recover dead shards, gather repros once, write the summary and JUnit.
+
+Every shard of the plan ends as exactly one row: its record says PASS or a
+failure with its repro; a record still ``running`` is a worker that died
+(its in-flight case comes back from the slot's pending file as a CRASH
+repro); no record at all is a shard that never ran.  Repros are gathered into
+one folder by name (kernel, verdict, case hash), so two shards that shrink to
+the same case are one failure found twice, counted once.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gate_plan import Plan, ShardRecord
+
+PICTURE_LINES = 120   # longer pictures are cut in the Markdown summary (the .txt keeps all)
+
+
+@dataclass
+class Row:
+    kernel: str
+    shard: int
+    slot: str
+    worker: str
+    examples: int | None
+    elapsed: float | None
+    verdict: str             # PASS, CRASH, NONFINITE, ..., ERROR, NOT RUN
+    summary: str
+    failure: int | None = None   # number of the distinct failure this row found
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict != "PASS"
+
+
+@dataclass
+class Failure:
+    number: int
+    kernel: str
+    verdict: str
+    summary: str
+    repro: list[Path]            # gathered .json, .py, .txt; empty when the worker left no case
+    shards: list[str] = field(default_factory=list)
+    picture: str = ""
+    replay_options: str = ""     # e.g. --kernel where the repro's kernel name does not resolve, --vllm-src
+
+    def replay(self, prefix: str) -> str:
+        return f"{prefix} {shown(self.repro[0])}{self.replay_options}"
+
+
+def shown(path: Path) -> Path:
+    """A path as a reader of the summary uses it: relative to where the gate ran (the artifact's layout)."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
+@dataclass
+class GateResult:
+    rows: list[Row]
+    failures: list[Failure]
+    problems: list[str]          # things that make the run itself incomplete
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and not self.problems and all(not r.failed for r in self.rows)
+
+
+# -- recovering shards whose worker died ---------------------------------------------
+
+def recover_dead_shard(plan: Plan, record: ShardRecord, *, stopped_at_deadline: bool, stop_time: float,
+                       pytest_message: str) -> ShardRecord:
+    """Turn a ``running`` record into a CRASH with the case the worker was launching, if any."""
+    from harness.check import Outcome, Verdict
+    from harness.repro import write_repro
+    from reference.case import Case
+
+    pending = plan.pending_file(record.kernel_name, record.slot)
+    if stopped_at_deadline:
+        why = "the gate stopped the worker at its deadline"
+    else:
+        why = "the worker process died"
+    evidence = {"error": why, "worker": record.worker}
+    if pytest_message:
+        evidence["pytest"] = pytest_message
+    record.status, record.verdict, record.worker_died = "done", "CRASH", True
+    if not pending.exists():
+        record.summary = f"CRASH: {why} outside a kernel launch (no in-flight case to recover)"
+        return record
+    case = Case.from_dict(json.loads(pending.read_text())["case"])
+    seconds = max(0.0, stop_time - pending.stat().st_mtime)
+    if stopped_at_deadline:
+        record.summary = f"CRASH: {why} while this case had run {seconds:.0f} s (a hang?)"
+    else:
+        record.summary = f"CRASH: {why} while running this case"
+    outcome = Outcome(Verdict.CRASH, record.summary, evidence)
+    # Written from the gate's process: the environment is the dead worker's, from its record.
+    paths = write_repro(record.kernel_name, case, outcome, plan.shard_repro_dir(record.slot), "cpu")
+    data = json.loads(paths[0].read_text())
+    data["environment"] = record.environment or data["environment"]
+    paths[0].write_text(json.dumps(data, indent=1) + "\n")
+    record.repro = [str(p) for p in paths]
+    record.recovered_crash = True
+    pending.unlink()
+    return record
+
+
+def pytest_crash_messages(junit_path: Path) -> dict[str, str]:
+    """xdist's reports of crashed workers, by worker id (``worker 'gw0' crashed while running ...``)."""
+    messages: dict[str, str] = {}
+    if not junit_path.exists():
+        return messages
+    try:
+        root = ET.parse(junit_path).getroot()
+    except ET.ParseError:
+        return messages
+    for element in root.iter():
+        if element.tag not in ("failure", "error"):
+            continue
+        text = f"{element.get('message', '')}\n{element.text or ''}"
+        for line in text.splitlines():
+            if "crashed while running" in line and "worker '" in line:
+                worker = line.split("worker '", 1)[1].split("'", 1)[0]
+                messages.setdefault(worker, line.strip())
+    return messages
+
+
+# -- consolidating ------------------------------------------------------------------
+
+def consolidate(plan: Plan, repro_dir: Path, *, stopped_at_deadline: bool, stop_time: float,
+                pytest_junit: Path, vllm_src: str | None = None) -> GateResult:
+    crashes = pytest_crash_messages(pytest_junit)
+    rows: list[Row] = []
+    failures: dict[str, Failure] = {}
+    problems: list[str] = []
+    repro_dir.mkdir(parents=True, exist_ok=True)
+    for kernel in plan.kernels:
+        for shard, slot in enumerate(plan.slots):
+            path = plan.record_file(kernel, slot)
+            if not path.exists():
+                why = "the gate's deadline came first" if stopped_at_deadline else "its worker never reached it"
+                rows.append(Row(kernel, shard, slot, "-", None, None, "NOT RUN", why))
+                continue
+            record = ShardRecord.read(path)
+            if record.status == "running":
+                record = recover_dead_shard(plan, record, stopped_at_deadline=stopped_at_deadline,
+                                            stop_time=stop_time, pytest_message=crashes.get(record.worker, ""))
+                record.write(path)
+            # a dead worker's counts stopped at its last record: unknown, not zero
+            row = Row(kernel, shard, slot, record.worker, None if record.worker_died else record.examples,
+                      None if record.worker_died else record.elapsed, record.verdict, record.summary)
+            rows.append(row)
+            if record.verdict == "PASS":
+                continue
+            # same kernel, verdict and case (the repro's name) = the same failure; without a case, the same message
+            key = Path(record.repro[0]).stem if record.repro else f"{kernel}\0{record.verdict}\0{record.summary}"
+            if key not in failures:
+                options = f" --kernel {kernel}" if record.kernel_name not in ("", kernel) else ""
+                if vllm_src and kernel.startswith("vllm:"):
+                    options += f" --vllm-src {vllm_src}"
+                failures[key] = Failure(len(failures) + 1, kernel, record.verdict, record.summary,
+                                        _gather(record.repro, repro_dir), replay_options=options)
+                if failures[key].repro:
+                    failures[key].picture = failures[key].repro[2].read_text()
+            failures[key].shards.append(f"{shard} ({record.worker})")
+            row.failure = failures[key].number
+    if any(r.verdict == "NOT RUN" for r in rows):
+        problems.append("some shards did not run: raise --time-budget, or see the pytest log")
+    return GateResult(rows, list(failures.values()), problems)
+
+
+def _gather(paths: list[str], repro_dir: Path) -> list[Path]:
+    gathered = []
+    for source in map(Path, paths):
+        target = repro_dir / source.name
+        shutil.copyfile(source, target)
+        gathered.append(target)
+    return gathered
+
+
+# -- writing --------------------------------------------------------------------------
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def markdown(result: GateResult, plan: Plan, *, workers: str, budget: float, wall: float,
+             replay_prefix: str) -> str:
+    failed_kernels = {f.kernel for f in result.failures}
+    if result.passed:
+        examples = sum(r.examples or 0 for r in result.rows)
+        head = f"## nanfuzz gate: PASS ({len(plan.kernels)} kernel(s), {examples} examples)"
+    elif not result.failures:
+        head = "## nanfuzz gate: INCOMPLETE (no failure found, but not every shard ran)"
+    else:
+        head = (f"## nanfuzz gate: FAIL ({len(result.failures)} failure(s) in {len(failed_kernels)} of "
+                f"{len(plan.kernels)} kernel(s))")
+    lines = [head, "",
+             f"profile `{plan.profile}` · {workers} · time budget {budget:.0f} s · wall {wall:.0f} s",
+             ""]
+    lines += ["| kernel | shard | worker | examples | time | verdict |", "|---|---|---|---:|---:|---|"]
+    for row in result.rows:
+        verdict = row.verdict if row.failure is None else f"**{row.verdict}** (failure {row.failure})"
+        if row.verdict in ("NOT RUN", "ERROR"):
+            verdict = f"**{row.verdict}**: {row.summary}".replace("|", "\\|")  # a table cell
+        examples = "-" if row.examples is None else str(row.examples)
+        lines.append(f"| `{row.kernel}` | {row.shard} ({row.slot}) | {row.worker} | {examples} | "
+                     f"{_seconds(row.elapsed)} | {verdict} |")
+    for problem in result.problems:
+        lines += ["", f"> {problem}"]
+    for failure in result.failures:
+        lines += ["", f"### Failure {failure.number}: `{failure.kernel}`: {failure.verdict}", "",
+                  failure.summary, "", f"Found by shard {', '.join(failure.shards)}."]
+        if failure.repro:
+            json_path = shown(failure.repro[0])
+            lines += ["", f"Repro: `{json_path}` (with `{json_path.with_suffix('.py').name}` and "
+                          f"`{json_path.with_suffix('.txt').name}`). Replay:", "",
+                      "```", failure.replay(replay_prefix), "```"]
+        if failure.picture:
+            picture = failure.picture.rstrip("\n").splitlines()
+            if len(picture) > PICTURE_LINES:
+                picture = picture[:PICTURE_LINES] + [f"... ({len(picture) - PICTURE_LINES} more lines in the .txt)"]
+            lines += ["", "```text", *picture, "```"]
+    return "\n".join(lines) + "\n"
+
+
+def summary_json(result: GateResult, plan: Plan, *, exit_code: int, wall: float) -> dict:
+    return {
+        "passed": result.passed, "exit_code": exit_code, "device": plan.device, "profile": plan.profile,
+        "wall_s": round(wall, 2), "slots": plan.slots,
+        "shards": [{"kernel": r.kernel, "shard": r.shard, "slot": r.slot, "worker": r.worker, "examples": r.examples,
+                    "elapsed_s": None if r.elapsed is None else round(r.elapsed, 3), "verdict": r.verdict,
+                    "summary": r.summary, "failure": r.failure} for r in result.rows],
+        "failures": [{"number": f.number, "kernel": f.kernel, "verdict": f.verdict, "summary": f.summary,
+                      "repro": [str(p) for p in f.repro], "shards": f.shards} for f in result.failures],
+        "problems": result.problems,
+    }
+
+
+def junit_xml(result: GateResult, plan: Plan, *, replay_prefix: str) -> bytes:
+    """One testcase a shard; a failing shard carries its failure's picture and replay command."""
+    by_number = {f.number: f for f in result.failures}
+    failures = sum(1 for r in result.rows if r.failed and r.verdict not in ("NOT RUN", "ERROR"))
+    errors = sum(1 for r in result.rows if r.verdict in ("NOT RUN", "ERROR"))
+    total_time = sum(r.elapsed or 0.0 for r in result.rows)
+    suites = ET.Element("testsuites", name="nanfuzz-gate", tests=str(len(result.rows)), failures=str(failures),
+                        errors=str(errors), time=f"{total_time:.3f}")
+    suite = ET.SubElement(suites, "testsuite", name="nanfuzz-gate", tests=str(len(result.rows)),
+                          failures=str(failures), errors=str(errors), skipped="0", time=f"{total_time:.3f}",
+                          timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    props = ET.SubElement(suite, "properties")
+    for name, value in (("profile", plan.profile), ("device", plan.device)):
+        ET.SubElement(props, "property", name=name, value=str(value))
+    for row in result.rows:
+        case = ET.SubElement(suite, "testcase", classname=f"nanfuzz.{row.kernel}", name=f"shard{row.shard}",
+                             time=f"{row.elapsed or 0.0:.3f}")
+        case_props = ET.SubElement(case, "properties")
+        for name, value in (("slot", row.slot), ("worker", row.worker), ("examples", row.examples)):
+            ET.SubElement(case_props, "property", name=name, value="-" if value is None else str(value))
+        if not row.failed:
+            continue
+        if row.verdict in ("NOT RUN", "ERROR"):
+            ET.SubElement(case, "error", message=row.summary, type=row.verdict).text = row.summary
+            continue
+        failure = by_number[row.failure]
+        text = [failure.summary]
+        if failure.repro:
+            text += [f"repro: {shown(failure.repro[0])}", f"replay: {failure.replay(replay_prefix)}"]
+        if failure.picture:
+            text += ["", failure.picture]
+        ET.SubElement(case, "failure", message=row.summary, type=row.verdict).text = "\n".join(text)
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="utf-8", xml_declaration=True)

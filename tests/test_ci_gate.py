@@ -1,0 +1,207 @@
+"""The GPU-runner gate (ci/gate.py) run for real on the CPU, under Triton's interpreter.
+
+Two gate runs, kept short: one with two xdist workers over a fixed kernel, an
+old (buggy) kernel and a kernel that kills its worker, and one with the fixed
+kernel alone.  They check what a CI job relies on: exit codes, the summary,
+JUnit, one repro per distinct failure, work on both workers, one shared
+example database, and a dead worker's case recovered as a CRASH.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GATE = ROOT / "ci" / "gate.py"
+FIXED, OLD, DYING = "paged_decode@masked", "paged_decode@unmasked", "dying_kernel:KERNEL"
+
+# A user's own kernel (package.module:callable, importable from the directory
+# the gate runs in) whose launch kills the worker process, as a GPU fault would.
+# Its Kernel name is not its import path, as in many adapters.
+DYING_KERNEL = '''\
+import os
+
+from harness.registry import Kernel, resolve
+
+
+def _die(batch, out):
+    os._exit(70)
+
+
+KERNEL = Kernel("dying", _die, resolve("paged_decode@masked").capabilities)
+'''
+
+
+def run_gate(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANFUZZ_", "PYTEST_", "GITHUB_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    env["GITHUB_STEP_SUMMARY"] = str(cwd / "step-summary.md")
+    return subprocess.run([sys.executable, str(GATE), "--device", "cpu", "--out", "out", "--state-dir", "state", *args],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _shards(summary, kernel):
+    return [s for s in summary["shards"] if s["kernel"] == kernel]
+
+
+def test_two_worker_gate_with_an_old_and_a_dying_kernel(tmp_path):
+    """One gate run (start-up is most of its cost) checked from four sides."""
+    (tmp_path / "dying_kernel.py").write_text(DYING_KERNEL)
+    proc = run_gate(tmp_path, "--workers", "2", "--time-budget", "12", "--kernel", FIXED, "--kernel", OLD,
+                    "--kernel", DYING)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = (tmp_path, proc, json.loads((tmp_path / "out" / "summary.json").read_text()))
+    check_summary_junit_and_repro(run)
+    check_both_workers_fuzz_every_kernel_and_share_the_database(run)
+    check_each_failure_is_reported_once_and_none_is_lost(run)
+    check_a_dead_worker_becomes_a_crash_with_its_case(run)
+
+
+def check_summary_junit_and_repro(run):
+    cwd, proc, summary = run
+    text = (cwd / "out" / "summary.md").read_text()
+    assert text.startswith("## nanfuzz gate: FAIL")
+    assert "| kernel | shard | worker | examples | time | verdict |" in text
+    assert (cwd / "step-summary.md").read_text() == text  # $GITHUB_STEP_SUMMARY gets the same Markdown
+    old = next(f for f in summary["failures"] if f["kernel"] == OLD)
+    assert old["verdict"] == "NONFINITE"
+    repro = Path(old["repro"][0])
+    assert repro.parent == cwd / "out" / "repros" and repro.exists()
+    assert repro.with_suffix(".txt").read_text().strip() in text  # the picture
+    assert f"replay {repro.relative_to(cwd)}" in text  # as the artifact lays it out
+
+    from harness.repro import load_repro
+
+    assert load_repro(repro)["kernel"] == OLD
+
+    suite = ET.parse(cwd / "out" / "junit.xml").getroot().find("testsuite")
+    cases = {(c.get("classname"), c.get("name")): c for c in suite.iter("testcase")}
+    assert set(cases) == {(f"nanfuzz.{k}", f"shard{i}") for k in (FIXED, OLD, DYING) for i in (0, 1)}
+    repro_of = {f["number"]: f["repro"][0] for f in summary["failures"]}
+    for shard in _shards(summary, FIXED):
+        assert cases[(f"nanfuzz.{FIXED}", f"shard{shard['shard']}")].find("failure") is None
+    for shard in _shards(summary, OLD):  # each shard names its own failure's repro
+        failure = cases[(f"nanfuzz.{OLD}", f"shard{shard['shard']}")].find("failure")
+        assert failure is not None and failure.get("type") == "NONFINITE"
+        assert f"repro: {Path(repro_of[shard['failure']]).relative_to(cwd)}" in failure.text
+    assert suite.get("failures") == "4" and suite.get("errors") == "0"
+
+
+def check_both_workers_fuzz_every_kernel_and_share_the_database(run):
+    cwd, _, summary = run
+    state = (cwd / "state").resolve()
+    for kernel in (FIXED, OLD):
+        shards = _shards(summary, kernel)
+        assert [s["shard"] for s in shards] == [0, 1]
+        assert all(s["examples"] > 0 for s in shards), shards
+        assert len({s["worker"] for s in shards}) == 2, shards
+    records = [json.loads(p.read_text()) for p in (cwd / "out" / "work" / "records").glob("*.json")]
+    assert {r["examples_db"] for r in records if r["examples_db"]} == {str(state / "examples")}
+    for slot in ("cpu0", "cpu1"):
+        assert (state / "workers" / slot / "examples").resolve() == state / "examples"
+    # the old kernel's failure went into the shared database, to be replayed first next time
+    assert any(p.is_file() for p in (state / "examples").rglob("*"))
+
+
+def check_each_failure_is_reported_once_and_none_is_lost(run):
+    cwd, _, summary = run
+    failing = [s for s in summary["shards"] if s["verdict"] != "PASS"]
+    assert {s["kernel"] for s in failing} == {OLD, DYING} and len(failing) == 4
+    assert all(s["failure"] is not None for s in failing)
+    # one repro set per distinct failure; shards that shrank to the same case share it
+    numbers = {s["failure"] for s in failing}
+    assert sorted(numbers) == [f["number"] for f in summary["failures"]]
+    repro_files = sorted(p.name for p in (cwd / "out" / "repros").iterdir())
+    expected = sorted(Path(f["repro"][0]).stem + ext for f in summary["failures"] for ext in (".json", ".py", ".txt"))
+    assert repro_files == expected
+    for failure in summary["failures"]:
+        assert len(failure["shards"]) == sum(1 for s in failing if s["failure"] == failure["number"])
+    # every failing shard wrote exactly one repro set of its own before the gate gathered them
+    records = [json.loads(p.read_text()) for p in (cwd / "out" / "work" / "records").glob("*.json")]
+    assert all(len(r["repro"]) == 3 for r in records if r["verdict"] != "PASS")
+    text = (cwd / "out" / "summary.md").read_text()
+    for failure in summary["failures"]:
+        assert text.count(f"### Failure {failure['number']}:") == 1
+        assert text.count(f"Repro: `{Path(failure['repro'][0]).relative_to(cwd)}`") == 1
+
+
+def check_a_dead_worker_becomes_a_crash_with_its_case(run):
+    cwd, proc, summary = run
+    assert "crashed while running" in proc.stdout  # pytest-xdist's failed report for the dead worker
+    dying = _shards(summary, DYING)
+    assert [s["verdict"] for s in dying] == ["CRASH", "CRASH"]
+    crash = next(f for f in summary["failures"] if f["kernel"] == DYING)
+    record = json.loads(Path(crash["repro"][0]).read_text())
+    assert record["verdict"] == "CRASH" and "worker process died" in record["summary"]
+    assert record["kernel"] == "dying" and record["environment"]["device_name"] == "cpu (Triton interpreter)"
+    # the repro names the kernel "dying"; the replay command says how to load it
+    replay = f"replay {Path(crash['repro'][0]).relative_to(cwd)} --kernel {DYING}"
+    assert replay in (cwd / "out" / "summary.md").read_text()
+    # the in-flight case was taken from the pending file, which is gone: the next run will not report it again
+    assert not list((cwd / "state" / "workers").glob("*/pending/*.json"))
+
+
+def test_fixed_kernel_alone_passes(tmp_path):
+    proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "10", "--max-examples", "2", "--kernel", FIXED)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["passed"] and summary["failures"] == []
+    assert [(s["kernel"], s["verdict"]) for s in summary["shards"]] == [(FIXED, "PASS")]
+    assert 1 <= summary["shards"][0]["examples"] <= 2
+    assert (tmp_path / "out" / "summary.md").read_text().startswith("## nanfuzz gate: PASS")
+    suite = ET.parse(tmp_path / "out" / "junit.xml").getroot().find("testsuite")
+    assert suite.get("tests") == "1" and suite.get("failures") == "0"
+    assert not any((tmp_path / "out" / "repros").iterdir())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--time-budget", "-3"], "--time-budget=-3 is too small; give at least 5 seconds"),
+    (["--workers", "two"], "argument --workers: invalid int value: 'two'"),
+    (["--kernel", "paged_decode@nope"], "unknown kernel 'paged_decode@nope'"),
+])
+def test_usage_errors_exit_2_with_one_line(tmp_path, args, message):
+    proc = run_gate(tmp_path, *args, timeout=120)
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert err.startswith("nanfuzz gate: ") and message in err and "\n" not in err, err
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"nanfuzz_ci_{name}", ROOT / "ci" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_ids_come_from_the_runner_s_visibility_variables():
+    devices = _load("gate_devices")
+    assert devices.visible_ids({}, 4, rocm=True) == ["0", "1", "2", "3"]
+    assert devices.visible_ids({"HIP_VISIBLE_DEVICES": "4,5,6,7"}, 4, rocm=True) == ["4", "5", "6", "7"]
+    assert devices.visible_ids({"CUDA_VISIBLE_DEVICES": "GPU-a1, GPU-b2"}, 2, rocm=True) == ["GPU-a1", "GPU-b2"]
+    assert devices.visible_ids({"HIP_VISIBLE_DEVICES": "4,5"}, 2, rocm=False) == ["0", "1"]  # CUDA ignores HIP's
+    assert devices.visible_ids({"CUDA_VISIBLE_DEVICES": "1,2,3"}, 2, rocm=False) == ["1", "2"]
+    assert [s.name for s in devices.detect("auto", 3, env={"TRITON_INTERPRET": "1"}).slots] == ["cpu0", "cpu1", "cpu2"]
+
+
+def test_each_gpu_worker_is_pinned_to_its_gpu_through_its_environment(tmp_path):
+    import execnet
+
+    devices, gate = _load("gate_devices"), _load("gate")
+    workers = devices.gpu_workers(["4", "5"], None, "ROCm 7.0")
+    plan = gate.Plan(device="cuda", profile="pr-gate", kernels=[FIXED], slots=["gpu0", "gpu1"], deadline=0.0,
+                     max_examples=None, state_dir=str(tmp_path / "state"), work_dir=str(tmp_path / "work"))
+    command = gate.pytest_command(plan, workers, tmp_path / "junit.xml", restarts=2)
+    assert command[command.index("--dist") + 1] == "each"
+    specs = [execnet.XSpec(command[i + 1]) for i, arg in enumerate(command) if arg == "--tx"]
+    assert [s.popen for s in specs] == [True, True]
+    assert [s.env for s in specs] == [
+        {"NANFUZZ_GATE_SLOT": f"gpu{i}", "NANFUZZ_STATE_DIR": str(tmp_path / "state" / "workers" / f"gpu{i}"),
+         "HIP_VISIBLE_DEVICES": gpu, "CUDA_VISIBLE_DEVICES": gpu} for i, gpu in enumerate(["4", "5"])]
