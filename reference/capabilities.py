@@ -20,6 +20,7 @@ class Capabilities:
     causal: bool = True
     non_causal: bool = False
     sliding_window: bool = True
+    non_causal_window: bool = True    # a window on non-causal attention (|p - k| < W)
     sinks: bool = False
     max_q_heads: int = 16
     devices: tuple[str, ...] = ("cpu", "cuda")
@@ -57,6 +58,8 @@ class Capabilities:
             return "non-causal attention"
         if case.sliding_window and not self.sliding_window:
             return "a sliding window"
+        if case.sliding_window and not case.causal and not self.non_causal_window:
+            return "a sliding window on non-causal attention"
         if case.sinks and not self.sinks:
             return "attention sinks"
         return None

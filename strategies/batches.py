@@ -44,14 +44,14 @@ def sequence_lengths(draw, caps: Capabilities, max_len: int, max_query: int, pad
     return Lengths(q, context + q)
 
 
-def windows(caps: Capabilities, longest: int, block_size: int):
+def windows(caps: Capabilities, longest: int, block_size: int, causal: bool = True):
     """No window, a one-key window, or any width up to a little past the longest sequence.
 
     Random widths against random lengths put the window edge inside a
     block often (a block holding expired and live keys) and leave whole
     blocks below it (freed blocks).
     """
-    if not caps.sliding_window:
+    if not caps.sliding_window or (not causal and not caps.non_causal_window):
         return st.just(0)
     return st.one_of(st.just(0), st.just(1), st.integers(2, max(2, longest + block_size)))
 

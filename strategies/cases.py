@@ -50,7 +50,7 @@ def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
                                       max_size=size.max_sequences - 1))
     causal = draw(causal_flags(caps))
     longest = max(x.seq_len for x in lengths)
-    window = draw(windows(caps, longest, bs))
+    window = draw(windows(caps, longest, bs, causal))
     sinks = draw(st.booleans()) if caps.sinks else False
 
     # Placeholder tables fix the live ranges; the real tables depend on them.

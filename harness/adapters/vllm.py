@@ -57,6 +57,9 @@ ROCM_ATTN_CAPABILITIES = Capabilities(
     causal=True,
     non_causal=True,
     sliding_window=True,
+    # ROCM_ATTN sends windowed non-causal (encoder) layers to a separate, non-paged
+    # kernel; its paged path windows only keys before the query (p - k < W).
+    non_causal_window=False,
     sinks=True,  # the Triton kernels take sinks; only ROCm's HIP kernel does not
     notes="vLLM ROCM_ATTN Triton path (chunked_prefill_paged_decode); fp32 dots use TF32 on NVIDIA GPUs",
 )
