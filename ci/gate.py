@@ -277,8 +277,8 @@ def _gate(args) -> int:
     if rc == 4 and not stopped:
         raise GateUsageError(f"pytest rejected the gate's command line (exit 4): {_tail(log, 3)}")
     if rc == 5 and not stopped:
-        raise GateUsageError(f"pytest collected no gate tests (exit 5): {_tail(log, 3)}; is pytest-xdist installed "
-                             f"and {CAMPAIGN_TESTS} readable?")
+        raise GateUsageError(f"pytest ran no gate test (exit 5): {_tail(log, 2)}; look for -k, -m or --deselect in "
+                             f"PYTEST_ADDOPTS, or see {log}")
     result = consolidate(plan, repro_dir, stopped_at_deadline=stopped, stop_time=ended, pytest_junit=pytest_junit,
                          vllm_src=args.vllm_src or os.environ.get("NANFUZZ_VLLM_SRC"))
     if stopped:

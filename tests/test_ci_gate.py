@@ -39,10 +39,11 @@ KERNEL = Kernel("dying", _die, resolve("paged_decode@masked").capabilities)
 '''
 
 
-def run_gate(cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_gate(cwd: Path, *args: str, timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NANFUZZ_", "PYTEST_", "GITHUB_"))}
     env["PYTHONPATH"] = str(ROOT)
     env["GITHUB_STEP_SUMMARY"] = str(cwd / "step-summary.md")
+    env.update(extra_env)
     return subprocess.run([sys.executable, str(GATE), "--device", "cpu", "--out", "out", "--state-dir", "state", *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -159,6 +160,14 @@ def test_fixed_kernel_alone_passes(tmp_path):
     suite = ET.parse(tmp_path / "out" / "junit.xml").getroot().find("testsuite")
     assert suite.get("tests") == "1" and suite.get("failures") == "0"
     assert not any((tmp_path / "out" / "repros").iterdir())
+
+
+def test_a_pytest_run_that_runs_no_test_is_an_error_not_a_pass(tmp_path):
+    proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "10", "--kernel", FIXED,
+                    PYTEST_ADDOPTS="-k no_such_test")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().startswith("nanfuzz gate: pytest ran no gate test (exit 5)")
+    assert not (tmp_path / "out" / "summary.md").exists()
 
 
 @pytest.mark.parametrize("args, message", [
