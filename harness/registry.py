@@ -19,6 +19,9 @@ from reference.capabilities import Capabilities
 from reference.errors import NanfuzzError
 
 RunFn = Callable[[PagedBatch, torch.Tensor], "torch.Tensor | None"]
+# Work a launch needs that a timing must leave out (an adapter's cache-layout
+# conversion): returns the launch itself, ready to be called repeatedly.
+PrepareFn = Callable[[PagedBatch, torch.Tensor], Callable[[], object]]
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Kernel:
     capabilities: Capabilities
     expect: str = "pass"           # built-ins: "pass" (fixed) or "caught" (old, buggy)
     summary: str = ""
+    prepare: PrepareFn | None = None  # None: a launch is ``run(batch, out)`` (see harness.perf)
 
     def __call__(self, batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
         result = self.run(batch, out)
