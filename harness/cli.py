@@ -1,4 +1,4 @@
-"""The ``nanfuzz`` command: list, fuzz, replay.  Exit 0 / 1 (a failure) / 2 (usage)."""
+"""The ``nanfuzz`` command: list, fuzz, replay, bench, perf.  Exit 0 / 1 (a failure) / 2 (usage)."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +15,7 @@ DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nanfuzz", description="NaN-poisoning fuzzer for paged-attention Triton kernels")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,fuzz,replay}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,fuzz,replay,bench,perf}")
 
     def common(p):
         p.add_argument("--device", choices=("cpu", "cuda"), help="cuda: the GPU; cpu: Triton's interpreter (default: GPU if present)")
@@ -49,6 +49,27 @@ def _parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("file", metavar="FILE.json")
     p.add_argument("--kernel", help="replay against another kernel (e.g. the fixed variant)")
+
+    p = sub.add_parser("bench", help="examples per second of the fuzz loop, and time to catch each known-bad kernel")
+    common(p)
+    p.add_argument("--kernel", action="append", metavar="K", help="kernel to bench (repeatable; default: every built-in kernel)")
+    p.add_argument("--examples", type=int, default=100, metavar="N", help="examples per kernel for the throughput (default 100)")
+    p.add_argument("--seeds", type=int, default=5, metavar="N",
+                   help="campaigns per known-bad kernel for the time to detect (default 5)")
+    p.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up examples per kernel, not measured (default 5)")
+    p.add_argument("--detect-examples", type=int, default=300, metavar="N",
+                   help="a detection campaign gives up after N examples (default 300)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+
+    p = sub.add_parser("perf", help="is kernel A slower than baseline B on realistic decode and prefill shapes?")
+    common(p)
+    p.add_argument("--kernel", required=True, metavar="A", help="the kernel under test (e.g. the fixed variant)")
+    p.add_argument("--baseline", required=True, metavar="B", help="the kernel to compare against (e.g. the old variant)")
+    p.add_argument("--shape", choices=("decode", "prefill", "all"), default="all", help="which shapes (default all)")
+    p.add_argument("--threshold", type=float, default=0.03, metavar="T",
+                   help="exit 1 when A takes more than (1 + T) times B's time on a shape (default 0.03)")
+    p.add_argument("--runs", type=int, default=20, metavar="N", help="interleaved rounds per kernel and shape (default 20)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     return parser
 
 
@@ -60,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         device = choose_backend(args.device)  # before any @triton.jit import
         if args.vllm_src:
             os.environ["NANFUZZ_VLLM_SRC"] = args.vllm_src
-        return {"list": _list, "fuzz": _fuzz, "replay": _replay}[args.command](args, device)
+        return {"list": _list, "fuzz": _fuzz, "replay": _replay, "bench": _bench, "perf": _perf}[args.command](args, device)
     except NanfuzzError as exc:
         print(f"nanfuzz: {exc}", file=sys.stderr)
         return 2
@@ -173,6 +194,55 @@ def _replay(args, device) -> int:
 
         print(picture(load_repro(args.file)["case"]))
     return 1 if result.still_fails else 0
+
+
+def _bench(args, device) -> int:
+    from harness.bench import bench, machine, report, table_rows
+    from harness.registry import builtin_kernels, resolve
+
+    for flag, value, least in (("--examples", args.examples, 1), ("--detect-examples", args.detect_examples, 1),
+                               ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0)):
+        if value < least:
+            raise NanfuzzError(f"{flag}={value} must be >= {least}")
+    kernels = [resolve(name) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
+    started = machine()
+    mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
+    print(f"nanfuzz bench: {len(kernels)} kernel(s), {args.examples} examples each, {args.seeds} seed(s) per "
+          f"known-bad kernel, {mode}; load average {started['load_average']}", flush=True)
+    start = time.perf_counter()
+    results = bench(kernels, device=device, examples=args.examples, seeds=args.seeds, warmup=args.warmup,
+                    detect_examples=args.detect_examples, skip_unrunnable=not args.kernel,
+                    progress=lambda line: print(line, file=sys.stderr, flush=True))
+    summary = report(results, device=device, examples=args.examples, seeds=args.seeds, started=started,
+                     seconds=time.perf_counter() - start)
+    print()
+    _table(table_rows(results))
+    print(f"\nms/ex: milliseconds per example by phase (gen: Hypothesis and bookkeeping); new specs: kernel "
+          f"specialisations after the warm-up ({'compiles' if device == 'cuda' else 'what would compile on a GPU'}); "
+          f"load average at the end {summary['machine_at_end']['load_average']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+def _perf(args, device) -> int:
+    from harness.perf import perf, table_rows
+    from harness.registry import resolve
+
+    kernel, baseline = resolve(args.kernel), resolve(args.baseline)
+    mode = "GPU, triton.testing.do_bench" if device == "cuda" else "CPU, Triton interpreter, tiny shapes, wall clock"
+    print(f"nanfuzz perf: {kernel.name} against {baseline.name}, {args.runs} interleaved rounds, {mode}", flush=True)
+    result = perf(kernel, baseline, device=device, which=args.shape, threshold=args.threshold, runs=args.runs,
+                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print()
+    _table(table_rows(result))
+    verdict = (f"{kernel.name} is slower than {baseline.name} by more than {args.threshold:.0%} on: "
+               + ", ".join(result["slower"])) if result["slower"] else \
+        f"{kernel.name} is within {args.threshold:.0%} of {baseline.name} on every shape"
+    print("\n" + verdict)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return result["exit_code"]
 
 
 if __name__ == "__main__":

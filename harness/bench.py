@@ -1,0 +1,230 @@
+"""``nanfuzz bench``: how fast the fuzz loop runs, and how soon it catches the known bugs.
+
+Throughput: examples per second of fuzz campaigns (no shrinking, no example
+database), after a warm-up campaign that takes the first compiles, split
+into generation (Hypothesis's own time and the loop's bookkeeping: a
+campaign's time outside the measured phases), materialisation, kernel,
+oracle and verdict.  A known-bad kernel ends a campaign at its first
+failure, so its campaigns repeat with new seeds until the count is reached.
+
+Detection: for each known-bad kernel (``expect == "caught"``) and each seed,
+a campaign from an empty state directory (no example database, no pending
+case): seconds and examples to the first failure, and seconds to shrink it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import harness.fuzz as fuzz_module
+from harness.compiles import count_specialisations
+from harness.fuzz import fuzz
+from harness.registry import Kernel
+from reference.errors import NanfuzzError
+
+PHASES = ("generation", "materialize", "kernel", "oracle", "verdict")
+WARMUP_EXAMPLES = 5
+DETECT_EXAMPLES = 300  # the CI profile's campaign length: a bug not caught by then counts as missed
+_WARMUP_SEED = 1_000_003  # apart from the measured seeds 0, 1, ...
+_PROFILE = "dev"  # fixed, so that NANFUZZ_PROFILE or CI=true cannot change what is measured
+
+
+@dataclass
+class Throughput:
+    examples: int = 0
+    seconds: float = 0.0
+    campaigns: int = 0
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    specialisations: int | None = None  # new kernel specialisations after the warm-up (GPU: compiles)
+
+    @property
+    def per_second(self) -> float:
+        return self.examples / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        n = max(self.examples, 1)
+        return {
+            "examples": self.examples, "seconds": self.seconds, "campaigns": self.campaigns,
+            "examples_per_second": self.per_second,
+            "seconds_per_example": {p: s / n for p, s in self.phase_seconds.items()},
+            "share": {p: (s / self.seconds if self.seconds > 0 else 0.0) for p, s in self.phase_seconds.items()},
+            "specialisations_after_warmup": self.specialisations,
+        }
+
+
+@dataclass
+class Detection:
+    max_examples: int
+    runs: list[dict] = field(default_factory=list)
+
+    @property
+    def caught(self) -> list[dict]:
+        return [r for r in self.runs if r["caught"]]
+
+    def _stat(self, key: str, how: Callable) -> float | None:
+        values = [r[key] for r in self.caught if r[key] is not None]
+        return how(values) if values else None
+
+    def to_dict(self) -> dict:
+        return {
+            "seeds": len(self.runs), "caught": len(self.caught), "max_examples": self.max_examples,
+            "time_to_first_failure_s": {"median": self._stat("time_to_first_failure_s", statistics.median),
+                                        "max": self._stat("time_to_first_failure_s", max)},
+            "examples_to_first_failure": {"median": self._stat("examples_to_first_failure", statistics.median),
+                                          "max": self._stat("examples_to_first_failure", max)},
+            "shrink_s": {"median": self._stat("shrink_s", statistics.median), "max": self._stat("shrink_s", max)},
+            "runs": self.runs,
+        }
+
+
+@dataclass
+class KernelBench:
+    kernel: str
+    expect: str
+    throughput: Throughput | None = None
+    detection: Detection | None = None
+    skipped: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "expect": self.expect, "skipped": self.skipped,
+                "throughput": self.throughput.to_dict() if self.throughput else None,
+                "detection": self.detection.to_dict() if self.detection else None}
+
+
+@contextlib.contextmanager
+def fresh_state() -> Iterator[Path]:
+    """A temporary state directory: no example database, no pending case of an earlier run."""
+    saved = fuzz_module.STATE_DIR
+    with tempfile.TemporaryDirectory(prefix="nanfuzz-bench-") as tmp:
+        fuzz_module.STATE_DIR = Path(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            fuzz_module.STATE_DIR = saved
+
+
+def measure_throughput(kernel: Kernel, device: str, examples: int, warmup: int = WARMUP_EXAMPLES) -> Throughput:
+    total = Throughput()
+    with fresh_state(), count_specialisations(interpreter=device == "cpu") as seen:
+        if warmup:
+            fuzz(kernel, device=device, max_examples=warmup, seed=_WARMUP_SEED, profile=_PROFILE,
+                 shrink=False, use_database=False)
+        before = seen.count
+        seed = 0
+        while total.examples < examples and total.campaigns < examples:
+            campaign = fuzz(kernel, device=device, max_examples=examples - total.examples, seed=seed,
+                            profile=_PROFILE, shrink=False, use_database=False)
+            seed += 1
+            total.campaigns += 1
+            total.examples += campaign.examples
+            total.seconds += campaign.elapsed
+            for phase, seconds in campaign.phase_times.items():
+                total.phase_seconds[phase] = total.phase_seconds.get(phase, 0.0) + seconds
+            total.phase_seconds["generation"] += campaign.elapsed - sum(campaign.phase_times.values())
+        total.specialisations = None if before is None else seen.count - before
+    return total
+
+
+def measure_detection(kernel: Kernel, device: str, seeds: int, max_examples: int = DETECT_EXAMPLES) -> Detection:
+    detection = Detection(max_examples=max_examples)
+    for seed in range(seeds):
+        with fresh_state():
+            campaign = fuzz(kernel, device=device, max_examples=max_examples, seed=seed, profile=_PROFILE,
+                            shrink=True, use_database=False)
+        detection.runs.append({
+            "seed": seed, "caught": campaign.failed,
+            "verdict": campaign.failure.verdict.value if campaign.failed else "PASS",
+            "examples": campaign.examples, "elapsed_s": campaign.elapsed,
+            "time_to_first_failure_s": campaign.time_to_first_failure,
+            "examples_to_first_failure": campaign.examples_to_first_failure,
+            "shrink_s": campaign.shrink_time,
+        })
+    return detection
+
+
+def bench(kernels: list[Kernel], *, device: str, examples: int, seeds: int, warmup: int = WARMUP_EXAMPLES,
+          detect_examples: int = DETECT_EXAMPLES, skip_unrunnable: bool = False,
+          progress: Callable[[str], None] | None = None) -> list[KernelBench]:
+    """Throughput for every kernel; detection for the known-bad ones.
+
+    ``skip_unrunnable``: a kernel this device cannot run is reported as
+    skipped instead of ending the bench (for the default every-built-in run).
+    """
+    results = []
+    for kernel in kernels:
+        result = KernelBench(kernel.name, kernel.expect)
+        try:
+            result.throughput = measure_throughput(kernel, device, examples, warmup)
+            if kernel.expect == "caught" and seeds > 0:
+                result.detection = measure_detection(kernel, device, seeds, detect_examples)
+        except NanfuzzError as exc:
+            if not skip_unrunnable:
+                raise
+            result.skipped = str(exc)
+        results.append(result)
+        if progress is not None:
+            progress(_progress_line(result))
+    return results
+
+
+def _progress_line(r: KernelBench) -> str:
+    if r.skipped:
+        return f"  {r.kernel}: skipped ({r.skipped})"
+    line = f"  {r.kernel}: {r.throughput.per_second:.2f} examples/s over {r.throughput.examples}"
+    if r.detection is not None:
+        d = r.detection.to_dict()
+        line += f"; caught on {d['caught']}/{d['seeds']} seeds"
+    return line
+
+
+def machine() -> dict:
+    import torch
+    import triton
+
+    info = {"cpus": os.cpu_count(), "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def report(results: list[KernelBench], *, device: str, examples: int, seeds: int, started: dict,
+           seconds: float) -> dict:
+    return {"device": device, "examples": examples, "seeds": seeds, "seconds": seconds,
+            "machine_at_start": started, "machine_at_end": machine(),
+            "kernels": [r.to_dict() for r in results]}
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{1e3 * x:.1f}"
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def table_rows(results: list[KernelBench]) -> list[tuple]:
+    rows = [("kernel", "expect", "ex/s", "ms/ex: gen", "mat", "kernel", "oracle", "verdict", "new specs",
+             "caught", "detect s med/max", "shrink s med/max")]
+    for r in results:
+        if r.skipped:
+            rows.append((r.kernel, r.expect, "skipped", "", "", "", "", "", "", "", "", ""))
+            continue
+        t = r.throughput.to_dict()
+        per = t["seconds_per_example"]
+        caught = detect = shrink = "-"
+        if r.detection is not None:
+            d = r.detection.to_dict()
+            caught = f"{d['caught']}/{d['seeds']}"
+            detect = f"{_s(d['time_to_first_failure_s']['median'])}/{_s(d['time_to_first_failure_s']['max'])}"
+            shrink = f"{_s(d['shrink_s']['median'])}/{_s(d['shrink_s']['max'])}"
+        specs = "-" if t["specialisations_after_warmup"] is None else str(t["specialisations_after_warmup"])
+        rows.append((r.kernel, r.expect, f"{t['examples_per_second']:.2f}", *(_ms(per[p]) for p in PHASES),
+                     specs, caught, detect, shrink))
+    return rows

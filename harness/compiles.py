@@ -1,0 +1,82 @@
+"""How many kernel specialisations a campaign asks Triton for.
+
+On a GPU every new specialisation is a compile (around a second), so a kernel
+whose constexprs follow a case's sizes compiles on nearly every example and
+the fuzz loop crawls.  On a GPU the count is Triton's own (its post-compile
+hook); under the interpreter nothing compiles, so each launch is keyed the way
+Triton's JIT keys it: constexpr and launch-option values, tensor dtypes, and
+for integers their width and whether they equal 1 or divide by 16.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+
+@dataclass
+class Specialisations:
+    keys: set = field(default_factory=set)  # interpreter: the JIT keys seen
+    compiles: int = 0                       # GPU: compiles Triton reported
+    launches: int = 0                       # interpreter: launches seen
+    counted: bool = True                    # False where this Triton has no compile hook
+
+    @property
+    def count(self) -> int | None:
+        return (len(self.keys) + self.compiles) if self.counted else None
+
+
+def _arg_key(arg) -> object:
+    if isinstance(arg, torch.Tensor):
+        return str(arg.dtype)
+    if isinstance(arg, bool) or arg is None:
+        return arg
+    if isinstance(arg, int):
+        return ("i64" if not -2**31 <= arg < 2**31 else "i32", arg == 1, arg % 16 == 0)
+    if isinstance(arg, float):
+        return "fp32"
+    return repr(arg)
+
+
+@contextlib.contextmanager
+def count_specialisations(interpreter: bool) -> Iterator[Specialisations]:
+    """Count the specialisations launched inside the block (a new one is a compile on a GPU)."""
+    seen = Specialisations()
+    if interpreter:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        original = InterpretedFunction.run
+
+        def run(self, *args, grid, warmup, **kwargs):
+            seen.launches += 1
+            seen.keys.add((self.fn.__module__, self.fn.__qualname__, tuple(_arg_key(a) for a in args),
+                           tuple(sorted((k, _arg_key(v)) for k, v in kwargs.items()))))
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+        InterpretedFunction.run = run
+        try:
+            yield seen
+        finally:
+            InterpretedFunction.run = original
+        return
+
+    import triton
+
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None or not hasattr(runtime, "jit_post_compile_hook"):
+        seen.counted = False
+        yield seen
+        return
+    previous = runtime.jit_post_compile_hook
+
+    def hook(*args, **kwargs):
+        seen.compiles += 1
+        return previous(*args, **kwargs) if previous is not None else None
+
+    runtime.jit_post_compile_hook = hook
+    try:
+        yield seen
+    finally:
+        runtime.jit_post_compile_hook = previous

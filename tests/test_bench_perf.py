@@ -1,0 +1,89 @@
+"""``nanfuzz bench`` and ``nanfuzz perf`` end to end through the command line, on a tiny budget."""
+import json
+
+import pytest
+
+from harness import fuzz as fuzz_module
+from harness.cli import main
+from harness.kernels.paged_decode import KERNELS as DECODE_KERNELS
+from harness.registry import Kernel
+
+MASKED = next(k for k in DECODE_KERNELS if k.name == "paged_decode@masked")
+PHASES = ("generation", "materialize", "kernel", "oracle", "verdict")
+
+
+def _four_launches(batch, out):
+    for _ in range(4):
+        MASKED(batch, out)
+    return out
+
+
+# Resolved by perf as tests.test_bench_perf:slow_masked: the fixed kernel, four times the work.
+slow_masked = Kernel("tests.test_bench_perf:slow_masked", _four_launches, MASKED.capabilities,
+                     summary="paged_decode@masked launched four times")
+
+
+@pytest.fixture(autouse=True)
+def private_state(tmp_path, monkeypatch):
+    monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")
+
+
+def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_device):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--device", nanfuzz_device, "--kernel", "paged_decode@masked", "--kernel", "paged_decode@unmasked",
+            "--examples", "4", "--warmup", "1", "--seeds", "2", "--detect-examples", "50", "--json", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["device"] == nanfuzz_device and report["machine_at_start"]["cpus"] >= 1
+    by_name = {k["kernel"]: k for k in report["kernels"]}
+    assert set(by_name) == {"paged_decode@masked", "paged_decode@unmasked"}
+    for entry in by_name.values():
+        t = entry["throughput"]
+        assert t["examples"] >= 4 and t["seconds"] > 0 and t["examples_per_second"] > 0
+        assert set(t["seconds_per_example"]) == set(PHASES)
+        assert all(t["seconds_per_example"][p] > 0 for p in PHASES), t["seconds_per_example"]
+        assert sum(t["share"].values()) == pytest.approx(1.0, rel=1e-6)
+        assert t["specialisations_after_warmup"] is None or t["specialisations_after_warmup"] >= 0
+    assert by_name["paged_decode@masked"]["detection"] is None  # a fixed kernel has nothing to detect
+    detection = by_name["paged_decode@unmasked"]["detection"]
+    assert detection["seeds"] == 2 and detection["caught"] == 2
+    for key in ("time_to_first_failure_s", "shrink_s", "examples_to_first_failure"):
+        assert 0 < detection[key]["median"] <= detection[key]["max"]
+    assert all(run["verdict"] != "PASS" for run in detection["runs"])
+
+
+def _perf(tmp_path, device, kernel, baseline, *extra):
+    out = tmp_path / "perf.json"
+    code = main(["perf", "--device", device, "--kernel", kernel, "--baseline", baseline, "--shape", "decode",
+                 "--runs", "3", "--json", str(out), *extra])
+    return code, json.loads(out.read_text())
+
+
+def test_perf_same_kernel_is_not_slower(tmp_path, nanfuzz_device):
+    # A generous threshold: on a shared CPU one launch's wall clock is noisy.
+    code, result = _perf(tmp_path, nanfuzz_device, "paged_decode@masked", "paged_decode@masked", "--threshold", "1.0")
+    assert code == 0 and result["exit_code"] == 0 and result["slower"] == []
+    assert [s["name"] for s in result["shapes"]] == ["decode-window", "decode"]
+    for shape in result["shapes"]:
+        assert shape["kind"] == "decode" and shape["query_len"] == 1
+        assert len(shape["kernel_runs_s"]) == len(shape["baseline_runs_s"]) == 3
+        for key in ("kernel_s", "baseline_s", "ratio", "kv_bytes", "hbm_bound_s", "kernel_x_bound", "baseline_x_bound"):
+            assert shape[key] > 0, key
+    windowed, full = result["shapes"]
+    assert windowed["window"] > 0 and full["window"] == 0
+    assert windowed["kv_bytes"] < full["kv_bytes"]  # the window needs only its own keys
+
+
+def test_perf_exits_1_for_a_slower_kernel(tmp_path, nanfuzz_device):
+    code, result = _perf(tmp_path, nanfuzz_device, "tests.test_bench_perf:slow_masked", "paged_decode@masked",
+                         "--threshold", "1.0")
+    assert code == 1 and result["exit_code"] == 1
+    assert result["slower"] and all(s["ratio"] > 2.0 for s in result["shapes"])
+
+
+def test_perf_without_a_common_shape_is_a_usage_error(capsys, nanfuzz_device):
+    argv = ["perf", "--device", nanfuzz_device, "--kernel", "paged_decode@masked", "--baseline", "paged_decode@masked",
+            "--shape", "prefill", "--runs", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nanfuzz: perf: no shape both kernels support") and "\n" not in err
