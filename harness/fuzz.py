@@ -30,8 +30,11 @@ from reference.errors import NanfuzzError
 from strategies import paged_cases
 
 STATE_DIR = Path(os.environ.get("NANFUZZ_STATE_DIR", ".nanfuzz"))
+# The example database may live elsewhere (shared by several state folders).
+EXAMPLES_DIR = os.environ.get("NANFUZZ_EXAMPLES_DIR")
 # Examples per Hypothesis run when a campaign is bounded by wall time.
 _CHUNK = 250
+_FIRST_CHUNK = 10
 
 
 class KernelFailed(Exception):
@@ -162,7 +165,7 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
 
     strategy = paged_cases(caps, interpreter=interpreter, poison_classes=focus.poison_classes)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
-    database = DirectoryBasedExampleDatabase(str(STATE_DIR / "examples")) if use_database else None
+    database = DirectoryBasedExampleDatabase(EXAMPLES_DIR or str(STATE_DIR / "examples")) if use_database else None
     remaining = max_examples
     chunk_index = 0
     try:
@@ -170,16 +173,23 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
             elapsed = time.perf_counter() - start
             if time_budget is not None and elapsed >= time_budget:
                 break
-            size = min(remaining, _CHUNK) if time_budget is not None else remaining
+            size = remaining
+            if time_budget is not None:
+                # size each Hypothesis run from the measured cost of an example,
+                # so the clock is looked at often enough to keep the budget
+                per_example = elapsed / campaign.examples if campaign.examples else None
+                fit = _FIRST_CHUNK if per_example is None else int((time_budget - elapsed) / max(per_example, 1e-6))
+                size = max(1, min(remaining, _CHUNK, fit))
             property_ = given(case=strategy)(lambda case: run_case(case))
             property_.hypothesis.inner_test._hypothesis_internal_add_digest = (
                 f"nanfuzz:{kernel.name}:{device}:{focus.label()}".encode())
+            if seed is not None or chunk_index:
+                property_ = hypothesis_seed((seed or 0) * 1_000_003 + chunk_index)(property_)
+            # settings after @seed: @seed alone would switch the example database off
             configured = settings(
                 max_examples=size, deadline=None, database=database, phases=phases,
                 derandomize=profile.derandomize and seed is None, report_multiple_bugs=False,
                 suppress_health_check=list(HealthCheck), print_blob=False)(property_)
-            if seed is not None or chunk_index:
-                configured = hypothesis_seed((seed or 0) * 1_000_003 + chunk_index)(configured)
             before = campaign.examples
             try:
                 with host_threads(device):

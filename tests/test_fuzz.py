@@ -88,3 +88,24 @@ def test_replay_gives_identical_output_bits(tmp_path, nanfuzz_device):
     assert again.still_fails and again.identical_output is True
     fixed = replay(str(paths[0]), kernel_name="paged_decode@masked", device=nanfuzz_device)
     assert not fixed.still_fails
+
+
+def test_a_seeded_campaign_keeps_the_example_database(tmp_path):
+    bad = KERNELS["paged_decode@unmasked"]
+    first = fuzz(bad, device="cpu", max_examples=50, seed=5, use_database=True)
+    assert first.failed
+    saved = list((fuzz_module.STATE_DIR / "examples").rglob("*"))
+    assert any(p.is_file() for p in saved), "the failing example was not saved"
+    again = fuzz(bad, device="cpu", max_examples=50, seed=6, use_database=True, shrink=False)
+    assert again.examples_to_first_failure == 1  # replayed from the database first
+
+
+def test_time_budget_is_kept_within_a_few_examples():
+    import time as time_module
+
+    start = time_module.perf_counter()
+    campaign = fuzz(KERNELS["paged_decode@masked"], device="cpu", max_examples=10_000, time_budget=3.0,
+                    use_database=False)
+    elapsed = time_module.perf_counter() - start
+    per_example = elapsed / campaign.examples
+    assert elapsed < 3.0 + 12 * per_example + 2.0, (elapsed, campaign.examples)
