@@ -71,11 +71,10 @@ def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> torc
 
     # -- the queries, padded to [n, max_q] -----------------------------------
     starts = case.query_start_loc()
-    tok = torch.arange(len(seq_of), device=device)
+    tok_global = torch.arange(len(seq_of), device=device) + starts[first]
     tok_seq = ints(seq_of) - first
-    tok_row = tok - ints(starts[first:last])[tok_seq]
+    tok_row = tok_global - ints(starts[first:last])[tok_seq]
     q = torch.zeros(n, max_q, hkv, group, d, dtype=torch.float64, device=device)
-    tok_global = tok + starts[first]
     q[tok_seq, tok_row] = batch.q[tok_global].double().view(-1, hkv, group, d)
 
     # -- the allowed set -----------------------------------------------------

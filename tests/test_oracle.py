@@ -111,3 +111,15 @@ def test_padding_sequences_have_no_rows():
     g = Geometry(2, 1, 32, 8, 3, "float32")
     case = Case(g, (Sequence(0, 0, (0, 0)), Sequence(2, 9, (1, 2)), Sequence(0, 0, (0, 0))))
     assert oracle(materialize(case)).shape == (2, 2, 32)
+
+
+def test_chunked_oracle_equals_one_pass(monkeypatch):
+    from reference import oracle as oracle_module
+
+    g = Geometry(4, 2, 32, 8, 13, "float32")
+    case = Case(g, (Sequence(3, 17, (1, 2, 3)), Sequence(1, 9, (4, 5, 0)), Sequence(0, 0, (0, 0, 0)),
+                    Sequence(2, 20, (6, 7, 8)), Sequence(5, 5, (9, 0, 0)))).validate()
+    batch = materialize(case)
+    whole = oracle(batch)
+    monkeypatch.setattr(oracle_module, "_CHUNK_ELEMENTS", 1)  # one sequence per chunk
+    torch.testing.assert_close(oracle_module.oracle(batch), whole, rtol=1e-13, atol=1e-13)  # padding differs per chunk
