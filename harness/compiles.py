@@ -10,6 +10,7 @@ for integers their width and whether they equal 1 or divide by 16.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -28,6 +29,11 @@ class Specialisations:
         return (len(self.keys) + self.compiles) if self.counted else None
 
 
+def _constexpr_names(fn) -> frozenset[str]:
+    return frozenset(name for name, annotation in getattr(fn, "__annotations__", {}).items()
+                     if "constexpr" in str(annotation))
+
+
 def _arg_key(arg) -> object:
     if isinstance(arg, torch.Tensor):
         return str(arg.dtype)
@@ -38,6 +44,18 @@ def _arg_key(arg) -> object:
     if isinstance(arg, float):
         return "fp32"
     return repr(arg)
+
+
+def launch_key(fn, args: tuple, kwargs: dict) -> tuple:
+    """What Triton's JIT would key a launch of ``fn`` on: constexprs (and launch
+    options such as num_warps) by value, the other arguments by ``_arg_key``."""
+    constexprs = _constexpr_names(fn)
+    named = dict(zip(inspect.signature(fn).parameters, args))
+    named.update(kwargs)
+    params = set(inspect.signature(fn).parameters)
+    return (fn.__module__, fn.__qualname__, tuple(sorted(
+        (name, repr(value) if name in constexprs or name not in params else _arg_key(value))
+        for name, value in named.items())))
 
 
 @contextlib.contextmanager
@@ -51,8 +69,7 @@ def count_specialisations(interpreter: bool) -> Iterator[Specialisations]:
 
         def run(self, *args, grid, warmup, **kwargs):
             seen.launches += 1
-            seen.keys.add((self.fn.__module__, self.fn.__qualname__, tuple(_arg_key(a) for a in args),
-                           tuple(sorted((k, _arg_key(v)) for k, v in kwargs.items()))))
+            seen.keys.add(launch_key(self.fn, args, kwargs))
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
         InterpretedFunction.run = run
