@@ -87,9 +87,17 @@ def _poison_values(case: Case, stream: str, index: torch.Tensor) -> torch.Tensor
     return low.to(view).view(dtype)
 
 
-def _slots(mask: torch.Tensor, device) -> torch.Tensor:
-    """Flat slot numbers (block * block_size + offset) where ``mask`` holds, on ``device``."""
-    return mask.flatten().nonzero().flatten().to(device)
+def _slots(mask: torch.Tensor) -> torch.Tensor:
+    """Flat slot numbers (block * block_size + offset) where the host-side ``mask`` holds."""
+    return mask.flatten().nonzero().flatten()
+
+
+def host_to_device(device: torch.device, *parts: torch.Tensor) -> list[torch.Tensor]:
+    """Host int64 tensors on ``device``, moved in one copy: one host-device sync, not one each."""
+    if device.type == "cpu":
+        return list(parts)
+    moved = torch.cat([p.flatten() for p in parts]).to(device)
+    return [chunk.view(p.shape) for chunk, p in zip(moved.split([p.numel() for p in parts]), parts)]
 
 
 def _fill(cache: torch.Tensor, slots: torch.Tensor, make) -> None:
@@ -104,19 +112,17 @@ def _fill(cache: torch.Tensor, slots: torch.Tensor, make) -> None:
         cache[slots] = make(index).to(cache.dtype)
 
 
-def _cache(case: Case, which: str, live: torch.Tensor, poisoned: torch.Tensor | None,
-           garbage_seed: int, device) -> torch.Tensor:
-    """One cache; ``live`` and ``poisoned`` are host-side ``[num_blocks, block_size]`` masks."""
+def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed: int) -> torch.Tensor:
+    """One cache from the device-side slot numbers of its "live", "garbage" and (if any) "poison" slots."""
     g = case.geometry
     shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
     cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads * g.head_size,
-                        dtype=TORCH_DTYPES[g.dtype], device=device)
-    garbage = ~live if poisoned is None else ~live & ~poisoned
-    _fill(cache, _slots(live, device), lambda index: values.uniform(case.data_seed, f"cache_{which}", index))
-    _fill(cache, _slots(garbage, device),
+                        dtype=TORCH_DTYPES[g.dtype], device=slots["live"].device)
+    _fill(cache, slots["live"], lambda index: values.uniform(case.data_seed, f"cache_{which}", index))
+    _fill(cache, slots["garbage"],
           lambda index: _garbage(_derive(case.data_seed, 2, garbage_seed), f"garbage_{which}", index))
-    if poisoned is not None:
-        _fill(cache, _slots(poisoned, device), lambda index: _poison_values(case, f"poison_{which}", index))
+    if "poison" in slots:
+        _fill(cache, slots["poison"], lambda index: _poison_values(case, f"poison_{which}", index))
     return cache.view(shape)
 
 
@@ -139,20 +145,39 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
     """
     g = case.geometry
     device = torch.device(device)
-    live = live_mask(case, "cpu")  # the masks stay on the host: no device sync to find their slots
+    # Slot lists and index tensors are built on the host and moved in one copy.
+    live = live_mask(case, "cpu")
     poison = poison_mask(case, live) if poisoned else None
-    key_cache = _cache(case, "k", live, poison if case.poison.hits_k else None, garbage_seed, device)
-    value_cache = _cache(case, "v", live, poison if case.poison.hits_v else None, garbage_seed, device)
-
     seq_of, pos_of = token_layout(case)
-    seq_t = torch.tensor(seq_of, dtype=torch.int64, device=device)
-    pos_t = torch.tensor(pos_of, dtype=torch.int64, device=device)
+    host = {
+        "live": _slots(live),
+        "seq": torch.tensor(seq_of, dtype=torch.int64),
+        "pos": torch.tensor(pos_of, dtype=torch.int64),
+        "table": torch.tensor([list(s.block_table) for s in case.sequences], dtype=torch.int64),
+        "seq_lens": torch.tensor([s.seq_len for s in case.sequences], dtype=torch.int64),
+        "starts": torch.tensor(case.query_start_loc(), dtype=torch.int64),
+    }
+    for which, hit in (("k", case.poison.hits_k), ("v", case.poison.hits_v)):
+        if poison is not None and hit:
+            host[f"{which}.garbage"] = _slots(~live & ~poison)
+            host[f"{which}.poison"] = _slots(poison)
+        else:
+            host[f"{which}.garbage"] = _slots(~live)
+    on_device = dict(zip(host, host_to_device(device, *host.values())))
+
+    def cache(which: str) -> torch.Tensor:
+        kinds = {kind: on_device[f"{which}.{kind}"] for kind in ("garbage", "poison") if f"{which}.{kind}" in on_device}
+        return _cache(case, which, {"live": on_device["live"], **kinds}, garbage_seed)
+
+    key_cache, value_cache = cache("k"), cache("v")
+
+    seq_t, pos_t = on_device["seq"], on_device["pos"]
     heads = torch.arange(g.num_q_heads * g.head_size, device=device, dtype=torch.int64)
     q_index = ((seq_t << 24) + pos_t)[:, None] * (g.num_q_heads * g.head_size) + heads[None, :]
     q = (values.uniform(case.data_seed, "q", q_index) * _Q_SPREAD).to(TORCH_DTYPES[g.dtype])
     q = q.view(len(seq_of), g.num_q_heads, g.head_size)
 
-    block_table = torch.tensor([list(s.block_table) for s in case.sequences], dtype=torch.int32, device=device)
+    block_table = on_device["table"].to(torch.int32)
     blocks = block_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t
     offsets = pos_t % g.block_size
     k = key_cache[blocks, offsets]
@@ -165,10 +190,8 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
 
     return PagedBatch(
         case=case, q=q, k=k, v=v, key_cache=key_cache, value_cache=value_cache,
-        block_table=block_table,
-        seq_lens=torch.tensor([s.seq_len for s in case.sequences], dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor(case.query_start_loc(), dtype=torch.int32, device=device),
-        sinks=sinks,
+        block_table=block_table, seq_lens=on_device["seq_lens"].to(torch.int32),
+        query_start_loc=on_device["starts"].to(torch.int32), sinks=sinks,
     )
 
 
@@ -182,7 +205,7 @@ def refill_dead_slots(batch: PagedBatch, garbage_seed: int) -> PagedBatch:
     """
     case = batch.case
     device = batch.key_cache.device
-    dead = _slots(~live_mask(case, "cpu"), device)
+    (dead,) = host_to_device(device, _slots(~live_mask(case, "cpu")))
     seed = _derive(case.data_seed, 2, garbage_seed)
     caches = {}
     for which, cache in (("k", batch.key_cache), ("v", batch.value_cache)):
