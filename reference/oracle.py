@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from reference.batch import PagedBatch
-from reference.materialize import token_layout
+from reference.materialize import host_to_device, token_layout
 from reference.semantics import live_key_range
 
 # Gathered K plus V per chunk, in float64 elements (2 x 2**27 x 8 B = 2 GiB).
@@ -47,19 +47,26 @@ def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> torc
     max_q = max(s.query_len for s in seqs)
     hkv, group, d, bs = g.num_kv_heads, g.queries_per_kv, g.head_size, g.block_size
 
-    def ints(xs):
-        return torch.tensor(xs, dtype=torch.int64, device=device)
-
-    seq_len = ints([s.seq_len for s in seqs])
-    query_len = ints([s.query_len for s in seqs])
-    context = seq_len - query_len
+    # -- index arithmetic on the host, moved to the device in one copy --------
     ranges = [live_key_range(case, s) for s in seqs]
-    lo, hi = ints([r[0] for r in ranges]), ints([r[1] for r in ranges])
+    lo_h = torch.tensor([r[0] for r in ranges], dtype=torch.int64)
+    hi_h = torch.tensor([r[1] for r in ranges], dtype=torch.int64)
+    keys_h = torch.arange(max_len)
+    live_h = (keys_h[None, :] >= lo_h[:, None]) & (keys_h[None, :] < hi_h[:, None])      # [n, max_len]
+    seq_idx_h, key_idx_h = live_h.nonzero(as_tuple=True)
+    starts = case.query_start_loc()
+    tok_seq_h = torch.tensor(seq_of, dtype=torch.int64) - first
+    tok_global_h = torch.arange(len(seq_of)) + starts[first]
+    tok_row_h = tok_global_h - torch.tensor(starts[first:last], dtype=torch.int64)[tok_seq_h]
+    seq_len, query_len, seq_idx, key_idx, tok_seq, tok_row, tok_global = host_to_device(
+        torch.device(device),
+        torch.tensor([s.seq_len for s in seqs], dtype=torch.int64),
+        torch.tensor([s.query_len for s in seqs], dtype=torch.int64),
+        seq_idx_h, key_idx_h, tok_seq_h, tok_row_h, tok_global_h)
+    context = seq_len - query_len
 
     # -- gather the live keys ------------------------------------------------
     keys = torch.arange(max_len, device=device)
-    live = (keys[None, :] >= lo[:, None]) & (keys[None, :] < hi[:, None])      # [n, max_len]
-    seq_idx, key_idx = live.nonzero(as_tuple=True)
     table = batch.block_table[first:last].long()
     slot = table[seq_idx, key_idx // bs] * bs + key_idx % bs
     k_flat = batch.key_cache.reshape(-1, hkv, d)
@@ -70,10 +77,6 @@ def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> torc
     v[seq_idx, key_idx] = v_flat[slot].double()
 
     # -- the queries, padded to [n, max_q] -----------------------------------
-    starts = case.query_start_loc()
-    tok_global = torch.arange(len(seq_of), device=device) + starts[first]
-    tok_seq = ints(seq_of) - first
-    tok_row = tok_global - ints(starts[first:last])[tok_seq]
     q = torch.zeros(n, max_q, hkv, group, d, dtype=torch.float64, device=device)
     q[tok_seq, tok_row] = batch.q[tok_global].double().view(-1, hkv, group, d)
 
