@@ -173,3 +173,25 @@ def test_registered_variants():
         "paged_decode@unmasked": "caught", "paged_decode@tail-masked": "caught", "paged_decode@masked": "pass"}
     for kernel in KERNELS:
         assert kernel.capabilities.decode_only and kernel.summary
+
+
+def test_compiled_specialisations_are_bounded():
+    """Lengths, block sizes, windows, group sizes and strides are runtime values:
+    over 300 generated cases a variant compiles at most one kernel per
+    (dtype, padded head size 32/64/128, sinks) = 3 x 3 x 2 = 18."""
+    from hypothesis import HealthCheck, given, settings
+
+    from harness.kernels.paged_decode import CAPABILITIES, specialisation
+    from strategies import paged_cases
+
+    keys = set()
+
+    @settings(max_examples=300, database=None, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(paged_cases(CAPABILITIES))
+    def collect(case):
+        batch = materialize(case)
+        keys.add((case.geometry.dtype, tuple(sorted(specialisation(batch).items()))))
+
+    collect()
+    assert len(keys) <= 3 * 3 * 2, sorted(keys)
