@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from reference.errors import NanfuzzError
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         from harness.backend import choose_backend
 
         device = choose_backend(args.device)  # before any @triton.jit import
+        # The interpreter evaluates poisoned lanes in numpy; its NaN warnings are the point, not news.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         if args.vllm_src:
             os.environ["NANFUZZ_VLLM_SRC"] = args.vllm_src
         return {"list": _list, "fuzz": _fuzz, "replay": _replay, "bench": _bench, "perf": _perf}[args.command](args, device)
