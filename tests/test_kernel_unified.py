@@ -1,15 +1,19 @@
 """The unified kernel family against the float64 oracle, on clean and poisoned caches."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
 
 from harness.backend import interpreted
-from harness.kernels.unified import KERNELS, TILE_SIZE
+from harness.kernels.unified import CAPABILITIES, KERNELS, RUNTIME_INTS, TILE_SIZE, _unified_attention, specialisation
 from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from reference.materialize import materialize
 from reference.oracle import oracle
 from reference.semantics import Dead, slot_reasons
+from strategies import paged_cases
 
 KERNEL = {k.name: k for k in KERNELS}
 MASKED, OVERSHOOT = "unified@masked", "unified@overshoot"
@@ -162,3 +166,36 @@ def test_masked_ignores_nan_below_the_window(causal, free_to_null, device):
     assert_matches_oracle(*run(MASKED, case, device, poisoned=True))
     if causal:
         assert_matches_oracle(*run(OVERSHOOT, case, device, poisoned=True))
+
+
+# Distinct compiles over fuzzed GPU-sized cases, per variant: 3 dtypes x 3
+# padded head sizes (32; 64; 80, 96, 128 -> 128) x 2 row counts (decode-only
+# batches, batches with prefill).  Everything else a case varies is a
+# runtime argument, so the bound holds however many cases a campaign draws.
+MAX_SPECIALISATIONS = 3 * 3 * 2
+
+
+def test_specialisations_stay_bounded():
+    cases = []
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(paged_cases(CAPABILITIES, interpreter=False))
+    def collect(case):
+        cases.append(case)
+
+    collect()
+    assert {c.geometry.dtype for c in cases} == {"float16", "bfloat16", "float32"}
+    for overshoot in (False, True):
+        seen = {specialisation(c, overshoot=overshoot) for c in cases}
+        assert len(seen) <= MAX_SPECIALISATIONS, f"{len(seen)} specialisations over {len(cases)} cases"
+        assert all(s[-1] == overshoot for s in seen)
+
+
+def test_no_integer_argument_is_specialised():
+    """Triton keys a compile on whether an integer is 1 or divisible by 16 unless told not to."""
+    fn = getattr(_unified_attention, "fn", _unified_attention)
+    params = inspect.signature(fn).parameters.values()
+    runtime = {p.name for p in params if "constexpr" not in str(p.annotation)}
+    pointers = {name for name in runtime if name[0].isupper()}
+    assert runtime - pointers - {"scale"} == set(RUNTIME_INTS)

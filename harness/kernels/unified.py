@@ -1,7 +1,7 @@
 """Unified paged attention: every key, context and new alike, read from the paged cache.
 
-One program covers BLOCK_Q query positions of one sequence times the
-QUERIES_PER_KV query heads that share one KV head; its BLOCK_M rows are
+One program covers ``block_q`` query positions of one sequence times the
+``queries_per_kv`` query heads that share one KV head; its BLOCK_M rows are
 (query, head) pairs.  Keys are visited in tiles of TILE_SIZE, independent of
 the physical block size: each key looks up its own block in the block table.
 A program finds its sequence by a binary search over ``query_start_loc``.
@@ -18,6 +18,14 @@ Both variants come from one kernel source:
   tile) clamped to the block table's capacity instead of to seq_len.  Tail
   slots and padding-table blocks are loaded and only their scores masked,
   so a NaN there reaches ``p @ V`` as 0 * NaN.  Causal attention is correct.
+
+On a GPU every new specialisation is a compile, so only what shapes the
+program is constexpr: the variant, the fixed tile sizes, the padded head
+size ``tl.arange`` needs and the row count (one for decode-only batches,
+one for batches with prefill).  Block size, head size, group size, window,
+causality and sinks are runtime values (window 0 = none, sinks through a
+dummy tensor when absent), and no integer argument is specialised on being
+1 or a multiple of 16.  ``specialisation`` names the compile a batch needs.
 """
 from __future__ import annotations
 
@@ -27,23 +35,25 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernels._common import dot_rows, softmax_step
+from harness.kernels._common import MIN_DOT_SIZE, dot_rows, softmax_step
 from harness.registry import Kernel
 from reference.batch import PagedBatch
 from reference.capabilities import Capabilities
+from reference.case import Case
 
 # Keys per tile.  Deliberately unrelated to the block size (8 .. 64, and 48).
 TILE_SIZE = 32
 # Rows per program for batches with prefill; decode-only batches use one
 # query per program and the fewest rows tl.dot accepts.
 PREFILL_ROWS = 64
+DECODE_ROWS = MIN_DOT_SIZE
 
 
 @triton.jit
-def _find_sequence(Query_start_loc, program, num_seqs, BLOCK_Q: tl.constexpr):
+def _find_sequence(Query_start_loc, program, num_seqs, block_q):
     """The sequence whose query blocks include ``program``.
 
-    Sequence s owns the programs from ``start_s // BLOCK_Q + s`` up to the
+    Sequence s owns the programs from ``start_s // block_q + s`` up to the
     next sequence's first: the ``+ s`` gives every sequence one spare
     program, enough for a partial last block wherever its queries start.
     """
@@ -51,7 +61,7 @@ def _find_sequence(Query_start_loc, program, num_seqs, BLOCK_Q: tl.constexpr):
     hi = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
-        first_program = tl.load(Query_start_loc + mid) // BLOCK_Q + mid
+        first_program = tl.load(Query_start_loc + mid) // block_q + mid
         if first_program <= program:
             lo = mid + 1
         else:
@@ -60,31 +70,23 @@ def _find_sequence(Query_start_loc, program, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _key_edges(first_pos, last_pos, seq_len, table_capacity, window,
-               CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, OVERSHOOT: tl.constexpr,
-               TILE_SIZE: tl.constexpr):
+def _key_edges(first_pos, last_pos, seq_len, table_capacity, window, causal,
+               OVERSHOOT: tl.constexpr, TILE_SIZE: tl.constexpr):
     """The half-open key range ``[key_lo, key_hi)`` the program loads.
 
     ``masked``: the union of the allowed sets of queries ``first_pos ..
     last_pos``, every key of it live.  ``overshoot``: the same lower edge,
-    but a non-causal upper edge that ignores seq_len.
+    but a non-causal upper edge that ignores seq_len.  ``window`` 0 is none.
     """
-    key_lo = 0
-    if HAS_WINDOW:
-        key_lo = tl.maximum(first_pos - window + 1, 0)
-    if CAUSAL:
-        key_hi = last_pos + 1
-    elif OVERSHOOT:
-        if HAS_WINDOW:
-            key_hi = last_pos + window
-        else:
-            key_hi = (seq_len + TILE_SIZE - 1) // TILE_SIZE * TILE_SIZE
+    has_window = window > 0
+    key_lo = tl.where(has_window, tl.maximum(first_pos - window + 1, 0), 0)
+    if OVERSHOOT:
         # the bug: bounded by what the block table can address, not by seq_len
-        key_hi = tl.minimum(key_hi, table_capacity)
+        beyond = tl.where(has_window, last_pos + window, (seq_len + TILE_SIZE - 1) // TILE_SIZE * TILE_SIZE)
+        key_hi = tl.minimum(beyond, table_capacity)
     else:
-        key_hi = seq_len
-        if HAS_WINDOW:
-            key_hi = tl.minimum(last_pos + window, seq_len)
+        key_hi = tl.where(has_window, tl.minimum(last_pos + window, seq_len), seq_len)
+    key_hi = tl.where(causal, last_pos + 1, key_hi)
     return key_lo, key_hi
 
 
@@ -92,10 +94,9 @@ def _key_edges(first_pos, last_pos, seq_len, table_capacity, window,
 def _attend_tiles(acc, l_i, m_i, q,
                   K_cache, V_cache, Table_row, kv_head,
                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                  position, seq_len, window, key_lo, key_hi, tile_lo, tile_hi, scale,
-                  offs_d, d_ok,
-                  EDGE: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                  BLOCK_SIZE: tl.constexpr, TILE_SIZE: tl.constexpr):
+                  position, seq_len, window, causal, block_size, key_lo, key_hi, tile_lo, tile_hi,
+                  scale, offs_d, d_ok,
+                  EDGE: tl.constexpr, TILE_SIZE: tl.constexpr):
     """Fold key tiles ``tile_lo .. tile_hi - 1`` into ``(acc, l_i, m_i)`` and return them.
 
     EDGE tiles straddle ``key_lo`` or ``key_hi``: their table entries, K and
@@ -106,13 +107,13 @@ def _attend_tiles(acc, l_i, m_i, q,
     offs_t = tl.arange(0, TILE_SIZE)
     for tile in range(tile_lo, tile_hi):
         keys = tile * TILE_SIZE + offs_t
-        # -- find each key's slot: block_table[seq, key // BLOCK_SIZE] ---------
+        # -- find each key's slot: block_table[seq, key // block_size] ---------
         if EDGE:
             key_ok = (keys >= key_lo) & (keys < key_hi)
-            block = tl.load(Table_row + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+            block = tl.load(Table_row + keys // block_size, mask=key_ok, other=0).to(tl.int64)
         else:
-            block = tl.load(Table_row + keys // BLOCK_SIZE).to(tl.int64)
-        slot = keys % BLOCK_SIZE
+            block = tl.load(Table_row + keys // block_size).to(tl.int64)
+        slot = keys % block_size
         k_ptrs = (K_cache + block[None, :] * stride_kb + slot[None, :] * stride_ks
                   + kv_head * stride_kh + offs_d[:, None])
         v_ptrs = (V_cache + block[:, None] * stride_vb + slot[:, None] * stride_vs
@@ -126,78 +127,76 @@ def _attend_tiles(acc, l_i, m_i, q,
             v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
         # -- compute qk, -inf outside each row's allowed set -----------------------
         qk = tl.dot(q, k, input_precision="ieee") * scale  # qk : (BLOCK_M, TILE_SIZE)
-        if CAUSAL:
-            allowed = keys[None, :] <= position[:, None]
-        else:
-            allowed = keys[None, :] < seq_len
-        if HAS_WINDOW:
-            distance = position[:, None] - keys[None, :]
-            if not CAUSAL:
-                distance = tl.abs(distance)
-            allowed = allowed & (distance < window)
+        distance = position[:, None] - keys[None, :]
+        allowed = tl.where(causal, distance >= 0, keys[None, :] < seq_len)
+        distance = tl.where(causal, distance, tl.abs(distance))
+        allowed = allowed & ((distance < window) | (window == 0))
         qk = tl.where(allowed, qk, float("-inf"))
         # -- online softmax --------------------------------------------------------
         acc, l_i, m_i = softmax_step(acc, l_i, m_i, qk, v)
     return acc, l_i, m_i
 
 
-@triton.jit
+# Integer arguments Triton would otherwise specialise on being 1 or a multiple of 16.
+RUNTIME_INTS = [
+    "window", "causal", "has_sinks", "num_seqs", "table_width", "block_size", "head_size",
+    "queries_per_kv", "block_q",
+    "stride_qt", "stride_qh", "stride_ot", "stride_oh",
+    "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt",
+]
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS)
 def _unified_attention(
     Out, Q, K_cache, V_cache, Block_table, Seq_lens, Query_start_loc, Sinks,
-    scale, window, num_seqs, table_width,
+    scale, window, causal, has_sinks, num_seqs, table_width, block_size, head_size,
+    queries_per_kv, block_q,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
-    TILE_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEAD_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
+    BLOCK_M: tl.constexpr, TILE_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr,
     OVERSHOOT: tl.constexpr,
 ):
-    tl.static_assert(BLOCK_Q * QUERIES_PER_KV <= BLOCK_M, "a program's (query, head) rows must fit in BLOCK_M")
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(TILE_SIZE >= 16, "tl.dot needs at least 16 keys per tile")
-    tl.static_assert(HEAD_PAD >= HEAD_SIZE, "the padded head must hold the head")
     program = tl.program_id(0)
     kv_head = tl.program_id(1)
+    is_causal = causal != 0
 
     # -- which sequence, which of its query blocks ----------------------------------
-    seq = _find_sequence(Query_start_loc, program, num_seqs, BLOCK_Q)
+    seq = _find_sequence(Query_start_loc, program, num_seqs, block_q)
     q_start = tl.load(Query_start_loc + seq)
     query_len = tl.load(Query_start_loc + seq + 1) - q_start
-    q_block = program - (q_start // BLOCK_Q + seq)
-    if q_block * BLOCK_Q >= query_len:
+    q_block = program - (q_start // block_q + seq)
+    if q_block * block_q >= query_len:
         return  # a padding sequence, or a program past the sequence's last block
     seq_len = tl.load(Seq_lens + seq)
     context_len = seq_len - query_len
 
-    # -- rows are (query, head) pairs ----------------------------------------------
+    # -- rows are (query, head) pairs; the launcher keeps block_q * queries_per_kv <= BLOCK_M
     rows = tl.arange(0, BLOCK_M)
-    query = q_block * BLOCK_Q + rows // QUERIES_PER_KV
-    head = kv_head * QUERIES_PER_KV + rows % QUERIES_PER_KV
-    last_query = tl.minimum(q_block * BLOCK_Q + BLOCK_Q, query_len) - 1
-    row_ok = (rows < BLOCK_Q * QUERIES_PER_KV) & (query < query_len)
+    query = q_block * block_q + rows // queries_per_kv
+    head = kv_head * queries_per_kv + rows % queries_per_kv
+    last_query = tl.minimum(q_block * block_q + block_q, query_len) - 1
+    row_ok = (rows < block_q * queries_per_kv) & (query < query_len)
     # spare rows stand in for the last query: finite work, never stored
     query = tl.where(row_ok, query, last_query)
     position = context_len + query
     token = (q_start + query).to(tl.int64)
     offs_d = tl.arange(0, HEAD_PAD)
-    d_ok = offs_d < HEAD_SIZE
+    d_ok = offs_d < head_size
     q = tl.load(Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     # -- softmax state; a sink enters as m = sink, l = exp(sink - m) = 1 -----------
     acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
-    if HAS_SINKS:
-        m_i = tl.load(Sinks + head).to(tl.float32)
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-    else:
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    sinks_ok = (rows * 0 + has_sinks) != 0  # the flag, one per row
+    m_i = tl.load(Sinks + head, mask=sinks_ok, other=float("-inf")).to(tl.float32)
+    l_i = tl.where(sinks_ok, 1.0, 0.0)
 
     # -- tiles: lower edge, interior, upper edge -----------------------------------
-    key_lo, key_hi = _key_edges(context_len + q_block * BLOCK_Q, context_len + last_query,
-                                seq_len, table_width * BLOCK_SIZE, window,
-                                CAUSAL, HAS_WINDOW, OVERSHOOT, TILE_SIZE)
+    key_lo, key_hi = _key_edges(context_len + q_block * block_q, context_len + last_query,
+                                seq_len, table_width * block_size, window, is_causal,
+                                OVERSHOOT, TILE_SIZE)
     tile_lo = key_lo // TILE_SIZE
     tile_hi = (key_hi + TILE_SIZE - 1) // TILE_SIZE
     inner_lo = tl.minimum((key_lo + TILE_SIZE - 1) // TILE_SIZE, tile_hi)
@@ -205,21 +204,43 @@ def _unified_attention(
     Table_row = Block_table + seq.to(tl.int64) * stride_bt
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K_cache, V_cache, Table_row, kv_head,
                                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                  position, seq_len, window, key_lo, key_hi, tile_lo, inner_lo, scale,
-                                  offs_d, d_ok, True, CAUSAL, HAS_WINDOW, BLOCK_SIZE, TILE_SIZE)
+                                  position, seq_len, window, is_causal, block_size, key_lo, key_hi,
+                                  tile_lo, inner_lo, scale, offs_d, d_ok, True, TILE_SIZE)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K_cache, V_cache, Table_row, kv_head,
                                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                  position, seq_len, window, key_lo, key_hi, inner_lo, inner_hi, scale,
-                                  offs_d, d_ok, False, CAUSAL, HAS_WINDOW, BLOCK_SIZE, TILE_SIZE)
+                                  position, seq_len, window, is_causal, block_size, key_lo, key_hi,
+                                  inner_lo, inner_hi, scale, offs_d, d_ok, False, TILE_SIZE)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K_cache, V_cache, Table_row, kv_head,
                                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-                                  position, seq_len, window, key_lo, key_hi, inner_hi, tile_hi, scale,
-                                  offs_d, d_ok, True, CAUSAL, HAS_WINDOW, BLOCK_SIZE, TILE_SIZE)
+                                  position, seq_len, window, is_causal, block_size, key_lo, key_hi,
+                                  inner_hi, tile_hi, scale, offs_d, d_ok, True, TILE_SIZE)
 
     # -- epilogue: out[token, head, :] in the output's dtype ---------------------------
     out = acc / l_i[:, None]
     tl.store(Out + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
              out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def _rows(case: Case) -> int:
+    """BLOCK_M: one fixed row count for decode-only batches, one for batches with prefill."""
+    rows = DECODE_ROWS if case.max_query_len <= 1 else PREFILL_ROWS
+    return max(rows, dot_rows(case.geometry.queries_per_kv))
+
+
+def specialisation(batch: PagedBatch | Case, *, overshoot: bool = False) -> tuple:
+    """The compile a launch for ``batch`` uses: its dtype and the constexpr values.
+
+    Only the case is read, so a ``Case`` serves as well as its batch.
+    """
+    case = batch if isinstance(batch, Case) else batch.case
+    return (case.geometry.dtype, _rows(case), TILE_SIZE, triton.next_power_of_2(case.geometry.head_size),
+            overshoot)
+
+
+@functools.cache
+def _no_sinks(device: torch.device) -> torch.Tensor:
+    """Stands in for absent sinks, so that presence is a runtime flag and not a second compile."""
+    return torch.zeros(1, dtype=torch.float32, device=device)
 
 
 def unified_attention(batch: PagedBatch, out: torch.Tensor, *, overshoot: bool) -> torch.Tensor:
@@ -228,28 +249,23 @@ def unified_attention(batch: PagedBatch, out: torch.Tensor, *, overshoot: bool) 
     g = case.geometry
     if case.num_tokens == 0:
         return out
+    dtype, block_m, tile_size, head_pad, overshoot = specialisation(case, overshoot=overshoot)
+    assert str(batch.q.dtype).removeprefix("torch.") == dtype and head_pad >= g.head_size
     qpk = g.queries_per_kv
-    if case.max_query_len <= 1:
-        block_q, block_m = 1, dot_rows(qpk)
-    else:
-        block_m = dot_rows(max(PREFILL_ROWS, qpk))
-        block_q = block_m // qpk
-    # sum over sequences of ceil(query_len / BLOCK_Q) <= num_tokens // BLOCK_Q + num_seqs
+    block_q = 1 if case.max_query_len <= 1 else block_m // qpk
+    # sum over sequences of ceil(query_len / block_q) <= num_tokens // block_q + num_seqs
     grid = (case.num_tokens // block_q + len(case.sequences), g.num_kv_heads)
     k_cache, v_cache = batch.key_cache, batch.value_cache
     assert _unit_stride_heads(batch.q, out, k_cache, v_cache)
+    sinks = batch.sinks if batch.sinks is not None else _no_sinks(batch.q.device)
     _unified_attention[grid](
-        out, batch.q, k_cache, v_cache, batch.block_table, batch.seq_lens, batch.query_start_loc,
-        batch.sinks,
-        case.scale, case.sliding_window, len(case.sequences), batch.block_table.shape[1],
+        out, batch.q, k_cache, v_cache, batch.block_table, batch.seq_lens, batch.query_start_loc, sinks,
+        case.scale, case.sliding_window, int(case.causal), int(batch.sinks is not None),
+        len(case.sequences), batch.block_table.shape[1], g.block_size, g.head_size, qpk, block_q,
         batch.q.stride(0), batch.q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), batch.block_table.stride(0),
-        QUERIES_PER_KV=qpk, BLOCK_Q=block_q, BLOCK_M=block_m,
-        TILE_SIZE=TILE_SIZE, BLOCK_SIZE=g.block_size,
-        HEAD_SIZE=g.head_size, HEAD_PAD=triton.next_power_of_2(g.head_size),
-        CAUSAL=case.causal, HAS_WINDOW=case.sliding_window > 0, HAS_SINKS=batch.sinks is not None,
-        OVERSHOOT=overshoot,
+        BLOCK_M=block_m, TILE_SIZE=tile_size, HEAD_PAD=head_pad, OVERSHOOT=overshoot,
     )
     return out
 
