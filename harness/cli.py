@@ -220,9 +220,9 @@ def _bench(args, device) -> int:
                      seconds=time.perf_counter() - start)
     print()
     _table(table_rows(results))
+    specs = "each a compile, or a load from Triton's cache" if device == "cuda" else "each would be a compile on a GPU"
     print(f"\nms/ex: milliseconds per example by phase (gen: Hypothesis and bookkeeping); new specs: kernel "
-          f"specialisations after the warm-up ({'compiles' if device == 'cuda' else 'what would compile on a GPU'}); "
-          f"load average at the end {summary['machine_at_end']['load_average']}")
+          f"specialisations after the warm-up ({specs}); load average at the end {summary['machine_at_end']['load_average']}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return 0
