@@ -1,14 +1,19 @@
 """The prefix_prefill family: the fixed variant matches the oracle, the old one is caught."""
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, given, settings
 
 from harness.backend import interpreted
 from harness.kernels import prefix_prefill as pp
+from harness.kernels._common import dot_rows
 from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from reference.materialize import materialize
 from reference.oracle import oracle
+from strategies import paged_cases
 
 UNMASKED, MASKED = pp.KERNELS
 
@@ -179,3 +184,57 @@ def test_unmasked_reads_the_poisoned_slot(device, make):
 def test_masked_never_reads_the_poisoned_slot(device, make):
     out, expected = run(MASKED, make(), device, poisoned=True)
     assert_matches(out, expected, "float32")
+
+
+# -- compiles: a campaign reuses a handful of specialisations --------------------
+
+def _parameters() -> dict[str, inspect.Parameter]:
+    kernel = pp._prefix_prefill_fwd
+    return dict(inspect.signature(getattr(kernel, "fn", kernel)).parameters)
+
+
+def _do_not_specialize() -> list:
+    kernel = pp._prefix_prefill_fwd
+    if hasattr(kernel, "do_not_specialize"):  # compiled
+        return list(kernel.do_not_specialize)
+    return list(kernel.kwargs.get("do_not_specialize", []))  # interpreted
+
+
+def test_no_integer_argument_is_specialised():
+    # pointers are Capitalised, constexprs annotated; every other argument but
+    # the float scale is an integer whose ==1 / %16 Triton would key a compile on
+    params = _parameters()
+    integers = {name for name, p in params.items()
+                if not name[0].isupper() and "constexpr" not in str(p.annotation) and name != "scale"}
+    assert integers and set(_do_not_specialize()) == integers
+
+
+def test_specialisations_per_variant_are_bounded():
+    # A compile is keyed by the tensors' dtype, the constexprs and the launch
+    # options (num_warps is fixed); no integer is part of it (test above).
+    # Left as constexprs: the variant switch, BLOCK_M (fixed: groups of up to
+    # max_q_heads = 16 fit it), BLOCK_N (fixed) and the padded head size.  So
+    # per variant: 3 dtypes x 3 padded heads (32; 64; 80, 96, 128 -> 128) = 9,
+    # where 300 cases with a new compile each used to give over a hundred.
+    params = _parameters()
+    constexprs = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
+    caps = pp.CAPABILITIES
+    pads = {dot_rows(h) for h in caps.head_sizes}
+    assert len(caps.dtypes) == 3 and len(pads) == 3 and caps.max_q_heads <= pp.BLOCK_M
+    seen, batches = set(), 0
+
+    @settings(max_examples=300, derandomize=True, database=None, deadline=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(paged_cases(caps, interpreter=False))
+    def collect(case):
+        nonlocal batches
+        key = pp.case_specialisation(case)
+        # the key names every constexpr the launcher sets (MASK_DEAD_SLOTS is the variant)
+        assert {name for name, _ in key[1:]} | {"MASK_DEAD_SLOTS"} == constexprs
+        if batches < 10:  # materialising all 300 would take minutes
+            assert pp.specialisation(materialize(case, "cpu", poisoned=False)) == key
+            batches += 1
+        seen.add(key)
+
+    collect()
+    assert len(seen) <= len(caps.dtypes) * len(pads) == 9, sorted(seen)

@@ -20,6 +20,11 @@ Variants (one kernel, the ``MASK_DEAD_SLOTS`` switch):
 - ``masked``: the fix.  Tiles wholly below the window are never visited, and
   the tiles that straddle the window's lower edge or the end of the context
   load through a per-slot mask; the tiles in between load without one.
+
+Compiles: only the variant, the tile sizes and the padded head size are
+constexprs; block size, head size, window, causality and sinks are runtime
+values and no integer argument is specialised, so a fuzz campaign compiles
+one kernel per dtype x padded head size x variant (``specialisation``).
 """
 from __future__ import annotations
 
@@ -33,33 +38,34 @@ from harness.kernels._common import dot_rows, softmax_step
 from harness.registry import Kernel
 from reference.batch import PagedBatch
 from reference.capabilities import Capabilities
+from reference.case import Case, Geometry
 
 # Keys per tile in both phases.  Not tied to the block size on purpose: with
 # blocks of 8 a tile spans four blocks, with 48 or 64 tiles split blocks.
 BLOCK_N = 32
-# Rows (token x group head) per program: small for decode-heavy batches so a
-# lone query row does not drag a 64-row tile through every context tile.
-BLOCK_M_SMALL = 16
-BLOCK_M_LARGE = 64
+# Rows (token x group head) per program, one size for every batch so that the
+# tile is never a new compile; it must hold a whole GQA group (``dot_rows``).
+BLOCK_M = 32
 
 
 @triton.jit
-def _load_cache_tile(Key_cache, Value_cache, table_row, table_width, keys, slot_ok,
+def _load_cache_tile(Key_cache, Value_cache, table_row, table_width, block_size, keys, slot_ok,
                      kv_head, offs_d, dim_ok,
                      stride_kc_block, stride_kc_slot, stride_kc_head,
                      stride_vc_block, stride_vc_slot, stride_vc_head,
-                     BLOCK_SIZE: tl.constexpr, MASK_SLOTS: tl.constexpr, PAD_D: tl.constexpr):
+                     MASK_SLOTS: tl.constexpr):
     """K transposed ``(D_PAD, BLOCK_N)`` and V ``(BLOCK_N, D_PAD)`` of the keys at
     absolute positions ``keys`` (``(BLOCK_N,)``), through the block table.
 
     With ``MASK_SLOTS`` the lanes where ``slot_ok`` is false read zeros, never
-    the cache; without it every lane reads its slot, whatever it holds.  The
-    caller still masks the scores.
+    the cache; without it every lane reads its slot, whatever it holds (only
+    the head padding past ``dim_ok`` is never read).  The caller still masks
+    the scores.
     """
     # the last tile can run past the table row: clamp so the table read stays in it
-    logical = tl.minimum(keys // BLOCK_SIZE, table_width - 1)
+    logical = tl.minimum(keys // block_size, table_width - 1)
     block = tl.load(table_row + logical).to(tl.int64)        # (BLOCK_N,)
-    slot = keys % BLOCK_SIZE
+    slot = keys % block_size
     k_ptrs = (Key_cache + block[None, :] * stride_kc_block + slot[None, :] * stride_kc_slot
               + kv_head * stride_kc_head + offs_d[:, None])
     v_ptrs = (Value_cache + block[:, None] * stride_vc_block + slot[:, None] * stride_vc_slot
@@ -67,35 +73,36 @@ def _load_cache_tile(Key_cache, Value_cache, table_row, table_width, keys, slot_
     if MASK_SLOTS:
         k = tl.load(k_ptrs, mask=slot_ok[None, :] & dim_ok[:, None], other=0.0)
         v = tl.load(v_ptrs, mask=slot_ok[:, None] & dim_ok[None, :], other=0.0)
-    elif PAD_D:
+    else:
         k = tl.load(k_ptrs, mask=dim_ok[:, None], other=0.0)
         v = tl.load(v_ptrs, mask=dim_ok[None, :], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
     return k, v
 
 
 @triton.jit
-def _allowed(pos, keys, key_end, window, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+def _allowed(pos, keys, key_end, window, causal):
     """``(BLOCK_M, BLOCK_N)``: may the query at ``pos`` (``(BLOCK_M, 1)``) read
     ``keys`` (``(1, BLOCK_N)``)?  Keys at or past ``key_end`` belong to the
-    other phase (or to nobody)."""
-    ok = keys < key_end
-    if CAUSAL:
-        ok = ok & (keys <= pos)
-    if HAS_WINDOW:
-        if CAUSAL:
-            ok = ok & (pos - keys < window)
-        else:
-            ok = ok & (tl.abs(pos - keys) < window)
-    return ok
+    other phase (or to nobody).  ``window`` 0 is none; ``causal`` 0 or 1."""
+    ok = (keys < key_end) & ((keys <= pos) | (causal == 0))
+    # once causal has kept keys <= pos, |pos - k| is the causal distance pos - k
+    return ok & ((tl.abs(pos - keys) < window) | (window == 0))
 
 
-@triton.jit
+# Every integer argument: Triton would otherwise key a compile on each being 1
+# or a multiple of 16.
+_RUNTIME_INTS = [
+    "block_size", "head_size", "window", "causal", "has_sinks", "group", "tokens_per_tile", "table_width",
+    "stride_q_tok", "stride_q_head", "stride_k_tok", "stride_k_head", "stride_v_tok", "stride_v_head",
+    "stride_kc_block", "stride_kc_slot", "stride_kc_head", "stride_vc_block", "stride_vc_slot", "stride_vc_head",
+    "stride_table_seq", "stride_o_tok", "stride_o_head",
+]
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _prefix_prefill_fwd(
     Q, K, V, Key_cache, Value_cache, Block_table, Seq_lens, Query_start_loc, Sinks, Out,
-    scale, window, group, tokens_per_tile, table_width,
+    scale, block_size, head_size, window, causal, has_sinks, group, tokens_per_tile, table_width,
     stride_q_tok, stride_q_head,
     stride_k_tok, stride_k_head,
     stride_v_tok, stride_v_head,
@@ -104,12 +111,9 @@ def _prefix_prefill_fwd(
     stride_table_seq,
     stride_o_tok, stride_o_head,
     MASK_DEAD_SLOTS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HEAD_SIZE: tl.constexpr, D_PAD: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, CAUSAL: tl.constexpr, HAS_SINKS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
 ):
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs every dimension >= 16")
-    tl.static_assert(D_PAD >= HEAD_SIZE, "the padded head must hold the head")
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     tile = tl.program_id(2)
@@ -131,32 +135,25 @@ def _prefix_prefill_fwd(
     row_ok = (rows < tokens_per_tile * group) & (token < q_len)
     pos = ctx_len + token                                      # absolute positions
     offs_d = tl.arange(0, D_PAD)
-    dim_ok = offs_d < HEAD_SIZE
+    dim_ok = offs_d < head_size
     offs_n = tl.arange(0, BLOCK_N)
-    PAD_D: tl.constexpr = D_PAD != HEAD_SIZE
 
     q_ptrs = Q + (q_start + token[:, None]) * stride_q_tok + head[:, None] * stride_q_head + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)   # (BLOCK_M, D_PAD)
 
     # -- softmax state; a sink enters as a key of logit `sink` and no value -----
+    # (without sinks, m = -inf and l = 0; ``Sinks`` is then a stand-in, never read)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    if HAS_SINKS:
-        m_i = tl.load(Sinks + head).to(tl.float32)
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-    else:
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    use_sink = (rows * 0 + has_sinks) != 0                     # (BLOCK_M,), all equal
+    m_i = tl.load(Sinks + head, mask=use_sink, other=float("-inf")).to(tl.float32)
+    l_i = use_sink.to(tl.float32)
 
     # -- keys any row of this program may read: [lo, hi) -------------------------
-    lo = 0
-    if HAS_WINDOW:
-        lo = tl.maximum(ctx_len + first - window + 1, 0)  # the first row reaches back furthest
-    if CAUSAL:
-        hi = ctx_len + last + 1
-    else:
-        hi = seq_len
-        if HAS_WINDOW:
-            hi = tl.minimum(hi, ctx_len + last + window)
+    # the first row reaches back furthest, the last row furthest ahead
+    windowed = window > 0
+    lo = tl.where(windowed, tl.maximum(ctx_len + first - window + 1, 0), 0)
+    hi = tl.where(windowed, tl.minimum(seq_len, ctx_len + last + window), seq_len)
+    hi = tl.where(causal != 0, ctx_len + last + 1, hi)
 
     # -- phase 1: context keys from the paged cache ----------------------------
     table_row = Block_table + seq.to(tl.int64) * stride_table_seq
@@ -173,27 +170,27 @@ def _prefix_prefill_fwd(
         if MASK_DEAD_SLOTS:
             slot_ok = (keys >= ctx_lo) & (keys < ctx_len)
             if (start_n < ctx_lo) | (start_n + BLOCK_N > ctx_len):   # straddles an edge
-                k, v = _load_cache_tile(Key_cache, Value_cache, table_row, table_width, keys, slot_ok,
+                k, v = _load_cache_tile(Key_cache, Value_cache, table_row, table_width, block_size, keys, slot_ok,
                                         kv_head, offs_d, dim_ok,
                                         stride_kc_block, stride_kc_slot, stride_kc_head,
                                         stride_vc_block, stride_vc_slot, stride_vc_head,
-                                        BLOCK_SIZE, True, PAD_D)
+                                        True)
             else:
-                k, v = _load_cache_tile(Key_cache, Value_cache, table_row, table_width, keys, slot_ok,
+                k, v = _load_cache_tile(Key_cache, Value_cache, table_row, table_width, block_size, keys, slot_ok,
                                         kv_head, offs_d, dim_ok,
                                         stride_kc_block, stride_kc_slot, stride_kc_head,
                                         stride_vc_block, stride_vc_slot, stride_vc_head,
-                                        BLOCK_SIZE, False, PAD_D)
+                                        False)
         else:  # every lane reads its slot; slot_ok is not consulted
-            k, v = _load_cache_tile(Key_cache, Value_cache, table_row, table_width, keys, keys < ctx_len,
+            k, v = _load_cache_tile(Key_cache, Value_cache, table_row, table_width, block_size, keys, keys < ctx_len,
                                     kv_head, offs_d, dim_ok,
                                     stride_kc_block, stride_kc_slot, stride_kc_head,
                                     stride_vc_block, stride_vc_slot, stride_vc_head,
-                                    BLOCK_SIZE, False, PAD_D)
+                                    False)
         # -- compute qk, mask the scores, fold the tile in --------------------
         # "ieee": fp32 caches keep fp32 accuracy; fp16/bf16 dots are unaffected
         qk = tl.dot(q, k, input_precision="ieee") * scale
-        ok = _allowed(pos[:, None], keys[None, :], ctx_len, window, CAUSAL, HAS_WINDOW)
+        ok = _allowed(pos[:, None], keys[None, :], ctx_len, window, causal)
         qk = tl.where(ok, qk, float("-inf"))
         acc, l_i, m_i = softmax_step(acc, l_i, m_i, qk, v)
 
@@ -210,7 +207,7 @@ def _prefix_prefill_fwd(
         k = tl.load(k_ptrs, mask=j_ok[None, :] & dim_ok[:, None], other=0.0)
         v = tl.load(v_ptrs, mask=j_ok[:, None] & dim_ok[None, :], other=0.0)
         qk = tl.dot(q, k, input_precision="ieee") * scale
-        ok = _allowed(pos[:, None], ctx_len + j[None, :], seq_len, window, CAUSAL, HAS_WINDOW)
+        ok = _allowed(pos[:, None], ctx_len + j[None, :], seq_len, window, causal)
         qk = tl.where(ok, qk, float("-inf"))
         acc, l_i, m_i = softmax_step(acc, l_i, m_i, qk, v)
 
@@ -221,6 +218,30 @@ def _prefix_prefill_fwd(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
+def _constexprs(geometry: Geometry) -> dict[str, int]:
+    """The kernel's constexprs for a batch of ``geometry``, bar the variant switch."""
+    # GQA groups above BLOCK_M (none within CAPABILITIES) get a larger tile
+    return dict(BLOCK_M=max(BLOCK_M, dot_rows(geometry.queries_per_kv)), BLOCK_N=BLOCK_N,
+                D_PAD=dot_rows(geometry.head_size))
+
+
+def case_specialisation(case: Case) -> tuple:
+    """What a launch on ``case``'s batch compiles for, per variant: the tensors'
+    dtype and the constexprs.  Batches with equal values share one compile."""
+    return (case.geometry.dtype,) + tuple(sorted(_constexprs(case.geometry).items()))
+
+
+def specialisation(batch: PagedBatch) -> tuple:
+    """``case_specialisation`` with the dtype the launcher meets in ``batch``."""
+    return (str(batch.q.dtype).removeprefix("torch."),) + case_specialisation(batch.case)[1:]
+
+
+@functools.lru_cache(maxsize=None)
+def _no_sinks(device: torch.device) -> torch.Tensor:
+    # stands in for the sinks pointer when there are none; the kernel never reads it
+    return torch.zeros(1, dtype=torch.float32, device=device)
+
+
 def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, mask_dead_slots: bool) -> torch.Tensor:
     """Attention of every query token of ``batch`` into ``out`` ``[num_tokens, Hq, D]``."""
     case = batch.case
@@ -229,19 +250,22 @@ def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, mask_dead_slots: boo
                     ("value_cache", batch.value_cache), ("out", out)):
         assert t.stride(-1) == 1, f"{name} must be contiguous in the head dimension"
     assert batch.block_table.stride(1) == 1, "block_table rows must be contiguous"
+    # one sinks dtype, or each would be a compile of its own
+    sinks = _no_sinks(batch.q.device) if batch.sinks is None else batch.sinks
+    assert sinks.dtype == torch.float32, "sinks must be float32"
     max_query_len = case.max_query_len
     if max_query_len == 0:
         return out  # padding only: no output rows exist
     group = g.queries_per_kv
-    block_m = BLOCK_M_SMALL if max_query_len * group <= BLOCK_M_SMALL else BLOCK_M_LARGE
-    block_m = max(block_m, dot_rows(group))
-    tokens_per_tile = block_m // group
+    constexprs = _constexprs(g)
+    tokens_per_tile = constexprs["BLOCK_M"] // group
     grid = (len(case.sequences), g.num_kv_heads, triton.cdiv(max_query_len, tokens_per_tile))
     kc, vc = batch.key_cache, batch.value_cache
     _prefix_prefill_fwd[grid](
         batch.q, batch.k, batch.v, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc,
-        batch.sinks if batch.sinks is not None else batch.q, out,
-        case.scale, case.sliding_window, group, tokens_per_tile, case.table_width,
+        sinks, out,
+        case.scale, g.block_size, g.head_size, case.sliding_window, int(case.causal),
+        int(batch.sinks is not None), group, tokens_per_tile, case.table_width,
         batch.q.stride(0), batch.q.stride(1),
         batch.k.stride(0), batch.k.stride(1),
         batch.v.stride(0), batch.v.stride(1),
@@ -249,10 +273,7 @@ def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, mask_dead_slots: boo
         vc.stride(0), vc.stride(1), vc.stride(2),
         batch.block_table.stride(0),
         out.stride(0), out.stride(1),
-        MASK_DEAD_SLOTS=mask_dead_slots,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_SIZE=g.block_size,
-        HEAD_SIZE=g.head_size, D_PAD=dot_rows(g.head_size),
-        HAS_WINDOW=case.sliding_window > 0, CAUSAL=case.causal, HAS_SINKS=batch.sinks is not None,
+        MASK_DEAD_SLOTS=mask_dead_slots, **constexprs,
         num_warps=4,
     )
     return out
