@@ -7,7 +7,6 @@ package index can be reached; any other fetch failure fails them.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 
@@ -16,7 +15,6 @@ import torch
 
 from harness.adapters import vllm as vllm_adapters
 from harness.adapters import vllm_loader
-from harness.adapters.vllm_fetch import FetchError, ensure_vllm_source
 from harness.backend import interpreted
 from harness.registry import resolve
 from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
@@ -38,18 +36,9 @@ TOLERANCE = {"float16": 2e-3, "float32": 1e-5 if interpreted() else 2e-3}
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def vllm_source():
-    try:
-        path = ensure_vllm_source(VLLM_VERSION)
-    except FetchError as exc:
-        if exc.network:
-            pytest.skip(f"vllm=={VLLM_VERSION} is not cached and no package index is reachable: {exc}")
-        raise
-    previous = os.environ.get(vllm_loader.ENV_VAR)
-    vllm_adapters.set_vllm_source(path)
-    yield path
-    vllm_adapters.set_vllm_source(previous)
+@pytest.fixture(autouse=True)
+def _vllm(vllm_source):  # tests/conftest.py fetches and installs the kernel tree
+    return vllm_source
 
 
 def make_case(seqs, *, window=0, causal=True, sinks=False, q_heads=4, kv_heads=2, head_size=64,
