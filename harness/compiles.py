@@ -46,16 +46,24 @@ def _arg_key(arg) -> object:
     return repr(arg)
 
 
-def launch_key(fn, args: tuple, kwargs: dict) -> tuple:
+def launch_key(fn, args: tuple, kwargs: dict, do_not_specialize=()) -> tuple:
     """What Triton's JIT would key a launch of ``fn`` on: constexprs (and launch
-    options such as num_warps) by value, the other arguments by ``_arg_key``."""
+    options such as num_warps) by value, the other arguments by ``_arg_key``,
+    integers named in ``do_not_specialize`` by their width alone."""
+    params = list(inspect.signature(fn).parameters)
     constexprs = _constexpr_names(fn)
-    named = dict(zip(inspect.signature(fn).parameters, args))
+    unspecialised = {params[p] if isinstance(p, int) else p for p in do_not_specialize or ()}
+    named = dict(zip(params, args))
     named.update(kwargs)
-    params = set(inspect.signature(fn).parameters)
-    return (fn.__module__, fn.__qualname__, tuple(sorted(
-        (name, repr(value) if name in constexprs or name not in params else _arg_key(value))
-        for name, value in named.items())))
+
+    def key(name, value):
+        if name in constexprs or name not in params:
+            return repr(value)
+        if name in unspecialised and isinstance(value, int) and not isinstance(value, bool):
+            return "i64" if not -2**31 <= value < 2**31 else "i32"
+        return _arg_key(value)
+
+    return fn.__module__, fn.__qualname__, tuple(sorted((name, key(name, value)) for name, value in named.items()))
 
 
 @contextlib.contextmanager
@@ -69,7 +77,7 @@ def count_specialisations(interpreter: bool) -> Iterator[Specialisations]:
 
         def run(self, *args, grid, warmup, **kwargs):
             seen.launches += 1
-            seen.keys.add(launch_key(self.fn, args, kwargs))
+            seen.keys.add(launch_key(self.fn, args, kwargs, self.kwargs.get("do_not_specialize")))
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
         InterpretedFunction.run = run
