@@ -41,8 +41,8 @@ DEFAULT_TILE_SIZE = 32
 
 @triton.jit
 def _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale, table_width,
-                 block_size, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb, stride_vs,
-                 TILE_SIZE: tl.constexpr, LOAD_MASK: tl.constexpr):
+                 offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb, stride_vs,
+                 TILE_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, LOAD_MASK: tl.constexpr):
     """Fold keys ``[tile * TILE_SIZE, +TILE_SIZE)`` into the softmax state.
 
     LOAD_MASK 0: load every key of the tile (an interior tile, or the old
@@ -52,8 +52,8 @@ def _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len,
     keys = tile * TILE_SIZE + offs_t
     allowed = (keys >= lo) & (keys < seq_len)
     # -- where each key lives; keys past the table read its last entry --------
-    blocks = tl.load(table_row + tl.minimum(keys // block_size, table_width - 1)).to(tl.int64)
-    slots = keys % block_size
+    blocks = tl.load(table_row + tl.minimum(keys // BLOCK_SIZE, table_width - 1)).to(tl.int64)
+    slots = keys % BLOCK_SIZE
     k_ptrs = k_head + blocks[None, :] * stride_kb + slots[None, :] * stride_ks + offs_d[:, None]
     v_ptrs = v_head + blocks[:, None] * stride_vb + slots[:, None] * stride_vs + offs_d[None, :]
     # -- K : (HEAD_PAD, TILE_SIZE), V : (TILE_SIZE, HEAD_PAD) -------------------
@@ -70,22 +70,17 @@ def _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len,
     return softmax_step(acc, l_i, m_i, qk, v)
 
 
-# Lengths, sizes and strides stay runtime values, unspecialised, so that one
-# compiled kernel per (dtype, padded head size, sinks, variant) serves every case.
-_RUNTIME_INTS = ["window", "head_size", "queries_per_kv", "table_width", "block_size",
-                 "stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh",
-                 "stride_vb", "stride_vs", "stride_vh", "stride_bt"]
-
-
-@triton.jit(do_not_specialize=_RUNTIME_INTS)
+@triton.jit
 def _paged_decode_kernel(
     Out, Q, KCache, VCache, Sinks, BlockTable, SeqLens, QueryStartLoc,
-    scale, window, head_size, queries_per_kv, table_width, block_size,
+    scale, window, head_size, queries_per_kv, table_width,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_bt,
-    TILE_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr, QUERY_ROWS: tl.constexpr, HAS_SINKS: tl.constexpr,
+    TILE_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr, QUERY_ROWS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
     MASK_TAIL: tl.constexpr, MASK_WINDOW: tl.constexpr,
 ):
     tl.static_assert(TILE_SIZE >= 16, "tl.dot needs at least 16 keys per tile")
@@ -101,7 +96,9 @@ def _paged_decode_kernel(
     token = token.to(tl.int64)
     seq_len = tl.load(SeqLens + seq)
     # the query sits at p = seq_len - 1; its allowed keys are [lo, seq_len)
-    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    lo = 0
+    if HAS_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
 
     # -- the query heads of this KV head: q : (QUERY_ROWS, HEAD_PAD) -----------
     rows = tl.arange(0, QUERY_ROWS)
@@ -142,16 +139,16 @@ def _paged_decode_kernel(
     v_head = VCache + kv_head * stride_vh
     for tile in range(first, full_lo):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
-                                     table_width, block_size, offs_t, offs_d, dim_ok, stride_kb, stride_ks,
-                                     stride_vb, stride_vs, TILE_SIZE, 2)
+                                     table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
+                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2)
     for tile in range(full_lo, full_hi):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
-                                     table_width, block_size, offs_t, offs_d, dim_ok, stride_kb, stride_ks,
-                                     stride_vb, stride_vs, TILE_SIZE, 0)
+                                     table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
+                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 0)
     for tile in range(tail, num_tiles):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
-                                     table_width, block_size, offs_t, offs_d, dim_ok, stride_kb, stride_ks,
-                                     stride_vb, stride_vs, TILE_SIZE, 2 if MASK_WINDOW else 1)
+                                     table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
+                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2 if MASK_WINDOW else 1)
 
     # -- epilogue: normalise, write the real heads ----------------------------
     acc = acc / l_i[:, None]
@@ -160,11 +157,17 @@ def _paged_decode_kernel(
 
 
 def specialisation(batch: PagedBatch, variant: str = "masked", tile_size: int = DEFAULT_TILE_SIZE) -> dict:
-    """The constexpr arguments a launch compiles for (with q's dtype, the whole cache key)."""
+    """The constexpr arguments a launch compiles for (with q's dtype, the kernel's cache key).
+
+    The block size stays a constexpr on purpose: as a run-time divisor it made
+    the decode kernel several times slower on an H200 (integer division per key
+    instead of a shift), and the shipped fix must be as fast as the old kernel.
+    """
     g = batch.case.geometry
     mask_tail, mask_window = VARIANTS[variant]
-    return dict(TILE_SIZE=tile_size, HEAD_PAD=triton.next_power_of_2(g.head_size),
-                QUERY_ROWS=dot_rows(g.queries_per_kv), HAS_SINKS=batch.sinks is not None,
+    return dict(TILE_SIZE=tile_size, BLOCK_SIZE=g.block_size,
+                HEAD_PAD=triton.next_power_of_2(g.head_size), QUERY_ROWS=dot_rows(g.queries_per_kv),
+                HAS_WINDOW=batch.sliding_window > 0, HAS_SINKS=batch.sinks is not None,
                 MASK_TAIL=mask_tail, MASK_WINDOW=mask_window)
 
 
@@ -174,7 +177,7 @@ def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
     assert batch.max_query_len <= 1, f"paged_decode is decode-only, got query_len {batch.max_query_len}"
     q, key_cache, value_cache, table = batch.q, batch.key_cache, batch.value_cache, batch.block_table
     num_tokens, num_q_heads, head_size = q.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
+    num_kv_heads = key_cache.shape[2]
     assert q.stride(2) == out.stride(2) == key_cache.stride(3) == value_cache.stride(3) == 1, \
         "the head dimension must be contiguous"
     if num_tokens == 0:
@@ -184,7 +187,7 @@ def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
     grid = (table.shape[0], num_kv_heads)
     _paged_decode_kernel[grid](
         out, q, key_cache, value_cache, batch.sinks, table, batch.seq_lens, batch.query_start_loc,
-        batch.scale, window, head_size, queries_per_kv, table.shape[1], block_size,
+        batch.scale, window, head_size, queries_per_kv, table.shape[1],
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
