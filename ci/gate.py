@@ -243,7 +243,7 @@ def _gate(args) -> int:
     budget = args.time_budget or profile.time_budget or 900.0
 
     out = Path(args.out).resolve()
-    work = out / "work"
+    work = out / "internals"
     repro_dir = Path(args.repro_dir).resolve() if args.repro_dir else out / "repros"
     junit = Path(args.junitxml).resolve() if args.junitxml else out / "junit.xml"
     summary = Path(args.summary).resolve() if args.summary else out / "summary.md"

@@ -103,7 +103,7 @@ def check_both_workers_fuzz_every_kernel_and_share_the_database(run):
         assert [s["shard"] for s in shards] == [0, 1]
         assert all(s["examples"] > 0 for s in shards), shards
         assert len({s["worker"] for s in shards}) == 2, shards
-    records = [json.loads(p.read_text()) for p in (cwd / "out" / "work" / "records").glob("*.json")]
+    records = [json.loads(p.read_text()) for p in (cwd / "out" / "internals" / "records").glob("*.json")]
     assert {r["examples_db"] for r in records if r["examples_db"]} == {str(state / "examples")}
     for slot in ("cpu0", "cpu1"):
         assert (state / "workers" / slot / "examples").resolve() == state / "examples"
@@ -125,7 +125,7 @@ def check_each_failure_is_reported_once_and_none_is_lost(run):
     for failure in summary["failures"]:
         assert len(failure["shards"]) == sum(1 for s in failing if s["failure"] == failure["number"])
     # every failing shard wrote exactly one repro set of its own before the gate gathered them
-    records = [json.loads(p.read_text()) for p in (cwd / "out" / "work" / "records").glob("*.json")]
+    records = [json.loads(p.read_text()) for p in (cwd / "out" / "internals" / "records").glob("*.json")]
     assert all(len(r["repro"]) == 3 for r in records if r["verdict"] != "PASS")
     text = (cwd / "out" / "summary.md").read_text()
     for failure in summary["failures"]:
