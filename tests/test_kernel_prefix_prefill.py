@@ -10,10 +10,11 @@ from hypothesis import HealthCheck, Phase, given, settings
 from harness.backend import interpreted
 from harness.kernels import prefix_prefill as pp
 from harness.kernels._common import dot_rows
-from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
+from reference.case import Case, Poison, PoisonSite
 from reference.materialize import materialize
 from reference.oracle import oracle
 from strategies import paged_cases
+from tests.cases import consecutive_case
 
 UNMASKED, MASKED = pp.KERNELS
 
@@ -36,18 +37,9 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
 
 
-def make_case(seqs, *, block_size=16, q_heads=4, kv_heads=2, head_size=64, dtype="float32",
-              window=0, causal=True, sinks=False, spare_entries=1, poison=Poison()) -> Case:
+def make_case(seqs, *, dtype="float32", **options) -> Case:
     """Sequences ``(query_len, seq_len)`` on fresh blocks 1, 2, ...; padding points at block 0."""
-    width = max(-(-seq_len // block_size) for _, seq_len in seqs) + spare_entries
-    tables, next_block = [], 1
-    for _, seq_len in seqs:
-        used = -(-seq_len // block_size)
-        tables.append(tuple(range(next_block, next_block + used)) + (0,) * (width - used))
-        next_block += used
-    geometry = Geometry(q_heads, kv_heads, head_size, block_size, next_block + 1, dtype)
-    return Case(geometry, tuple(Sequence(q, n, t) for (q, n), t in zip(seqs, tables)),
-                sliding_window=window, causal=causal, sinks=sinks, poison=poison).validate()
+    return consecutive_case(seqs, dtype=dtype, **options)
 
 
 def run(kernel, case: Case, device: str, *, poisoned: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,10 +17,11 @@ from harness.adapters import vllm as vllm_adapters
 from harness.adapters import vllm_loader
 from harness.backend import interpreted
 from harness.registry import resolve
-from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
+from reference.case import Case, Poison, PoisonSite
 from reference.errors import NanfuzzError
 from reference.materialize import materialize
 from reference.oracle import oracle
+from tests.cases import consecutive_case
 
 VLLM_VERSION = "0.33.0"
 DEVICE = "cpu" if interpreted() else "cuda"
@@ -41,19 +42,9 @@ def _vllm(vllm_source):  # tests/conftest.py fetches and installs the kernel tre
     return vllm_source
 
 
-def make_case(seqs, *, window=0, causal=True, sinks=False, q_heads=4, kv_heads=2, head_size=64,
-              block_size=16, dtype="float16", seed=0, poison=Poison()) -> Case:
+def make_case(seqs, **options) -> Case:
     """Sequences ``(query_len, seq_len)`` on consecutive blocks from 1; padding points at block 0."""
-    width = max(-(-seq_len // block_size) for _, seq_len in seqs) + 1
-    tables, next_block = [], 1
-    for _, seq_len in seqs:
-        used = -(-seq_len // block_size)
-        tables.append(tuple(range(next_block, next_block + used)) + (0,) * (width - used))
-        next_block += used
-    geometry = Geometry(q_heads, kv_heads, head_size, block_size, next_block + 1, dtype)
-    sequences = tuple(Sequence(q, seq_len, table) for (q, seq_len), table in zip(seqs, tables))
-    return Case(geometry, sequences, sliding_window=window, causal=causal, sinks=sinks,
-                poison=poison, data_seed=seed).validate()
+    return consecutive_case(seqs, **options)
 
 
 def run(name: str, case: Case, *, poisoned: bool = False) -> torch.Tensor:
