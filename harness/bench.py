@@ -7,6 +7,9 @@ campaign's time outside the measured phases), materialisation, kernel,
 oracle and verdict.  A known-bad kernel ends a campaign at its first
 failure, so its campaigns repeat with new seeds until the count is reached.
 
+With ``jobs``, the throughput is that of several campaigns sharing the
+device, one process each (see ``harness.parallel``).
+
 Detection: for each known-bad kernel (``expect == "caught"``) and each seed,
 a campaign from an empty state directory (no example database, no pending
 case): seconds and examples to the first failure, and seconds to shrink it.
@@ -25,6 +28,7 @@ from typing import Callable, Iterator
 import harness.fuzz as fuzz_module
 from harness.compiles import count_specialisations
 from harness.fuzz import fuzz
+from harness.parallel import fuzz_parallel
 from harness.registry import Kernel
 from reference.errors import NanfuzzError
 
@@ -42,6 +46,7 @@ class Throughput:
     campaigns: int = 0
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     specialisations: int | None = None  # new kernel specialisations after the warm-up (GPU: compiles)
+    busy_seconds: float | None = None  # several jobs: the sum of their own times (phases are shares of it)
 
     @property
     def per_second(self) -> float:
@@ -49,11 +54,13 @@ class Throughput:
 
     def to_dict(self) -> dict:
         n = max(self.examples, 1)
+        busy = self.busy_seconds or self.seconds
         return {
             "examples": self.examples, "seconds": self.seconds, "campaigns": self.campaigns,
             "examples_per_second": self.per_second,
             "seconds_per_example": {p: s / n for p, s in self.phase_seconds.items()},
-            "share": {p: (s / self.seconds if self.seconds > 0 else 0.0) for p, s in self.phase_seconds.items()},
+            "share": {p: (s / busy if busy > 0 else 0.0) for p, s in self.phase_seconds.items()},
+            "busy_seconds": self.busy_seconds,
             "specialisations_after_warmup": self.specialisations,
         }
 
@@ -109,7 +116,10 @@ def fresh_state() -> Iterator[Path]:
             fuzz_module.STATE_DIR = saved
 
 
-def measure_throughput(kernel: Kernel, device: str, examples: int, warmup: int = WARMUP_EXAMPLES) -> Throughput:
+def measure_throughput(kernel: Kernel, device: str, examples: int, warmup: int = WARMUP_EXAMPLES,
+                       jobs: int = 1) -> Throughput:
+    if jobs > 1:
+        return _parallel_throughput(kernel, device, examples, warmup, jobs)
     total = Throughput()
     with fresh_state(), count_specialisations(interpreter=device == "cpu") as seen:
         if warmup:
@@ -128,6 +138,30 @@ def measure_throughput(kernel: Kernel, device: str, examples: int, warmup: int =
                 total.phase_seconds[phase] = total.phase_seconds.get(phase, 0.0) + seconds
             total.phase_seconds["generation"] += campaign.elapsed - sum(campaign.phase_times.values())
         total.specialisations = None if before is None else seen.count - before
+    return total
+
+
+def _parallel_throughput(kernel: Kernel, device: str, examples: int, warmup: int, jobs: int) -> Throughput:
+    """``jobs`` processes on one device, each warmed up on its own; time from the first measured start.
+
+    Phase times are summed over the jobs, so per-example phase times are
+    those of one job; examples per second are the whole run's.
+    """
+    total = Throughput()
+    seed = 0
+    with fresh_state():
+        while total.examples < examples and total.campaigns < examples:
+            campaign = fuzz_parallel(kernel, jobs=jobs, device=device,
+                                     max_examples=max(jobs, examples - total.examples), seed=seed, profile=_PROFILE,
+                                     shrink=False, use_database=False, warmup=warmup)
+            seed += jobs
+            total.campaigns += jobs
+            total.examples += campaign.examples
+            total.seconds += campaign.elapsed
+            for phase, seconds in campaign.phase_times.items():
+                total.phase_seconds[phase] = total.phase_seconds.get(phase, 0.0) + seconds
+            total.phase_seconds["generation"] += campaign.busy_seconds - sum(campaign.phase_times.values())
+            total.busy_seconds = (total.busy_seconds or 0.0) + campaign.busy_seconds
     return total
 
 
@@ -150,9 +184,12 @@ def measure_detection(kernel: Kernel, device: str, seeds: int, max_examples: int
 
 def bench(kernels: list[Kernel], *, device: str, examples: int, seeds: int, warmup: int = WARMUP_EXAMPLES,
           detect_examples: int = DETECT_EXAMPLES, skip_unrunnable: bool = False,
-          progress: Callable[[str], None] | None = None) -> list[KernelBench]:
-    """Throughput for every kernel; detection for the known-bad ones.
+          progress: Callable[[str], None] | None = None, jobs: int = 1,
+          detect_all: bool = False) -> list[KernelBench]:
+    """Throughput for every kernel (``jobs`` processes at once); detection for the known-bad ones (one process).
 
+    ``detect_all``: time to detect for every kernel (one with a known bug
+    that is not a built-in, such as ``vllm:rocm_attn`` with windows).
     ``skip_unrunnable``: a kernel this device cannot run is reported as
     skipped instead of ending the bench (for the default every-built-in run).
     """
@@ -160,8 +197,8 @@ def bench(kernels: list[Kernel], *, device: str, examples: int, seeds: int, warm
     for kernel in kernels:
         result = KernelBench(kernel.name, kernel.expect)
         try:
-            result.throughput = measure_throughput(kernel, device, examples, warmup)
-            if kernel.expect == "caught" and seeds > 0:
+            result.throughput = measure_throughput(kernel, device, examples, warmup, jobs)
+            if (kernel.expect == "caught" or detect_all) and seeds > 0:
                 result.detection = measure_detection(kernel, device, seeds, detect_examples)
         except NanfuzzError as exc:
             if not skip_unrunnable:

@@ -45,6 +45,11 @@ def _parser() -> argparse.ArgumentParser:
                    choices=("tail", "out-of-window", "null-block", "padding", "unreferenced"),
                    help="poison only this dead-slot class (repeatable): tail, out-of-window, null-block, padding, unreferenced")
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="campaigns at once on the device, one process each, sharing the examples (default 1)")
+    p.add_argument("--pool", type=int, metavar="N",
+                   help="specialisations per campaign for kernels that compile per shape (0: draw shapes freely; "
+                        "default: the kernel's own)")
 
     p = sub.add_parser("replay", help="re-run a repro; exit 1 while it still fails")
     common(p)
@@ -60,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up examples per kernel, not measured (default 5)")
     p.add_argument("--detect-examples", type=int, default=300, metavar="N",
                    help="a detection campaign gives up after N examples (default 300)")
+    p.add_argument("--detect", action="store_true",
+                   help="time to detect for every kernel benched, not only the known-bad built-ins")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="throughput of N campaigns at once on the device, one process each (default 1)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
     p = sub.add_parser("perf", help="is kernel A slower than baseline B on realistic decode and prefill shapes?")
@@ -133,6 +142,7 @@ def _focus(args):
 
 def _fuzz(args, device) -> int:
     from harness.fuzz import fuzz, progress_printer
+    from harness.parallel import fuzz_parallel
     from harness.picture import picture
     from harness.profiles import get_profile
     from harness.registry import builtin_kernels, resolve
@@ -140,6 +150,10 @@ def _fuzz(args, device) -> int:
 
     if args.max_examples is not None and args.max_examples < 1:
         raise NanfuzzError(f"--max-examples={args.max_examples} must be >= 1")
+    if args.jobs < 1:
+        raise NanfuzzError(f"--jobs={args.jobs} must be >= 1")
+    if args.pool is not None and args.pool < 0:
+        raise NanfuzzError(f"--pool={args.pool} must be >= 0")
     profile = get_profile(args.profile)
     focus = _focus(args)
     kernels = [resolve(args.kernel)] if args.kernel else list(builtin_kernels().values())
@@ -151,9 +165,13 @@ def _fuzz(args, device) -> int:
     all_good = True
     any_failure = False
     for kernel in kernels:
-        campaign = fuzz(kernel, device=device, max_examples=args.max_examples, seed=args.seed, profile=profile,
-                        focus=focus, time_budget=args.time_budget, shrink=not args.no_shrink,
-                        on_example=progress_printer())
+        options = dict(device=device, seed=args.seed, profile=profile, focus=focus, time_budget=args.time_budget,
+                       shrink=not args.no_shrink, pool_size=args.pool)
+        if args.jobs > 1:
+            campaign = fuzz_parallel(kernel, jobs=args.jobs, max_examples=args.max_examples or profile.max_examples,
+                                     **options)
+        else:
+            campaign = fuzz(kernel, max_examples=args.max_examples, on_example=progress_printer(), **options)
         verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
         paths = []
         if campaign.failed:
@@ -204,7 +222,7 @@ def _bench(args, device) -> int:
     from harness.registry import builtin_kernels, resolve
 
     for flag, value, least in (("--examples", args.examples, 1), ("--detect-examples", args.detect_examples, 1),
-                               ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0)):
+                               ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0), ("--jobs", args.jobs, 1)):
         if value < least:
             raise NanfuzzError(f"{flag}={value} must be >= {least}")
     kernels = [resolve(name) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
@@ -214,7 +232,8 @@ def _bench(args, device) -> int:
           f"known-bad kernel, {mode}; load average {started['load_average']}", flush=True)
     start = time.perf_counter()
     results = bench(kernels, device=device, examples=args.examples, seeds=args.seeds, warmup=args.warmup,
-                    detect_examples=args.detect_examples, skip_unrunnable=not args.kernel,
+                    detect_examples=args.detect_examples, skip_unrunnable=not args.kernel, jobs=args.jobs,
+                    detect_all=args.detect,
                     progress=lambda line: print(line, file=sys.stderr, flush=True))
     summary = report(results, device=device, examples=args.examples, seeds=args.seeds, started=started,
                      seconds=time.perf_counter() - start)

@@ -28,6 +28,7 @@ from harness.registry import Kernel
 from reference.case import Case
 from reference.errors import NanfuzzError
 from strategies import paged_cases
+from strategies.specialisations import specialisation_pool
 
 STATE_DIR = Path(os.environ.get("NANFUZZ_STATE_DIR", ".nanfuzz"))
 # The example database may live elsewhere (shared by several state folders).
@@ -44,6 +45,14 @@ class KernelFailed(Exception):
         super().__init__(outcome.summary)
         self.outcome = outcome
         self.case = case
+
+
+class _StopRequested(KeyboardInterrupt):
+    """Ends a campaign between examples when its caller asks (a sibling job found a failure).
+
+    A KeyboardInterrupt to Hypothesis, so that it stops without shrinking,
+    reporting or saving the unfinished example to the database.
+    """
 
 
 # One exception class per verdict: Hypothesis then shrinks a NONFINITE case
@@ -66,6 +75,8 @@ class Campaign:
     phase_times: dict[str, float] = field(default_factory=dict)
     repro_paths: list[str] = field(default_factory=list)
     recovered_crash: bool = False
+    stopped: bool = False  # ended early by should_stop
+    busy_seconds: float | None = None  # jobs' campaigns: the sum of their own elapsed times
 
     @property
     def failed(self) -> bool:
@@ -76,8 +87,8 @@ def safe_name(kernel_name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", kernel_name)
 
 
-def pending_path(kernel_name: str) -> Path:
-    return STATE_DIR / "pending" / f"{safe_name(kernel_name)}.json"
+def pending_path(kernel_name: str, state_dir: Path | None = None) -> Path:
+    return (state_dir or STATE_DIR) / "pending" / f"{safe_name(kernel_name)}.json"
 
 
 def _write_pending(path: Path, kernel_name: str, case: Case) -> None:
@@ -87,9 +98,9 @@ def _write_pending(path: Path, kernel_name: str, case: Case) -> None:
     os.replace(tmp, path)
 
 
-def recover_pending(kernel_name: str) -> Case | None:
+def recover_pending(kernel_name: str, state_dir: Path | None = None) -> Case | None:
     """A case left behind by a campaign whose process died mid-launch."""
-    path = pending_path(kernel_name)
+    path = pending_path(kernel_name, state_dir)
     if not path.exists():
         return None
     try:
@@ -123,8 +134,15 @@ def host_threads(device: str):
 def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None, seed: int | None = None,
          profile: Profile | str | None = None, focus: Focus = Focus(), time_budget: float | None = None,
          shrink: bool = True, use_database: bool | None = None,
-         on_example: Callable[[Campaign], None] | None = None) -> Campaign:
-    """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job)."""
+         on_example: Callable[[Campaign], None] | None = None,
+         should_stop: Callable[[], bool] | None = None, pool_size: int | None = None) -> Campaign:
+    """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
+
+    ``should_stop`` is asked before each example while no failure is found;
+    True ends the campaign there, as a pass over the examples run so far.
+    ``pool_size`` overrides the kernel's ``specialisation_pool`` (0: none); the
+    pool is drawn from ``seed``, so a seed fixes the geometries it covers.
+    """
     profile = get_profile(profile) if not isinstance(profile, Profile) else profile
     interpreter = device == "cpu"
     caps = focus.apply(kernel.capabilities, kernel.name)
@@ -149,8 +167,10 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
         return campaign
 
     def run_case(case: Case) -> None:
+        if should_stop is not None and campaign.time_to_first_failure is None and should_stop():
+            raise _StopRequested()
         _write_pending(pending, kernel.name, case)
-        outcome = check(kernel, case, device, interpreter=interpreter)
+        outcome = check(kernel, case, device, interpreter=interpreter, digest_pass=False)
         campaign.examples += 1
         campaign.verdicts[outcome.verdict.value] = campaign.verdicts.get(outcome.verdict.value, 0) + 1
         for phase, seconds in outcome.timings.items():
@@ -163,7 +183,10 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
         if outcome.failed:
             raise _FAILURE_TYPES[outcome.verdict](outcome, case)
 
-    strategy = paged_cases(caps, interpreter=interpreter, poison_classes=focus.poison_classes)
+    pool_size = caps.specialisation_pool if pool_size is None else pool_size
+    # Under the interpreter nothing compiles, so cases draw their shapes freely.
+    pool = specialisation_pool(caps, pool_size, seed or 0) if pool_size and not interpreter else None
+    strategy = paged_cases(caps, interpreter=interpreter, poison_classes=focus.poison_classes, pool=pool)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
     database = DirectoryBasedExampleDatabase(EXAMPLES_DIR or str(STATE_DIR / "examples")) if use_database else None
     remaining = max_examples
@@ -182,7 +205,8 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
                 size = max(1, min(remaining, _CHUNK, fit))
             property_ = given(case=strategy)(lambda case: run_case(case))
             property_.hypothesis.inner_test._hypothesis_internal_add_digest = (
-                f"nanfuzz:{kernel.name}:{device}:{focus.label()}".encode())
+                f"nanfuzz:{kernel.name}:{device}:{focus.label()}"
+                + (f":pool{len(pool)}/{seed or 0}" if pool else "")).encode()
             if seed is not None or chunk_index:
                 property_ = hypothesis_seed((seed or 0) * 1_000_003 + chunk_index)(property_)
             # settings after @seed: @seed alone would switch the example database off
@@ -197,6 +221,9 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
             except KernelFailed as failure:
                 campaign.failure = failure.outcome
                 campaign.failing_case = failure.case
+                break
+            except _StopRequested:
+                campaign.stopped = True
                 break
             remaining -= max(1, campaign.examples - before)
             chunk_index += 1

@@ -9,7 +9,7 @@ Built-in kernel modules are imported lazily, so the caller can decide on
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -32,6 +32,11 @@ class Kernel:
     expect: str = "pass"           # built-ins: "pass" (fixed) or "caught" (old, buggy)
     summary: str = ""
     prepare: PrepareFn | None = None  # None: a launch is ``run(batch, out)`` (see harness.perf)
+    spec: str = ""                 # what resolve() was given, so another process can resolve it again
+
+    @property
+    def resolvable(self) -> str:
+        return self.spec or self.name
 
     def __call__(self, batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
         result = self.run(batch, out)
@@ -53,6 +58,11 @@ def builtin_kernels() -> dict[str, Kernel]:
 
 def resolve(name: str) -> Kernel:
     """Turn a kernel name from the command line or a repro into a Kernel."""
+    kernel = _resolve(name)
+    return kernel if kernel.spec else replace(kernel, spec=name)
+
+
+def _resolve(name: str) -> Kernel:
     if name.startswith("vllm:"):
         from harness.adapters import vllm as vllm_adapters
 

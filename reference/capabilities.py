@@ -27,6 +27,10 @@ class Capabilities:
     # dtypes the Triton interpreter cannot run for this kernel (no bf16 arithmetic there)
     interpreter_dtypes: tuple[str, ...] = ("float16", "float32")
     notes: str = ""
+    # Kernels that compile one program per window width, head count, head and
+    # block size fuzz a pool of this many such combinations per campaign on
+    # the GPU (see strategies.specialisations); None = draw them freely.
+    specialisation_pool: int | None = None
 
     @property
     def decode_only(self) -> bool:

@@ -11,6 +11,7 @@ from reference.semantics import live_key_range
 from strategies.batches import causal_flags, sequence_lengths, windows
 from strategies.geometry import shapes
 from strategies.poison import poisons
+from strategies.specialisations import Specialisation
 from strategies.tables import block_tables
 
 
@@ -32,26 +33,33 @@ GPU_SIZE = Size()
 @st.composite
 def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
                 interpreter: bool = False, size: Size | None = None,
-                poison_classes: tuple[str, ...] | None = None) -> Case:
+                poison_classes: tuple[str, ...] | None = None,
+                pool: tuple[Specialisation, ...] | None = None) -> Case:
     """A valid, poisoned paged-attention batch that ``capabilities`` accepts.
 
     Shrinks toward one decode sequence of one key, one KV head, the smallest
     head size, no window, and NaN in V of a single dead slot.  ``poison_classes``
     aims the poison at some dead-slot classes only (see ``strategies.poison``).
+    ``pool`` fixes the compile-time part (shape, causality, window, sinks) to
+    one of its entries (see ``strategies.specialisations``).
     """
     caps = capabilities
     size = size or (INTERPRETER_SIZE if interpreter else GPU_SIZE)
-    shape = draw(shapes(caps, interpreter=interpreter, max_kv_heads=size.max_kv_heads))
+    fixed = draw(st.sampled_from(pool)) if pool else None
+    shape = fixed.shape if fixed else draw(shapes(caps, interpreter=interpreter, max_kv_heads=size.max_kv_heads))
     bs = shape.block_size
     max_len = size.max_blocks_per_sequence * bs
     # The first sequence has a query, so every batch has at least one output row.
     first = draw(sequence_lengths(caps, max_len, size.max_query_len, padding=False))
     lengths = [first] + draw(st.lists(sequence_lengths(caps, max_len, size.max_query_len),
                                       max_size=size.max_sequences - 1))
-    causal = draw(causal_flags(caps))
-    longest = max(x.seq_len for x in lengths)
-    window = draw(windows(caps, longest, bs, causal))
-    sinks = draw(st.booleans()) if caps.sinks else False
+    if fixed:
+        causal, window, sinks = fixed.causal, fixed.window, fixed.sinks
+    else:
+        causal = draw(causal_flags(caps))
+        longest = max(x.seq_len for x in lengths)
+        window = draw(windows(caps, longest, bs, causal))
+        sinks = draw(st.booleans()) if caps.sinks else False
 
     # Placeholder tables fix the live ranges; the real tables depend on them.
     placeholder = Case(

@@ -52,6 +52,19 @@ def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_
     assert all(run["verdict"] != "PASS" for run in detection["runs"])
 
 
+def test_bench_with_jobs_measures_campaigns_side_by_side(tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--device", "cpu", "--kernel", "tests.torch_kernels:correct", "--kernel", "tests.torch_kernels:mask_multiply",
+            "--jobs", "2", "--examples", "12", "--warmup", "2", "--seeds", "1", "--detect", "--json", str(out)]
+    assert main(argv) == 0
+    by_name = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
+    t = by_name["torch@correct"]["throughput"]
+    assert t["examples"] == 12 and t["campaigns"] == 2 and t["busy_seconds"] >= t["seconds"] * 0.5
+    assert sum(t["share"].values()) == pytest.approx(1.0, rel=1e-6)
+    assert by_name["torch@correct"]["detection"]["caught"] == 0  # --detect: measured, and nothing to find
+    assert by_name["torch@mask-multiply"]["detection"]["caught"] == 1
+
+
 def _perf(tmp_path, device, kernel, baseline, *extra):
     out = tmp_path / "perf.json"
     code = main(["perf", "--device", device, "--kernel", kernel, "--baseline", baseline, "--shape", "decode",

@@ -29,6 +29,16 @@ def test_unknown_kernel(capsys):
     assert "unknown kernel 'paged_decode@foo'; known:" in err and "paged_decode@masked" in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["fuzz", "--kernel", "paged_decode@masked", "--jobs", "0"], "--jobs=0 must be >= 1"),
+    (["fuzz", "--kernel", "paged_decode@masked", "--pool", "-1"], "--pool=-1 must be >= 0"),
+    (["fuzz", "--kernel", "paged_decode@masked", "--jobs", "4", "--max-examples", "2"], "cannot be shared by 4 jobs"),
+    (["bench", "--kernel", "paged_decode@masked", "--jobs", "0"], "--jobs=0 must be >= 1"),
+])
+def test_bad_job_and_pool_options(capsys, argv, message):
+    assert message in _one_line_error(capsys, [*argv, "--device", "cpu"])
+
+
 def test_unimportable_user_kernel(capsys):
     assert "cannot import module 'no_such_pkg.mod'" in _one_line_error(capsys, ["fuzz", "--kernel", "no_such_pkg.mod:run"])
 

@@ -64,3 +64,24 @@ def attention(batch, out, *, bug: str | None = None):
 def torch_kernel(bug: str | None = None) -> Kernel:
     return Kernel(name=f"torch@{bug or 'correct'}", run=lambda b, o: attention(b, o, bug=bug), capabilities=CAPS,
                   expect="caught" if bug else "pass")
+
+
+# Factories a job process can resolve by name ("tests.torch_kernels:mask_multiply").
+def correct() -> Kernel:
+    return torch_kernel()
+
+
+def mask_multiply() -> Kernel:
+    return torch_kernel("mask-multiply")
+
+
+def _die_on_windows(batch, out):
+    import os
+
+    if batch.case.sliding_window:
+        os._exit(70)  # as a GPU fault would end the process
+    return attention(batch, out)
+
+
+def dies_on_windows() -> Kernel:
+    return Kernel(name="torch@dies-on-windows", run=_die_on_windows, capabilities=CAPS, expect="caught")

@@ -45,6 +45,10 @@ UNIFIED_PATHS = ("2d", "3d")
 # Both backends take any multiple of 16 (MultipleOf(16)); 48 stands for the
 # non-power-of-two sizes of hybrid models, which ROCM_ATTN tiles by 32.
 BLOCK_SIZES = (16, 32, 64, 48)
+# Both compile per window width, head count, head and block size, causality
+# and sinks (all tl.constexpr): a GPU campaign covers this many of those
+# combinations (see strategies.specialisations), so its compiles are reused.
+POOL = 16
 # unified_attention's split-K segment count in the TRITON_ATTN backend.
 SOFTMAX_SEGMENTS = 16
 
@@ -61,6 +65,7 @@ ROCM_ATTN_CAPABILITIES = Capabilities(
     # kernel; its paged path windows only keys before the query (p - k < W).
     non_causal_window=False,
     sinks=True,  # the Triton kernels take sinks; only ROCm's HIP kernel does not
+    specialisation_pool=POOL,
     notes="vLLM ROCM_ATTN Triton path (chunked_prefill_paged_decode); fp32 dots use TF32 on NVIDIA GPUs",
 )
 
@@ -124,6 +129,7 @@ TRITON_ATTN_CAPABILITIES = Capabilities(
     non_causal=True,
     sliding_window=True,
     sinks=True,
+    specialisation_pool=POOL,
     notes="vLLM TRITON_ATTN unified_attention, 2D and 3D (split-K) paths by data_seed parity; "
           "fp32 dots use TF32 on NVIDIA GPUs",
 )

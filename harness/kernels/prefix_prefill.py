@@ -29,6 +29,7 @@ one kernel per dtype x padded head size x variant (``specialisation``).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -46,6 +47,7 @@ BLOCK_N = 32
 # Rows (token x group head) per program, one size for every batch so that the
 # tile is never a new compile; it must hold a whole GQA group (``dot_rows``).
 BLOCK_M = 32
+BLOCK_M_INTERPRETED = 128
 
 
 @triton.jit
@@ -218,10 +220,16 @@ def _prefix_prefill_fwd(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
+def _query_tile() -> int:
+    # Triton's interpreter runs every program in Python: there, fewer, taller
+    # query tiles cost far less, and key tiles (where the masks live) stay as they are.
+    return BLOCK_M_INTERPRETED if os.environ.get("TRITON_INTERPRET") == "1" else BLOCK_M
+
+
 def _constexprs(geometry: Geometry) -> dict[str, int]:
     """The kernel's constexprs for a batch of ``geometry``, bar the variant switch."""
     # GQA groups above BLOCK_M (none within CAPABILITIES) get a larger tile
-    return dict(BLOCK_M=max(BLOCK_M, dot_rows(geometry.queries_per_kv)), BLOCK_N=BLOCK_N,
+    return dict(BLOCK_M=max(_query_tile(), dot_rows(geometry.queries_per_kv)), BLOCK_N=BLOCK_N,
                 D_PAD=dot_rows(geometry.head_size))
 
 

@@ -30,6 +30,7 @@ dummy tensor when absent), and no integer argument is specialised on being
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -46,6 +47,7 @@ TILE_SIZE = 32
 # Rows per program for batches with prefill; decode-only batches use one
 # query per program and the fewest rows tl.dot accepts.
 PREFILL_ROWS = 64
+PREFILL_ROWS_INTERPRETED = 256
 DECODE_ROWS = MIN_DOT_SIZE
 
 
@@ -221,9 +223,15 @@ def _unified_attention(
              out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
+def _prefill_rows() -> int:
+    # Triton's interpreter runs every program in Python: there, fewer, taller
+    # query tiles cost far less, and key tiles (where the masks live) stay as they are.
+    return PREFILL_ROWS_INTERPRETED if os.environ.get("TRITON_INTERPRET") == "1" else PREFILL_ROWS
+
+
 def _rows(case: Case) -> int:
     """BLOCK_M: one fixed row count for decode-only batches, one for batches with prefill."""
-    rows = DECODE_ROWS if case.max_query_len <= 1 else PREFILL_ROWS
+    rows = DECODE_ROWS if case.max_query_len <= 1 else _prefill_rows()
     return max(rows, dot_rows(case.geometry.queries_per_kv))
 
 

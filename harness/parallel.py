@@ -1,0 +1,192 @@
+"""Several campaigns against one kernel at once, one process each, on one device.
+
+A campaign spends most of its time in Python (Hypothesis, building the case,
+the verdict) while the GPU idles, so ``jobs`` processes sharing the device
+run that many times the examples.  Job ``i`` fuzzes with seed ``base + i``
+(its own draws and, for kernels that compile per shape, its own pool), keeps
+its pending-case file in ``<state>/jobs/<i>`` and shares the example
+database.  The first job to fail asks the others to stop and shrinks; the
+merged campaign reports its failure, the examples of all jobs, and times
+measured from the start of the whole run.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import random
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import harness.fuzz as fuzz_module
+from harness.check import Outcome, Verdict
+from harness.fuzz import Campaign
+from harness.registry import Kernel
+from reference.errors import NanfuzzError
+
+_WARMUP_SEED = 1_000_003
+_READY_TIMEOUT = 600.0
+
+def _run_job(index: int, kernel_spec: str, device: str, state_dir: str, examples_dir: str, options: dict,
+             warmup: int, stop_event, results, ready) -> None:
+    """A job process: one campaign, after ``warmup`` unmeasured examples and
+    a wait at ``ready`` until every job has warmed up (so the measured
+    campaigns run side by side).
+
+    Puts ``(index, campaign, (started, ended))`` or ``(index, error, None)``.
+    """
+    fuzz_module.STATE_DIR = Path(state_dir)
+    fuzz_module.EXAMPLES_DIR = examples_dir
+
+    def note_failure(campaign: Campaign) -> None:
+        if campaign.time_to_first_failure is not None:
+            stop_event.set()
+
+    try:
+        from harness.registry import resolve
+
+        kernel = resolve(kernel_spec)
+        if warmup:
+            fuzz_module.fuzz(kernel, device=device, max_examples=warmup, seed=options["seed"] + _WARMUP_SEED,
+                             profile=options["profile"], shrink=False, use_database=False)
+            try:
+                ready.wait(timeout=_READY_TIMEOUT)
+            except threading.BrokenBarrierError:
+                pass  # a job died or took too long warming up: start anyway
+        started = time.time()
+        campaign = fuzz_module.fuzz(kernel, device=device, on_example=note_failure,
+                                    should_stop=stop_event.is_set, **options)
+    except NanfuzzError as exc:
+        stop_event.set()
+        results.put((index, str(exc), None))
+        return
+    results.put((index, campaign, (started, time.time())))
+
+
+def split(total: int, jobs: int) -> list[int]:
+    """``total`` examples over ``jobs`` jobs, the first ones taking the remainder."""
+    return [total // jobs + (1 if i < total % jobs else 0) for i in range(jobs)]
+
+
+def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_examples: int, seed: int | None = None,
+                  profile=None, focus=None, time_budget: float | None = None, shrink: bool = True,
+                  use_database: bool | None = None, pool_size: int | None = None, warmup: int = 0) -> Campaign:
+    """One campaign of ``max_examples`` spread over ``jobs`` processes; see the module notes.
+
+    ``warmup``: each job first runs that many unmeasured examples (its
+    compiles, imports, caches); the campaign's times then run from the
+    earliest measured start to the last job's end.
+    """
+    kernel_name = kernel.name
+    if jobs < 1:
+        raise NanfuzzError(f"--jobs={jobs} must be >= 1")
+    if max_examples < jobs:
+        raise NanfuzzError(f"{max_examples} examples cannot be shared by {jobs} jobs; use fewer jobs")
+    from harness.profiles import get_profile
+
+    profile = get_profile(profile) if profile is None or isinstance(profile, str) else profile
+    if seed is None:
+        seed = 0 if profile.derandomize else random.randrange(2**30)
+    state = fuzz_module.STATE_DIR
+    examples_dir = fuzz_module.EXAMPLES_DIR or str((state / "examples").absolute())
+    job_dirs = [state / "jobs" / str(i) for i in range(jobs)]
+    leftover = _leftover_crash(kernel_name, [state, *sorted((state / "jobs").glob("*"))])
+    if leftover is not None:
+        return leftover
+    for d in job_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    common = dict(profile=profile, time_budget=time_budget, shrink=shrink, use_database=use_database,
+                  pool_size=pool_size, **({"focus": focus} if focus is not None else {}))
+    # spawn, not fork: a forked child of a process that used CUDA cannot use it
+    context = multiprocessing.get_context("spawn")
+    stop_event, results, ready = context.Event(), context.Queue(), context.Barrier(jobs)
+    start = time.time()
+    processes = [context.Process(target=_run_job, daemon=True,
+                                 args=(i, kernel.resolvable, device, str(d.absolute()), examples_dir,
+                                       dict(common, max_examples=n, seed=seed + i), warmup, stop_event, results, ready))
+                 for i, (d, n) in enumerate(zip(job_dirs, split(max_examples, jobs)))]
+    for p in processes:
+        p.start()
+    done: dict[int, tuple] = {}
+    died: list[int] = []
+    try:
+        while len(done) + len(died) < jobs:
+            try:
+                index, payload, started = results.get(timeout=0.5)
+                done[index] = (payload, started)
+                continue
+            except queue.Empty:
+                pass
+            for i, p in enumerate(processes):
+                # a job that exits without a result died (a kernel that kills its process)
+                if i not in done and i not in died and p.exitcode is not None and results.empty():
+                    died.append(i)
+                    stop_event.set()
+    finally:
+        for p in processes:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    errors = [payload for payload, started in done.values() if isinstance(payload, str)]
+    if errors and not died:
+        raise NanfuzzError(errors[0])
+    finished = [v for v in done.values() if isinstance(v[0], Campaign)]
+    measured_from = min((span[0] for _, span in finished), default=start) if warmup else start
+    merged = _merge(kernel_name, device, finished, measured_from)
+    if died:
+        _recover_crash(merged, kernel_name, [job_dirs[i] for i in died])
+    for d in job_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    merged.elapsed = max((span[1] for _, span in finished), default=time.time()) - measured_from
+    return merged
+
+
+def _merge(kernel_name: str, device: str, results: list[tuple[Campaign, tuple[float, float]]],
+           start: float) -> Campaign:
+    merged = Campaign(kernel=kernel_name, device=device, busy_seconds=0.0)
+    first_failure_at = None
+    for campaign, (started, _) in results:
+        merged.busy_seconds += campaign.elapsed
+        merged.examples += campaign.examples
+        for verdict, n in campaign.verdicts.items():
+            merged.verdicts[verdict] = merged.verdicts.get(verdict, 0) + n
+        for phase, seconds in campaign.phase_times.items():
+            merged.phase_times[phase] = merged.phase_times.get(phase, 0.0) + seconds
+        if campaign.failed:
+            found_at = started - start + (campaign.time_to_first_failure or 0.0)
+            if first_failure_at is None or found_at < first_failure_at:
+                first_failure_at = found_at
+                merged.failure, merged.failing_case = campaign.failure, campaign.failing_case
+                merged.time_to_first_failure = found_at if campaign.time_to_first_failure is not None else None
+                merged.shrink_time = campaign.shrink_time
+                merged.recovered_crash = campaign.recovered_crash
+                merged.examples_to_first_failure = campaign.examples_to_first_failure  # in the job that found it
+    return merged
+
+
+def _leftover_crash(kernel_name: str, state_dirs: list[Path]) -> Campaign | None:
+    """A case an earlier campaign's process died on, from any of its state folders."""
+    for d in state_dirs:
+        case = fuzz_module.recover_pending(kernel_name, d)
+        if case is not None:
+            fuzz_module.pending_path(kernel_name, d).unlink()
+            campaign = Campaign(kernel=kernel_name, device="", failing_case=case, recovered_crash=True)
+            campaign.failure = Outcome(Verdict.CRASH, "CRASH: a previous campaign's process died while running this case",
+                                       {"error": "process died during the launch (found in a pending-case file)"})
+            return campaign
+    return None
+
+
+def _recover_crash(merged: Campaign, kernel_name: str, job_dirs: list[Path]) -> None:
+    """A job process died: its pending case is the crash, which outranks any other failure."""
+    for d in job_dirs:
+        case = fuzz_module.recover_pending(kernel_name, d)
+        if case is not None:
+            merged.failure = Outcome(Verdict.CRASH, "CRASH: a job process died while running this case",
+                                     {"error": "process died during the launch (found in the job's pending-case file)"})
+            merged.failing_case = case
+            merged.recovered_crash = True
+            return
+    raise NanfuzzError(f"kernel {kernel_name}: a job process died outside a kernel launch; "
+                       "run with --jobs 1 to see why")

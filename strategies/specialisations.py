@@ -1,0 +1,84 @@
+"""A campaign's pool of kernel specialisations, for kernels that compile per shape.
+
+vLLM's kernels take the window width, the head counts, the head and block
+sizes, causality and sinks as ``tl.constexpr``: each new combination is a
+new compile (seconds on a GPU), and free draws make nearly every example a
+new combination.  Such a kernel declares ``Capabilities.specialisation_pool``;
+its campaigns then draw each case's compile-time part from a fixed pool of
+that many combinations and vary everything else (lengths, block tables,
+poison, data) freely, so compiles are paid once per pool entry, and a
+Triton cache kept between runs (the gate carries one) is hit.
+
+The pool is a pure function of the capabilities, its size and a seed, so a
+campaign with the same seed meets the same pool (and the same cached
+compiles); another seed rotates the geometries covered.  Entries are sorted
+simplest first, so shrinking moves toward the simplest one that still fails.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from reference.capabilities import Capabilities
+from strategies.geometry import Shape
+
+# Widths for pool entries: one key, block-edge neighbours of 16/32/64 and a
+# few that end inside blocks of every size; past the longest sequence a width
+# acts as no window, which is a case worth meeting too.
+WINDOW_MENU = (1, 2, 3, 7, 16, 17, 33, 63, 100, 129, 300)
+
+
+@dataclass(frozen=True)
+class Specialisation:
+    """The compile-time part of a case."""
+
+    shape: Shape
+    causal: bool
+    window: int  # 0 = none
+    sinks: bool
+
+    def complexity(self, caps: Capabilities) -> tuple:
+        s = self.shape
+        order = caps.dtypes.index(s.dtype), caps.block_sizes.index(s.block_size)
+        return (s.num_kv_heads, s.num_q_heads, s.head_size, *order,
+                self.window != 0, not self.causal, self.sinks, self.window)
+
+
+def _modes(caps: Capabilities) -> list[bool]:
+    return [flag for flag, ok in ((True, caps.causal), (False, caps.non_causal)) if ok]
+
+
+def _windowed(caps: Capabilities, causal: bool) -> bool:
+    return caps.sliding_window and (causal or caps.non_causal_window)
+
+
+def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter: bool = False,
+                        max_kv_heads: int = 4) -> tuple[Specialisation, ...]:
+    """``size`` distinct specialisations ``caps`` accepts (more if the fixed ones need it), simplest first.
+
+    Always holds the simplest one of each mode (causal, non-causal) with and
+    without a one-key window, so every campaign meets each mode and shrinks
+    to the smallest repro of its kind.
+    """
+    if size < 1:
+        raise ValueError(f"a specialisation pool needs at least one entry, not {size}")
+    rng = random.Random(f"nanfuzz-pool:{seed}")
+    dtypes = [d for d in caps.dtypes if not interpreter or d in caps.interpreter_dtypes]
+    kv_cap = min(max_kv_heads, caps.max_q_heads)
+    smallest = Shape(dtypes[0], 1, 1, min(caps.head_sizes), caps.block_sizes[0])
+    pool: dict[Specialisation, None] = {}
+    for causal in _modes(caps):
+        pool[Specialisation(smallest, causal, 0, False)] = None
+        if _windowed(caps, causal):
+            pool[Specialisation(smallest, causal, 1, False)] = None
+    for _ in range(50 * size):
+        if len(pool) >= size:
+            break
+        kv = rng.randint(1, kv_cap)
+        shape = Shape(rng.choice(dtypes), kv * rng.randint(1, caps.max_q_heads // kv), kv,
+                      rng.choice(caps.head_sizes), rng.choice(caps.block_sizes))
+        causal = rng.choice(_modes(caps))
+        window = rng.choice(WINDOW_MENU) if _windowed(caps, causal) and rng.random() < 0.6 else 0
+        sinks = caps.sinks and rng.random() < 0.5
+        pool[Specialisation(shape, causal, window, sinks)] = None
+    return tuple(sorted(pool, key=lambda s: s.complexity(caps)))

@@ -1,0 +1,68 @@
+"""Several job processes on one campaign: work shared, first failure kept, dead jobs recovered."""
+import json
+
+import pytest
+
+from harness import fuzz as fuzz_module
+from harness.check import Verdict
+from harness.fuzz import pending_path
+from harness.parallel import fuzz_parallel, split
+from harness.registry import resolve
+from reference.case import Case, Geometry, Sequence
+
+
+@pytest.fixture(autouse=True)
+def private_state(tmp_path, monkeypatch):
+    monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")
+    monkeypatch.setattr(fuzz_module, "EXAMPLES_DIR", None)
+
+
+def test_examples_are_split_over_jobs():
+    assert split(10, 3) == [4, 3, 3]
+    assert sum(split(1000, 7)) == 1000
+
+
+def test_two_jobs_share_a_passing_campaign_and_its_database(tmp_path):
+    campaign = fuzz_parallel(resolve("tests.torch_kernels:correct"), jobs=2, device="cpu", max_examples=30, seed=5)
+    assert not campaign.failed
+    assert campaign.examples == 30 and campaign.verdicts == {"PASS": 30}
+    assert campaign.busy_seconds > 0 and set(campaign.phase_times) >= {"kernel", "oracle"}
+    assert not (tmp_path / "state" / "jobs" / "0").exists()
+
+
+def test_the_first_failure_stops_the_other_job_and_is_shrunk(tmp_path):
+    campaign = fuzz_parallel(resolve("tests.torch_kernels:mask_multiply"), jobs=2, device="cpu",
+                             max_examples=400, seed=0, profile="dev")
+    assert campaign.failed and campaign.failure.verdict is Verdict.NONFINITE
+    assert campaign.examples < 400, "the job without the failure should have stopped early"
+    assert campaign.time_to_first_failure is not None and campaign.shrink_time is not None
+    assert len(campaign.failing_case.sequences) == 1
+    assert any((tmp_path / "state" / "examples").rglob("*")), "the shrunk failure goes to the shared database"
+
+
+def test_a_job_killed_by_its_kernel_leaves_its_case_as_a_crash():
+    campaign = fuzz_parallel(resolve("tests.torch_kernels:dies_on_windows"), jobs=2, device="cpu",
+                             max_examples=200, seed=0, use_database=False)
+    assert campaign.failed and campaign.failure.verdict is Verdict.CRASH and campaign.recovered_crash
+    assert campaign.failing_case.sliding_window > 0
+
+
+def test_a_case_left_in_a_job_folder_is_reported_before_anything_runs(tmp_path):
+    case = Case(Geometry(1, 1, 32, 16, 2, "float32"), (Sequence(1, 3, (1,)),)).validate()
+    kernel = resolve("tests.torch_kernels:correct")
+    path = pending_path(kernel.name, tmp_path / "state" / "jobs" / "3")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"kernel": kernel.name, "case": case.to_dict()}))
+    campaign = fuzz_parallel(kernel, jobs=2, device="cpu", max_examples=10)
+    assert campaign.recovered_crash and campaign.failing_case == case and campaign.examples == 0
+    assert not path.exists()
+
+
+def test_bad_job_counts_are_refused():
+    from reference.errors import NanfuzzError
+
+    kernel = resolve("tests.torch_kernels:correct")
+    with pytest.raises(NanfuzzError, match="jobs"):
+        fuzz_parallel(kernel, jobs=0, device="cpu", max_examples=10)
+    with pytest.raises(NanfuzzError, match="cannot be shared"):
+        fuzz_parallel(kernel, jobs=4, device="cpu", max_examples=3)

@@ -1,0 +1,43 @@
+"""The specialisation pool: bounded, reproducible, simplest first, and all cases drawn inside it."""
+from hypothesis import given, settings
+
+from reference.capabilities import Capabilities
+from strategies.cases import paged_cases
+from strategies.geometry import Shape
+from strategies.specialisations import Specialisation, specialisation_pool
+
+CAPS = Capabilities(non_causal=True, non_causal_window=False, sinks=True, block_sizes=(16, 32, 64, 48))
+POOL = specialisation_pool(CAPS, 12, seed=3)
+
+
+def test_the_pool_is_a_function_of_its_seed():
+    assert specialisation_pool(CAPS, 12, seed=3) == POOL
+    assert specialisation_pool(CAPS, 12, seed=4) != POOL
+    assert len(POOL) == 12 and len(set(POOL)) == 12
+
+
+def test_the_pool_starts_with_the_simplest_of_each_mode():
+    smallest = Shape("float16", 1, 1, 32, 16)
+    assert POOL[0] == Specialisation(smallest, True, 0, False)
+    assert Specialisation(smallest, True, 1, False) in POOL
+    assert Specialisation(smallest, False, 0, False) in POOL
+    keys = [s.complexity(CAPS) for s in POOL]
+    assert keys == sorted(keys)
+
+
+def test_the_pool_respects_the_capabilities():
+    assert not any(s.window and not s.causal for s in POOL), "this kernel has no non-causal window"
+    for s in specialisation_pool(CAPS.restrict(sliding_window=False, sinks=False), 20, seed=1):
+        assert s.window == 0 and not s.sinks
+    interp = specialisation_pool(CAPS, 20, seed=1, interpreter=True)
+    assert {s.shape.dtype for s in interp} <= set(CAPS.interpreter_dtypes)
+
+
+@settings(max_examples=150, deadline=None)
+@given(paged_cases(CAPS, pool=POOL))
+def test_cases_take_their_compile_time_part_from_the_pool(case):
+    g = case.geometry
+    drawn = Specialisation(Shape(g.dtype, g.num_q_heads, g.num_kv_heads, g.head_size, g.block_size),
+                           case.causal, case.sliding_window, case.sinks)
+    assert drawn in POOL
+    assert CAPS.unsupported(case) is None
