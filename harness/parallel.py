@@ -28,6 +28,7 @@ from reference.errors import NanfuzzError
 _WARMUP_SEED = 1_000_003
 _READY_TIMEOUT = 600.0
 
+
 def _run_job(index: int, kernel_spec: str, device: str, state_dir: str, examples_dir: str, options: dict,
              warmup: int, stop_event, results, ready) -> None:
     """A job process: one campaign, after ``warmup`` unmeasured examples and
@@ -123,6 +124,7 @@ def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_example
                 if i not in done and i not in died and p.exitcode is not None and results.empty():
                     died.append(i)
                     stop_event.set()
+                    ready.abort()  # jobs still warming up must not wait for it
     finally:
         for p in processes:
             p.join(timeout=60)

@@ -66,3 +66,10 @@ def test_bad_job_counts_are_refused():
         fuzz_parallel(kernel, jobs=0, device="cpu", max_examples=10)
     with pytest.raises(NanfuzzError, match="cannot be shared"):
         fuzz_parallel(kernel, jobs=4, device="cpu", max_examples=3)
+
+
+def test_a_job_dying_in_its_warm_up_does_not_hold_the_others_at_the_start():
+    campaign = fuzz_parallel(resolve("tests.torch_kernels:dies_on_windows"), jobs=2, device="cpu",
+                             max_examples=40, seed=0, use_database=False, warmup=30)
+    assert campaign.failed and campaign.failure.verdict is Verdict.CRASH
+    assert campaign.elapsed < 120
