@@ -60,12 +60,15 @@ def visible_ids(env: dict[str, str], count: int, rocm: bool) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def gpu_workers(ids: list[str], limit: int | None, platform: str) -> Workers:
+def gpu_workers(ids: list[str], limit: int | None, platform: str, per_gpu: int = 1) -> Workers:
+    """``per_gpu`` workers pinned to each GPU: a campaign is mostly Python while
+    its GPU idles, so several per GPU multiply the examples per second."""
     if limit is not None:
         ids = ids[:limit]
-    slots = tuple(Slot(f"gpu{i}", {"HIP_VISIBLE_DEVICES": gid, "CUDA_VISIBLE_DEVICES": gid})
-                  for i, gid in enumerate(ids))
-    return Workers("cuda", slots, f"{len(slots)} GPU worker(s) ({platform}; GPU ids {', '.join(ids)})")
+    slots = tuple(Slot(f"gpu{i}" if per_gpu == 1 else f"gpu{i}-{j}", {"HIP_VISIBLE_DEVICES": gid, "CUDA_VISIBLE_DEVICES": gid})
+                  for i, gid in enumerate(ids) for j in range(per_gpu))
+    each = "" if per_gpu == 1 else f", {per_gpu} per GPU"
+    return Workers("cuda", slots, f"{len(slots)} GPU worker(s) ({platform}; GPU ids {', '.join(ids)}{each})")
 
 
 def smi_gpu_count() -> tuple[int, str]:
@@ -86,11 +89,14 @@ def smi_gpu_count() -> tuple[int, str]:
     return 0, ""
 
 
-def detect(device: str, workers: int | None, env: dict[str, str] | None = None) -> Workers:
-    """Workers for ``device`` ("auto", "cuda" or "cpu"); ``workers`` caps or sets their number."""
+def detect(device: str, workers: int | None, env: dict[str, str] | None = None, per_gpu: int = 1) -> Workers:
+    """Workers for ``device`` ("auto", "cuda" or "cpu"); ``workers`` caps or sets their number
+    (GPU: the number of GPUs used, each running ``per_gpu`` workers)."""
     env = dict(os.environ if env is None else env)
     if workers is not None and workers < 1:
         raise NanfuzzError(f"--workers={workers} must be >= 1")
+    if per_gpu < 1:
+        raise NanfuzzError(f"--workers-per-gpu={per_gpu} must be >= 1")
     if device == "cpu" or (device == "auto" and env.get("TRITON_INTERPRET") == "1"):
         return cpu_workers(workers)
     if env.get("TRITON_INTERPRET") == "1":
@@ -111,4 +117,4 @@ def detect(device: str, workers: int | None, env: dict[str, str] | None = None) 
     rocm = bool(getattr(torch.version, "hip", None))
     platform = f"ROCm {torch.version.hip}" if rocm else f"CUDA {torch.version.cuda}"
     # No device query beyond the count here: the gate's own process stays off the GPUs.
-    return gpu_workers(visible_ids(env, count, rocm), workers, platform)
+    return gpu_workers(visible_ids(env, count, rocm), workers, platform, per_gpu)

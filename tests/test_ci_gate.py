@@ -203,6 +203,16 @@ def test_gpu_ids_come_from_the_runner_s_visibility_variables():
     assert [s.name for s in devices.detect("auto", 3, env={"TRITON_INTERPRET": "1"}).slots] == ["cpu0", "cpu1", "cpu2"]
 
 
+def test_several_workers_share_a_gpu_when_asked():
+    devices = _load("gate_devices")
+    workers = devices.gpu_workers(["4", "5"], None, "ROCm 7.0", per_gpu=2)
+    assert [s.name for s in workers.slots] == ["gpu0-0", "gpu0-1", "gpu1-0", "gpu1-1"]
+    assert [s.env["HIP_VISIBLE_DEVICES"] for s in workers.slots] == ["4", "4", "5", "5"]
+    assert "2 per GPU" in workers.description
+    with pytest.raises(devices.NanfuzzError, match="workers-per-gpu"):
+        devices.detect("cuda", None, env={}, per_gpu=0)
+
+
 def test_each_gpu_worker_is_pinned_to_its_gpu_through_its_environment(tmp_path):
     import execnet
 

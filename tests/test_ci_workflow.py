@@ -74,6 +74,7 @@ def _gate_argv(tmp_path, **env) -> list[str]:
     # Actions sets every variable of the step's env:, empty when its expression is; its bash runs with -eo pipefail
     base = {"PATH": os.environ["PATH"], "NANFUZZ_HOME": ".", "GATE_OUT": _job_env("GATE_OUT"),
             "GATE_STATE": _job_env("GATE_STATE"), "PR_BUDGET": "900", "NIGHTLY_BUDGET": "7200",
+            "PER_GPU": "1",
             **dict.fromkeys(("EVENT", "INPUT_PROFILE", "INPUT_BUDGET", "INPUT_KERNELS", "KERNELS", "VLLM_SRC"), "")}
     subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], env={**base, **env}, check=True)
     argv = captured.read_text().split("\0")[:-1]
@@ -85,6 +86,11 @@ def test_pull_request_runs_the_pr_gate_on_the_gpus(tmp_path, gate_parser):
     args = gate_parser(_gate_argv(tmp_path, EVENT="pull_request"))
     assert (args.profile, args.time_budget, args.device, args.kernel) == ("pr-gate", 900, "cuda", [])
     assert (args.out, args.state_dir) == (_job_env("GATE_OUT"), _job_env("GATE_STATE"))
+    assert args.workers_per_gpu == 1
+
+
+def test_workers_per_gpu_comes_from_a_repository_variable(tmp_path, gate_parser):
+    assert gate_parser(_gate_argv(tmp_path, EVENT="pull_request", PER_GPU="6")).workers_per_gpu == 6
 
 
 def test_schedule_runs_nightly_with_the_larger_budget(tmp_path, gate_parser):
