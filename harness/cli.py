@@ -48,8 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="campaigns at once on the device, one process each, sharing the examples (default 1)")
     p.add_argument("--pool", type=int, metavar="N",
-                   help="specialisations per campaign for kernels that compile per shape (0: draw shapes freely; "
-                        "default: the kernel's own)")
+                   help="draw each case's compile-time part (shape, causality, window, sinks) from a pool of N per "
+                        "campaign; 0: draw freely (default: the kernel's own pool on a GPU, none under the interpreter)")
 
     p = sub.add_parser("replay", help="re-run a repro; exit 1 while it still fails")
     common(p)

@@ -28,6 +28,7 @@ from harness.registry import Kernel
 from reference.case import Case
 from reference.errors import NanfuzzError
 from strategies import paged_cases
+from strategies.cases import GPU_SIZE, INTERPRETER_SIZE
 from strategies.specialisations import specialisation_pool
 
 STATE_DIR = Path(os.environ.get("NANFUZZ_STATE_DIR", ".nanfuzz"))
@@ -135,13 +136,15 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
          profile: Profile | str | None = None, focus: Focus = Focus(), time_budget: float | None = None,
          shrink: bool = True, use_database: bool | None = None,
          on_example: Callable[[Campaign], None] | None = None,
-         should_stop: Callable[[], bool] | None = None, pool_size: int | None = None) -> Campaign:
+         should_stop: Callable[[], bool] | None = None, pool_size: int | None = None,
+         pool_seed: int | None = None) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
 
     ``should_stop`` is asked before each example while no failure is found;
     True ends the campaign there, as a pass over the examples run so far.
     ``pool_size`` overrides the kernel's ``specialisation_pool`` (0: none); the
-    pool is drawn from ``seed``, so a seed fixes the geometries it covers.
+    pool is drawn from ``pool_seed`` (default: ``seed``, else 0), so the same
+    seed meets the same geometries, their example-database entries and compiles.
     """
     profile = get_profile(profile) if not isinstance(profile, Profile) else profile
     interpreter = device == "cpu"
@@ -183,9 +186,13 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
         if outcome.failed:
             raise _FAILURE_TYPES[outcome.verdict](outcome, case)
 
-    pool_size = caps.specialisation_pool if pool_size is None else pool_size
-    # Under the interpreter nothing compiles, so cases draw their shapes freely.
-    pool = specialisation_pool(caps, pool_size, seed or 0) if pool_size and not interpreter else None
+    if pool_size is None:
+        # the kernel's own pool is for compiles, and under the interpreter nothing compiles
+        pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
+    pool_seed = pool_seed if pool_seed is not None else (seed or 0)
+    size = INTERPRETER_SIZE if interpreter else GPU_SIZE
+    pool = specialisation_pool(caps, pool_size, pool_seed, interpreter=interpreter,
+                               max_kv_heads=size.max_kv_heads) if pool_size else None
     strategy = paged_cases(caps, interpreter=interpreter, poison_classes=focus.poison_classes, pool=pool)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
     database = DirectoryBasedExampleDatabase(EXAMPLES_DIR or str(STATE_DIR / "examples")) if use_database else None
@@ -206,7 +213,7 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
             property_ = given(case=strategy)(lambda case: run_case(case))
             property_.hypothesis.inner_test._hypothesis_internal_add_digest = (
                 f"nanfuzz:{kernel.name}:{device}:{focus.label()}"
-                + (f":pool{len(pool)}/{seed or 0}" if pool else "")).encode()
+                + (f":pool{len(pool)}/{pool_seed}" if pool else "")).encode()
             if seed is not None or chunk_index:
                 property_ = hypothesis_seed((seed or 0) * 1_000_003 + chunk_index)(property_)
             # settings after @seed: @seed alone would switch the example database off

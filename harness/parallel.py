@@ -2,10 +2,11 @@
 
 A campaign spends most of its time in Python (Hypothesis, building the case,
 the verdict) while the GPU idles, so ``jobs`` processes sharing the device
-run that many times the examples.  Job ``i`` fuzzes with seed ``base + i``
-(its own draws and, for kernels that compile per shape, its own pool), keeps
-its pending-case file in ``<state>/jobs/<i>`` and shares the example
-database.  The first job to fail asks the others to stop and shrinks; the
+run that many times the examples.  Job ``i`` fuzzes with seed ``seed + i``
+(its own random draws when no seed is given) and, for kernels that compile
+per shape, pool ``seed + i`` (or ``i``), so the same jobs meet the same pools,
+database entries and compiles run after run.  Each keeps its pending-case
+file in ``<state>/jobs/<i>`` and shares the example database.  The first job to fail asks the others to stop and shrinks; the
 merged campaign reports its failure, the examples of all jobs, and times
 measured from the start of the whole run.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-import random
 import shutil
 import threading
 import time
@@ -49,8 +49,9 @@ def _run_job(index: int, kernel_spec: str, device: str, state_dir: str, examples
 
         kernel = resolve(kernel_spec)
         if warmup:
-            fuzz_module.fuzz(kernel, device=device, max_examples=warmup, seed=options["seed"] + _WARMUP_SEED,
-                             profile=options["profile"], shrink=False, use_database=False)
+            fuzz_module.fuzz(kernel, device=device, max_examples=warmup, seed=options["pool_seed"] + _WARMUP_SEED,
+                             pool_seed=options["pool_seed"], profile=options["profile"], shrink=False,
+                             use_database=False, pool_size=options["pool_size"])
             try:
                 ready.wait(timeout=_READY_TIMEOUT)
             except threading.BrokenBarrierError:
@@ -87,8 +88,9 @@ def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_example
     from harness.profiles import get_profile
 
     profile = get_profile(profile) if profile is None or isinstance(profile, str) else profile
-    if seed is None:
-        seed = 0 if profile.derandomize else random.randrange(2**30)
+    # Job i fuzzes pool i (or seed + i): the same jobs meet the same pools, database entries and compiles.
+    if seed is None and profile.derandomize:
+        seed = 0
     state = fuzz_module.STATE_DIR
     examples_dir = fuzz_module.EXAMPLES_DIR or str((state / "examples").absolute())
     job_dirs = [state / "jobs" / str(i) for i in range(jobs)]
@@ -105,7 +107,9 @@ def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_example
     start = time.time()
     processes = [context.Process(target=_run_job, daemon=True,
                                  args=(i, kernel.resolvable, device, str(d.absolute()), examples_dir,
-                                       dict(common, max_examples=n, seed=seed + i), warmup, stop_event, results, ready))
+                                       dict(common, max_examples=n, seed=None if seed is None else seed + i,
+                                            pool_seed=i if seed is None else seed + i),
+                                       warmup, stop_event, results, ready))
                  for i, (d, n) in enumerate(zip(job_dirs, split(max_examples, jobs)))]
     for p in processes:
         p.start()

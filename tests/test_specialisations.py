@@ -41,3 +41,27 @@ def test_cases_take_their_compile_time_part_from_the_pool(case):
                            case.causal, case.sliding_window, case.sinks)
     assert drawn in POOL
     assert CAPS.unsupported(case) is None
+
+
+def test_a_campaign_with_a_pool_stays_inside_it_and_still_catches_a_bug(tmp_path, monkeypatch):
+    from harness import fuzz as fuzz_module
+    from harness.fuzz import fuzz
+    from harness.registry import Kernel
+    from tests.torch_kernels import CAPS as TORCH_CAPS, attention, torch_kernel
+
+    monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")
+    pool = specialisation_pool(TORCH_CAPS, 3, seed=5, interpreter=True, max_kv_heads=2)
+    seen = []
+
+    def spy(batch, out):
+        g, case = batch.case.geometry, batch.case
+        seen.append(Specialisation(Shape(g.dtype, g.num_q_heads, g.num_kv_heads, g.head_size, g.block_size),
+                                   case.causal, case.sliding_window, case.sinks))
+        return attention(batch, out)
+
+    campaign = fuzz(Kernel(name="spy", run=spy, capabilities=TORCH_CAPS), device="cpu", max_examples=30,
+                    seed=1, use_database=False, pool_size=3, pool_seed=5)
+    assert not campaign.failed and len(seen) >= 30 and set(seen) <= set(pool)
+    caught = fuzz(torch_kernel("mask-multiply"), device="cpu", max_examples=200, seed=1, use_database=False,
+                  pool_size=3, pool_seed=5)
+    assert caught.failed
