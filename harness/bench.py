@@ -48,6 +48,18 @@ class Throughput:
     specialisations: int | None = None  # new kernel specialisations after the warm-up (GPU: compiles)
     busy_seconds: float | None = None  # several jobs: the sum of their own times (phases are shares of it)
 
+    def add(self, campaign, campaigns: int = 1) -> None:
+        """Count ``campaign`` in; time outside its measured phases is generation."""
+        busy = campaign.busy_seconds if campaign.busy_seconds is not None else campaign.elapsed
+        self.campaigns += campaigns
+        self.examples += campaign.examples
+        self.seconds += campaign.elapsed
+        for phase, seconds in campaign.phase_times.items():
+            self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
+        self.phase_seconds["generation"] += busy - sum(campaign.phase_times.values())
+        if campaign.busy_seconds is not None:
+            self.busy_seconds = (self.busy_seconds or 0.0) + busy
+
     @property
     def per_second(self) -> float:
         return self.examples / self.seconds if self.seconds > 0 else 0.0
@@ -131,12 +143,7 @@ def measure_throughput(kernel: Kernel, device: str, examples: int, warmup: int =
             campaign = fuzz(kernel, device=device, max_examples=examples - total.examples, seed=seed,
                             profile=_PROFILE, shrink=False, use_database=False)
             seed += 1
-            total.campaigns += 1
-            total.examples += campaign.examples
-            total.seconds += campaign.elapsed
-            for phase, seconds in campaign.phase_times.items():
-                total.phase_seconds[phase] = total.phase_seconds.get(phase, 0.0) + seconds
-            total.phase_seconds["generation"] += campaign.elapsed - sum(campaign.phase_times.values())
+            total.add(campaign)
         total.specialisations = None if before is None else seen.count - before
     return total
 
@@ -155,13 +162,7 @@ def _parallel_throughput(kernel: Kernel, device: str, examples: int, warmup: int
                                      max_examples=max(jobs, examples - total.examples), seed=seed, profile=_PROFILE,
                                      shrink=False, use_database=False, warmup=warmup)
             seed += jobs
-            total.campaigns += jobs
-            total.examples += campaign.examples
-            total.seconds += campaign.elapsed
-            for phase, seconds in campaign.phase_times.items():
-                total.phase_seconds[phase] = total.phase_seconds.get(phase, 0.0) + seconds
-            total.phase_seconds["generation"] += campaign.busy_seconds - sum(campaign.phase_times.values())
-            total.busy_seconds = (total.busy_seconds or 0.0) + campaign.busy_seconds
+            total.add(campaign, campaigns=jobs)
     return total
 
 

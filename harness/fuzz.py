@@ -28,7 +28,7 @@ from harness.registry import Kernel
 from reference.case import Case
 from reference.errors import NanfuzzError
 from strategies import paged_cases
-from strategies.cases import GPU_SIZE, INTERPRETER_SIZE
+from strategies.cases import default_size
 from strategies.specialisations import specialisation_pool
 
 STATE_DIR = Path(os.environ.get("NANFUZZ_STATE_DIR", ".nanfuzz"))
@@ -76,7 +76,6 @@ class Campaign:
     phase_times: dict[str, float] = field(default_factory=dict)
     repro_paths: list[str] = field(default_factory=list)
     recovered_crash: bool = False
-    stopped: bool = False  # ended early by should_stop
     busy_seconds: float | None = None  # jobs' campaigns: the sum of their own elapsed times
 
     @property
@@ -110,6 +109,13 @@ def recover_pending(kernel_name: str, state_dir: Path | None = None) -> Case | N
     except (ValueError, KeyError, NanfuzzError):
         path.unlink()
         return None
+
+
+def crash_campaign(kernel_name: str, device: str, case: Case, who: str) -> Campaign:
+    """What a process that died mid-launch leaves: its pending case, as a CRASH."""
+    failure = Outcome(Verdict.CRASH, f"CRASH: {who} died while running this case",
+                      {"error": "process died during the launch (found in a pending-case file)"})
+    return Campaign(kernel=kernel_name, device=device, failure=failure, failing_case=case, recovered_crash=True)
 
 
 @contextlib.contextmanager
@@ -161,13 +167,8 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
 
     leftover = recover_pending(kernel.name)
     if leftover is not None:
-        campaign.failure = Outcome(Verdict.CRASH,
-                                   "CRASH: a previous campaign's process died while running this case",
-                                   {"error": "process died during the launch (found in the pending-case file)"})
-        campaign.failing_case = leftover
-        campaign.recovered_crash = True
         pending.unlink()
-        return campaign
+        return crash_campaign(kernel.name, device, leftover, "a previous campaign's process")
 
     def run_case(case: Case) -> None:
         if should_stop is not None and campaign.time_to_first_failure is None and should_stop():
@@ -190,9 +191,8 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
         # the kernel's own pool is for compiles, and under the interpreter nothing compiles
         pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
     pool_seed = pool_seed if pool_seed is not None else (seed or 0)
-    size = INTERPRETER_SIZE if interpreter else GPU_SIZE
     pool = specialisation_pool(caps, pool_size, pool_seed, interpreter=interpreter,
-                               max_kv_heads=size.max_kv_heads) if pool_size else None
+                               max_kv_heads=default_size(interpreter).max_kv_heads) if pool_size else None
     strategy = paged_cases(caps, interpreter=interpreter, poison_classes=focus.poison_classes, pool=pool)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
     database = DirectoryBasedExampleDatabase(EXAMPLES_DIR or str(STATE_DIR / "examples")) if use_database else None
@@ -230,7 +230,6 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
                 campaign.failing_case = failure.case
                 break
             except _StopRequested:
-                campaign.stopped = True
                 break
             remaining -= max(1, campaign.examples - before)
             chunk_index += 1

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import harness.fuzz as fuzz_module
-from harness.check import Outcome, Verdict
 from harness.fuzz import Campaign
 from harness.registry import Kernel
 from reference.errors import NanfuzzError
@@ -94,7 +93,7 @@ def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_example
     state = fuzz_module.STATE_DIR
     examples_dir = fuzz_module.EXAMPLES_DIR or str((state / "examples").absolute())
     job_dirs = [state / "jobs" / str(i) for i in range(jobs)]
-    leftover = _leftover_crash(kernel_name, [state, *sorted((state / "jobs").glob("*"))])
+    leftover = _leftover_crash(kernel_name, device, [state, *sorted((state / "jobs").glob("*"))])
     if leftover is not None:
         return leftover
     for d in job_dirs:
@@ -105,21 +104,21 @@ def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_example
     context = multiprocessing.get_context("spawn")
     stop_event, results, ready = context.Event(), context.Queue(), context.Barrier(jobs)
     start = time.time()
-    processes = [context.Process(target=_run_job, daemon=True,
-                                 args=(i, kernel.resolvable, device, str(d.absolute()), examples_dir,
-                                       dict(common, max_examples=n, seed=None if seed is None else seed + i,
-                                            pool_seed=i if seed is None else seed + i),
-                                       warmup, stop_event, results, ready))
-                 for i, (d, n) in enumerate(zip(job_dirs, split(max_examples, jobs)))]
-    for p in processes:
-        p.start()
+    processes = []
+    for i, (job_dir, examples) in enumerate(zip(job_dirs, split(max_examples, jobs))):
+        job_seed = None if seed is None else seed + i
+        options = dict(common, max_examples=examples, seed=job_seed, pool_seed=i if job_seed is None else job_seed)
+        processes.append(context.Process(target=_run_job, daemon=True, args=(
+            i, kernel.resolvable, device, str(job_dir.absolute()), examples_dir, options, warmup,
+            stop_event, results, ready)))
+        processes[-1].start()
     done: dict[int, tuple] = {}
     died: list[int] = []
     try:
         while len(done) + len(died) < jobs:
             try:
-                index, payload, started = results.get(timeout=0.5)
-                done[index] = (payload, started)
+                index, payload, span = results.get(timeout=0.5)
+                done[index] = (payload, span)
                 continue
             except queue.Empty:
                 pass
@@ -134,7 +133,7 @@ def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_example
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
-    errors = [payload for payload, started in done.values() if isinstance(payload, str)]
+    errors = [payload for payload, _ in done.values() if isinstance(payload, str)]
     if errors and not died:
         raise NanfuzzError(errors[0])
     finished = [v for v in done.values() if isinstance(v[0], Campaign)]
@@ -171,16 +170,13 @@ def _merge(kernel_name: str, device: str, results: list[tuple[Campaign, tuple[fl
     return merged
 
 
-def _leftover_crash(kernel_name: str, state_dirs: list[Path]) -> Campaign | None:
+def _leftover_crash(kernel_name: str, device: str, state_dirs: list[Path]) -> Campaign | None:
     """A case an earlier campaign's process died on, from any of its state folders."""
     for d in state_dirs:
         case = fuzz_module.recover_pending(kernel_name, d)
         if case is not None:
             fuzz_module.pending_path(kernel_name, d).unlink()
-            campaign = Campaign(kernel=kernel_name, device="", failing_case=case, recovered_crash=True)
-            campaign.failure = Outcome(Verdict.CRASH, "CRASH: a previous campaign's process died while running this case",
-                                       {"error": "process died during the launch (found in a pending-case file)"})
-            return campaign
+            return fuzz_module.crash_campaign(kernel_name, device, case, "a previous campaign's process")
     return None
 
 
@@ -189,10 +185,8 @@ def _recover_crash(merged: Campaign, kernel_name: str, job_dirs: list[Path]) -> 
     for d in job_dirs:
         case = fuzz_module.recover_pending(kernel_name, d)
         if case is not None:
-            merged.failure = Outcome(Verdict.CRASH, "CRASH: a job process died while running this case",
-                                     {"error": "process died during the launch (found in the job's pending-case file)"})
-            merged.failing_case = case
-            merged.recovered_crash = True
+            crashed = fuzz_module.crash_campaign(kernel_name, merged.device, case, "a job process")
+            merged.failure, merged.failing_case, merged.recovered_crash = crashed.failure, case, True
             return
     raise NanfuzzError(f"kernel {kernel_name}: a job process died outside a kernel launch; "
                        "run with --jobs 1 to see why")

@@ -36,6 +36,14 @@ class Capabilities:
     def decode_only(self) -> bool:
         return self.max_query_len == 1
 
+    def windowed(self, causal: bool) -> bool:
+        """May a case in this mode have a sliding window?"""
+        return self.sliding_window and (causal or self.non_causal_window)
+
+    def modes(self) -> list[bool]:
+        """The causal flags this kernel accepts, causal first."""
+        return [flag for flag, ok in ((True, self.causal), (False, self.non_causal)) if ok]
+
     def restrict(self, **changes) -> "Capabilities":
         return replace(self, **changes)
 

@@ -51,11 +51,10 @@ def windows(caps: Capabilities, longest: int, block_size: int, causal: bool = Tr
     block often (a block holding expired and live keys) and leave whole
     blocks below it (freed blocks).
     """
-    if not caps.sliding_window or (not causal and not caps.non_causal_window):
+    if not caps.windowed(causal):
         return st.just(0)
     return st.one_of(st.just(0), st.just(1), st.integers(2, max(2, longest + block_size)))
 
 
 def causal_flags(caps: Capabilities):
-    options = [flag for flag, ok in ((True, caps.causal), (False, caps.non_causal)) if ok]
-    return st.sampled_from(options)
+    return st.sampled_from(caps.modes())

@@ -30,6 +30,10 @@ INTERPRETER_SIZE = Size(max_sequences=6, max_blocks_per_sequence=5, max_query_le
 GPU_SIZE = Size()
 
 
+def default_size(interpreter: bool) -> Size:
+    return INTERPRETER_SIZE if interpreter else GPU_SIZE
+
+
 @st.composite
 def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
                 interpreter: bool = False, size: Size | None = None,
@@ -44,7 +48,7 @@ def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
     one of its entries (see ``strategies.specialisations``).
     """
     caps = capabilities
-    size = size or (INTERPRETER_SIZE if interpreter else GPU_SIZE)
+    size = size or default_size(interpreter)
     fixed = draw(st.sampled_from(pool)) if pool else None
     shape = fixed.shape if fixed else draw(shapes(caps, interpreter=interpreter, max_kv_heads=size.max_kv_heads))
     bs = shape.block_size

@@ -44,14 +44,6 @@ class Specialisation:
                 self.window != 0, not self.causal, self.sinks, self.window)
 
 
-def _modes(caps: Capabilities) -> list[bool]:
-    return [flag for flag, ok in ((True, caps.causal), (False, caps.non_causal)) if ok]
-
-
-def _windowed(caps: Capabilities, causal: bool) -> bool:
-    return caps.sliding_window and (causal or caps.non_causal_window)
-
-
 def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter: bool = False,
                         max_kv_heads: int = 4) -> tuple[Specialisation, ...]:
     """``size`` distinct specialisations ``caps`` accepts (more if the fixed ones need it), simplest first.
@@ -67,9 +59,9 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
     kv_cap = min(max_kv_heads, caps.max_q_heads)
     smallest = Shape(dtypes[0], 1, 1, min(caps.head_sizes), caps.block_sizes[0])
     pool: dict[Specialisation, None] = {}
-    for causal in _modes(caps):
+    for causal in caps.modes():
         pool[Specialisation(smallest, causal, 0, False)] = None
-        if _windowed(caps, causal):
+        if caps.windowed(causal):
             pool[Specialisation(smallest, causal, 1, False)] = None
     for _ in range(50 * size):
         if len(pool) >= size:
@@ -77,8 +69,8 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
         kv = rng.randint(1, kv_cap)
         shape = Shape(rng.choice(dtypes), kv * rng.randint(1, caps.max_q_heads // kv), kv,
                       rng.choice(caps.head_sizes), rng.choice(caps.block_sizes))
-        causal = rng.choice(_modes(caps))
-        window = rng.choice(WINDOW_MENU) if _windowed(caps, causal) and rng.random() < 0.6 else 0
+        causal = rng.choice(caps.modes())
+        window = rng.choice(WINDOW_MENU) if caps.windowed(causal) and rng.random() < 0.6 else 0
         sinks = caps.sinks and rng.random() < 0.5
         pool[Specialisation(shape, causal, window, sinks)] = None
     return tuple(sorted(pool, key=lambda s: s.complexity(caps)))

@@ -1,15 +1,22 @@
 """Pieces the built-in kernel families share.
 
 ``softmax_step`` is the online-softmax update every family's tile loop calls;
-``dot_rows`` pads a row count to what ``tl.dot`` accepts.
+``dot_rows`` pads a row count to what ``tl.dot`` accepts; ``INTERPRETED``
+says whether Triton's interpreter runs them.
 """
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
 
 # tl.dot wants at least 16 along each dimension on current GPUs.
 MIN_DOT_SIZE = 16
+# Fixed before any kernel module is imported, as Triton itself reads it.  The
+# interpreter runs every program in Python: there, fewer and taller query
+# tiles cost far less; key tiles (where the masks live) stay as they are.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def dot_rows(n: int) -> int:

@@ -29,13 +29,12 @@ one kernel per dtype x padded head size x variant (``specialisation``).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from harness.kernels._common import dot_rows, softmax_step
+from harness.kernels._common import INTERPRETED, dot_rows, softmax_step
 from harness.registry import Kernel
 from reference.batch import PagedBatch
 from reference.capabilities import Capabilities
@@ -220,16 +219,11 @@ def _prefix_prefill_fwd(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def _query_tile() -> int:
-    # Triton's interpreter runs every program in Python: there, fewer, taller
-    # query tiles cost far less, and key tiles (where the masks live) stay as they are.
-    return BLOCK_M_INTERPRETED if os.environ.get("TRITON_INTERPRET") == "1" else BLOCK_M
-
-
 def _constexprs(geometry: Geometry) -> dict[str, int]:
     """The kernel's constexprs for a batch of ``geometry``, bar the variant switch."""
     # GQA groups above BLOCK_M (none within CAPABILITIES) get a larger tile
-    return dict(BLOCK_M=max(_query_tile(), dot_rows(geometry.queries_per_kv)), BLOCK_N=BLOCK_N,
+    query_tile = BLOCK_M_INTERPRETED if INTERPRETED else BLOCK_M
+    return dict(BLOCK_M=max(query_tile, dot_rows(geometry.queries_per_kv)), BLOCK_N=BLOCK_N,
                 D_PAD=dot_rows(geometry.head_size))
 
 

@@ -30,13 +30,12 @@ dummy tensor when absent), and no integer argument is specialised on being
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from harness.kernels._common import MIN_DOT_SIZE, dot_rows, softmax_step
+from harness.kernels._common import INTERPRETED, MIN_DOT_SIZE, dot_rows, softmax_step
 from harness.registry import Kernel
 from reference.batch import PagedBatch
 from reference.capabilities import Capabilities
@@ -223,15 +222,10 @@ def _unified_attention(
              out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-def _prefill_rows() -> int:
-    # Triton's interpreter runs every program in Python: there, fewer, taller
-    # query tiles cost far less, and key tiles (where the masks live) stay as they are.
-    return PREFILL_ROWS_INTERPRETED if os.environ.get("TRITON_INTERPRET") == "1" else PREFILL_ROWS
-
-
 def _rows(case: Case) -> int:
     """BLOCK_M: one fixed row count for decode-only batches, one for batches with prefill."""
-    rows = DECODE_ROWS if case.max_query_len <= 1 else _prefill_rows()
+    prefill_rows = PREFILL_ROWS_INTERPRETED if INTERPRETED else PREFILL_ROWS
+    rows = DECODE_ROWS if case.max_query_len <= 1 else prefill_rows
     return max(rows, dot_rows(case.geometry.queries_per_kv))
 
 
