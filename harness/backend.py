@@ -5,6 +5,7 @@ CLI and conftest call ``choose_backend`` first thing.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 from reference.errors import NanfuzzError
@@ -39,3 +40,30 @@ def choose_backend(device: str | None = None) -> str:
 
 def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@contextlib.contextmanager
+def host_threads(device: str):
+    """One thread for torch and for the BLAS and OpenMP pools while kernels run on the CPU.
+
+    Every host tensor of a case is small, so a second thread buys nothing;
+    and on a CPU shared with other work (xdist workers, ``--jobs``), a pool
+    spinning on a busy core costs a great deal: torch's OpenMP pool made
+    materialisation and the oracle 10 to 40 times slower (3 ms became 100+
+    ms per case on a loaded 2-core machine), and NumPy's OpenBLAS pool
+    (the interpreter's ``tl.dot``) made two interpreter processes on two
+    cores take 220-310 ms per launch instead of 90-150.
+    """
+    if device != "cpu":
+        yield
+        return
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        torch.set_num_threads(before)

@@ -166,7 +166,10 @@ def _parallel_throughput(kernel: Kernel, device: str, examples: int, warmup: int
     return total
 
 
-def measure_detection(kernel: Kernel, device: str, seeds: int, max_examples: int = DETECT_EXAMPLES) -> Detection:
+def measure_detection(kernel: Kernel, device: str, seeds: int, max_examples: int = DETECT_EXAMPLES,
+                      progress: Callable[[str], None] | None = None) -> Detection:
+    """One shrinking campaign per seed, each from an empty database; ``progress``
+    gets a line per seed as it ends (long cold-cache runs show where they are)."""
     detection = Detection(max_examples=max_examples)
     for seed in range(seeds):
         with fresh_state():
@@ -180,7 +183,16 @@ def measure_detection(kernel: Kernel, device: str, seeds: int, max_examples: int
             "examples_to_first_failure": campaign.examples_to_first_failure,
             "shrink_s": campaign.shrink_time,
         })
+        if progress is not None:
+            progress(_seed_line(kernel.name, detection.runs[-1]))
     return detection
+
+
+def _seed_line(kernel_name: str, run: dict) -> str:
+    if not run["caught"]:
+        return f"    {kernel_name} seed {run['seed']}: not caught in {run['examples']} examples ({run['elapsed_s']:.2f} s)"
+    return (f"    {kernel_name} seed {run['seed']}: {run['verdict']} after {run['examples_to_first_failure']} examples, "
+            f"{_s(run['time_to_first_failure_s'])} s; shrink {_s(run['shrink_s'])} s")
 
 
 def bench(kernels: list[Kernel], *, device: str, examples: int, seeds: int, warmup: int = WARMUP_EXAMPLES,
@@ -200,7 +212,7 @@ def bench(kernels: list[Kernel], *, device: str, examples: int, seeds: int, warm
         try:
             result.throughput = measure_throughput(kernel, device, examples, warmup, jobs)
             if (kernel.expect == "caught" or detect_all) and seeds > 0:
-                result.detection = measure_detection(kernel, device, seeds, detect_examples)
+                result.detection = measure_detection(kernel, device, seeds, detect_examples, progress)
         except NanfuzzError as exc:
             if not skip_unrunnable:
                 raise

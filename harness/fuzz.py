@@ -6,7 +6,6 @@ behind; the next campaign against that kernel reports it as a CRASH first.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, setti
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
 
+from harness.backend import host_threads
 from harness.check import Outcome, Verdict, check
 from harness.focus import Focus
 from harness.profiles import Profile, get_profile
@@ -118,26 +118,6 @@ def crash_campaign(kernel_name: str, device: str, case: Case, who: str) -> Campa
     return Campaign(kernel=kernel_name, device=device, failure=failure, failing_case=case, recovered_crash=True)
 
 
-@contextlib.contextmanager
-def host_threads(device: str):
-    """One torch intra-op thread while fuzzing on the CPU.
-
-    Every host tensor of a fuzz case is small, so a second thread buys nothing;
-    and on a CPU shared with other work, torch's OpenMP pool waiting on a busy
-    core made materialisation and the oracle 10 to 40 times slower (measured
-    on a loaded 2-core machine: 3 ms became 100+ ms per case).
-    """
-    if device != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None, seed: int | None = None,
          profile: Profile | str | None = None, focus: Focus = Focus(), time_budget: float | None = None,
          shrink: bool = True, use_database: bool | None = None,
@@ -191,8 +171,9 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
         # the kernel's own pool is for compiles, and under the interpreter nothing compiles
         pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
     pool_seed = pool_seed if pool_seed is not None else (seed or 0)
-    pool = specialisation_pool(caps, pool_size, pool_seed, interpreter=interpreter,
-                               max_kv_heads=default_size(interpreter).max_kv_heads) if pool_size else None
+    size = default_size(interpreter)
+    pool = specialisation_pool(size.bound(caps), pool_size, pool_seed, interpreter=interpreter,
+                               max_kv_heads=size.max_kv_heads) if pool_size else None
     strategy = paged_cases(caps, interpreter=interpreter, poison_classes=focus.poison_classes, pool=pool)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
     database = DirectoryBasedExampleDatabase(EXAMPLES_DIR or str(STATE_DIR / "examples")) if use_database else None

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from harness.backend import choose_backend
+from harness.backend import choose_backend, host_threads
 
 
 def pytest_addoption(parser):
@@ -49,6 +49,10 @@ def pytest_configure(config):
         config._nanfuzz_device = choose_backend(device)
     except NanfuzzError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if config._nanfuzz_device == "cpu":
+        # xdist workers share the cores: one host thread each, for the whole session
+        config._nanfuzz_threads = host_threads("cpu")
+        config._nanfuzz_threads.__enter__()
     index = _worker_index(config)
     if config._nanfuzz_device == "cuda" and index is not None:
         import torch
@@ -56,6 +60,12 @@ def pytest_configure(config):
         count = torch.cuda.device_count()
         if count > 1:
             torch.cuda.set_device(index % count)
+
+
+def pytest_unconfigure(config):
+    threads = getattr(config, "_nanfuzz_threads", None)
+    if threads is not None:
+        threads.__exit__(None, None, None)
 
 
 def pytest_generate_tests(metafunc):

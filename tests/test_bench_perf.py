@@ -28,7 +28,7 @@ def private_state(tmp_path, monkeypatch):
     monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")
 
 
-def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_device):
+def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_device, capsys):
     out = tmp_path / "bench.json"
     argv = ["bench", "--device", nanfuzz_device, "--kernel", "paged_decode@masked", "--kernel", "paged_decode@unmasked",
             "--examples", "4", "--warmup", "1", "--seeds", "2", "--detect-examples", "50", "--json", str(out)]
@@ -50,6 +50,10 @@ def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_
     for key in ("time_to_first_failure_s", "shrink_s", "examples_to_first_failure"):
         assert 0 < detection[key]["median"] <= detection[key]["max"]
     assert all(run["verdict"] != "PASS" for run in detection["runs"])
+    progress = capsys.readouterr().err
+    for run in detection["runs"]:  # a line per seed as it ends, for long cold-cache runs
+        assert (f"paged_decode@unmasked seed {run['seed']}: {run['verdict']} after "
+                f"{run['examples_to_first_failure']} examples") in progress
 
 
 def test_bench_with_jobs_measures_campaigns_side_by_side(tmp_path):

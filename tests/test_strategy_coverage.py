@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from reference.capabilities import Capabilities
 from reference.features import case_features
-from strategies import paged_cases
+from strategies import INTERPRETER_SIZE, paged_cases
 
 N = 400
 FLOORS = {
@@ -37,27 +37,48 @@ FLOORS = {
 }
 
 
-def test_feature_shares():
+def _tally(strategy) -> tuple[list, dict[str, float]]:
     tally = collections.Counter()
     seen = []
 
     @settings(max_examples=N, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(paged_cases(Capabilities(non_causal=True, sinks=True)))
+    @given(strategy)
     def collect(case):
         seen.append(case)
         tally.update(case_features(case))
 
     collect()
-    shares = {name: tally[name] / len(seen) for name in FLOORS}
+    return seen, {name: tally[name] / len(seen) for name in FLOORS}
+
+
+def _below_floor(shares: dict[str, float], floors: dict[str, float] = FLOORS) -> dict[str, float]:
     print("\n".join(f"{name:24s} {share:.2f}" for name, share in sorted(shares.items())))
-    low = {name: round(share, 3) for name, share in shares.items() if share < FLOORS[name]}
+    return {name: round(share, 3) for name, share in shares.items() if share < floors.get(name, 0.0)}
+
+
+def test_feature_shares():
+    seen, shares = _tally(paged_cases(Capabilities(non_causal=True, sinks=True)))
+    low = _below_floor(shares)
     assert not low, f"situations below their floor share: {low}"
     geometries = {(c.geometry.num_q_heads, c.geometry.num_kv_heads) for c in seen}
     assert {(5, 1), (6, 2)} & geometries, "non-power-of-two GQA groups never generated"
     assert {80, 96} <= {c.geometry.head_size for c in seen}
     assert 48 in {c.geometry.block_size for c in seen}
     assert max(len(c.sequences) for c in seen) >= 8
+
+
+def test_interpreter_batches_are_small_and_meet_the_same_situations():
+    seen, shares = _tally(paged_cases(Capabilities(non_causal=True, sinks=True), interpreter=True))
+    # no bf16 arithmetic under the interpreter; four sequences share prefix blocks less often (measured 0.02-0.08)
+    floors = {**{k: v for k, v in FLOORS.items() if k != "dtype:bfloat16"}, "shared-block": 0.01}
+    low = _below_floor(shares, floors)
+    assert not low, f"situations below their floor share under the interpreter: {low}"
+    assert max(len(c.sequences) for c in seen) == INTERPRETER_SIZE.max_sequences
+    assert max(c.geometry.num_q_heads for c in seen) == INTERPRETER_SIZE.max_q_heads
+    assert max(c.geometry.num_kv_heads for c in seen) == INTERPRETER_SIZE.max_kv_heads
+    groups = {c.geometry.queries_per_kv for c in seen}
+    assert {5, 6, 7} <= groups, f"non-power-of-two GQA groups missing: {sorted(groups)}"
 
 
 def test_decode_only_capabilities_generate_decode_batches():

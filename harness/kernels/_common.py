@@ -2,7 +2,8 @@
 
 ``softmax_step`` is the online-softmax update every family's tile loop calls;
 ``dot_rows`` pads a row count to what ``tl.dot`` accepts; ``INTERPRETED``
-says whether Triton's interpreter runs them.
+says whether Triton's interpreter runs them; ``device_function`` marks the
+helpers kernels call.
 """
 from __future__ import annotations
 
@@ -14,9 +15,23 @@ import triton.language as tl
 # tl.dot wants at least 16 along each dimension on current GPUs.
 MIN_DOT_SIZE = 16
 # Fixed before any kernel module is imported, as Triton itself reads it.  The
-# interpreter runs every program in Python: there, fewer and taller query
-# tiles cost far less; key tiles (where the masks live) stay as they are.
+# interpreter runs every program in Python, tens of microseconds per tile
+# operation whatever the tile's size: there, taller query tiles and wider
+# key tiles cost far less.  The masks are per key, so they are the same code
+# at any tile size; the GPU tiles are what GPU runs test.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def device_function(fn):
+    """``@triton.jit`` for a helper that kernels call, or ``fn`` itself under the interpreter.
+
+    The interpreter runs a kernel as Python with ``triton.language`` patched
+    for the whole launch, so a plain function works there, and it skips the
+    re-patching the interpreter does on every call of a jitted helper
+    (3-7% of a launch of these kernels).  Helpers must not rely on what the
+    interpreter rewrites in jitted code: no chained comparisons.
+    """
+    return fn if INTERPRETED else triton.jit(fn)
 
 
 def dot_rows(n: int) -> int:
@@ -24,7 +39,7 @@ def dot_rows(n: int) -> int:
     return max(MIN_DOT_SIZE, triton.next_power_of_2(n))
 
 
-@triton.jit
+@device_function
 def softmax_step(acc, l_i, m_i, qk, v):
     """Fold one tile of keys into the running softmax state; returns ``(acc, l_i, m_i)``.
 

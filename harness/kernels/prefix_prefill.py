@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernels._common import INTERPRETED, dot_rows, softmax_step
+from harness.kernels._common import INTERPRETED, device_function, dot_rows, softmax_step
 from harness.registry import Kernel
 from reference.batch import PagedBatch
 from reference.capabilities import Capabilities
@@ -43,13 +43,14 @@ from reference.case import Case, Geometry
 # Keys per tile in both phases.  Not tied to the block size on purpose: with
 # blocks of 8 a tile spans four blocks, with 48 or 64 tiles split blocks.
 BLOCK_N = 32
+BLOCK_N_INTERPRETED = 128
 # Rows (token x group head) per program, one size for every batch so that the
 # tile is never a new compile; it must hold a whole GQA group (``dot_rows``).
 BLOCK_M = 32
 BLOCK_M_INTERPRETED = 128
 
 
-@triton.jit
+@device_function
 def _load_cache_tile(Key_cache, Value_cache, table_row, table_width, block_size, keys, slot_ok,
                      kv_head, offs_d, dim_ok,
                      stride_kc_block, stride_kc_slot, stride_kc_head,
@@ -80,7 +81,7 @@ def _load_cache_tile(Key_cache, Value_cache, table_row, table_width, block_size,
     return k, v
 
 
-@triton.jit
+@device_function
 def _allowed(pos, keys, key_end, window, causal):
     """``(BLOCK_M, BLOCK_N)``: may the query at ``pos`` (``(BLOCK_M, 1)``) read
     ``keys`` (``(1, BLOCK_N)``)?  Keys at or past ``key_end`` belong to the
@@ -223,7 +224,8 @@ def _constexprs(geometry: Geometry) -> dict[str, int]:
     """The kernel's constexprs for a batch of ``geometry``, bar the variant switch."""
     # GQA groups above BLOCK_M (none within CAPABILITIES) get a larger tile
     query_tile = BLOCK_M_INTERPRETED if INTERPRETED else BLOCK_M
-    return dict(BLOCK_M=max(query_tile, dot_rows(geometry.queries_per_kv)), BLOCK_N=BLOCK_N,
+    return dict(BLOCK_M=max(query_tile, dot_rows(geometry.queries_per_kv)),
+                BLOCK_N=BLOCK_N_INTERPRETED if INTERPRETED else BLOCK_N,
                 D_PAD=dot_rows(geometry.head_size))
 
 

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernels._common import INTERPRETED, MIN_DOT_SIZE, dot_rows, softmax_step
+from harness.kernels._common import INTERPRETED, MIN_DOT_SIZE, device_function, dot_rows, softmax_step
 from harness.registry import Kernel
 from reference.batch import PagedBatch
 from reference.capabilities import Capabilities
@@ -43,6 +43,7 @@ from reference.case import Case
 
 # Keys per tile.  Deliberately unrelated to the block size (8 .. 64, and 48).
 TILE_SIZE = 32
+TILE_SIZE_INTERPRETED = 128
 # Rows per program for batches with prefill; decode-only batches use one
 # query per program and the fewest rows tl.dot accepts.
 PREFILL_ROWS = 64
@@ -50,7 +51,7 @@ PREFILL_ROWS_INTERPRETED = 256
 DECODE_ROWS = MIN_DOT_SIZE
 
 
-@triton.jit
+@device_function
 def _find_sequence(Query_start_loc, program, num_seqs, block_q):
     """The sequence whose query blocks include ``program``.
 
@@ -70,7 +71,7 @@ def _find_sequence(Query_start_loc, program, num_seqs, block_q):
     return lo - 1
 
 
-@triton.jit
+@device_function
 def _key_edges(first_pos, last_pos, seq_len, table_capacity, window, causal,
                OVERSHOOT: tl.constexpr, TILE_SIZE: tl.constexpr):
     """The half-open key range ``[key_lo, key_hi)`` the program loads.
@@ -91,7 +92,7 @@ def _key_edges(first_pos, last_pos, seq_len, table_capacity, window, causal,
     return key_lo, key_hi
 
 
-@triton.jit
+@device_function
 def _attend_tiles(acc, l_i, m_i, q,
                   K_cache, V_cache, Table_row, kv_head,
                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
@@ -235,8 +236,8 @@ def specialisation(batch: PagedBatch | Case, *, overshoot: bool = False) -> tupl
     Only the case is read, so a ``Case`` serves as well as its batch.
     """
     case = batch if isinstance(batch, Case) else batch.case
-    return (case.geometry.dtype, _rows(case), TILE_SIZE, triton.next_power_of_2(case.geometry.head_size),
-            overshoot)
+    tile_size = TILE_SIZE_INTERPRETED if INTERPRETED else TILE_SIZE
+    return (case.geometry.dtype, _rows(case), tile_size, triton.next_power_of_2(case.geometry.head_size), overshoot)
 
 
 @functools.cache
