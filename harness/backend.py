@@ -1,7 +1,8 @@
 """GPU or Triton interpreter: decided once, before any ``@triton.jit`` import.
 
 Triton reads ``TRITON_INTERPRET`` when a kernel module is imported, so the
-CLI and conftest call ``choose_backend`` first thing.
+CLI and conftest call ``choose_backend`` first thing.  ``host_threads`` sets
+how many host threads a run on the CPU may use.
 """
 from __future__ import annotations
 

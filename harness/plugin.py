@@ -3,10 +3,12 @@
 Loaded by the ``pytest11`` entry point of an installed nanfuzz, or by the
 root ``conftest.py`` of this repository.  The engine is imported lazily.
 Under pytest-xdist each worker is pinned to one GPU (worker N gets GPU
-N mod count), and without a GPU everything runs under Triton's interpreter.
+N mod count), and without a GPU everything runs under Triton's interpreter,
+one host thread per worker.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -49,10 +51,9 @@ def pytest_configure(config):
         config._nanfuzz_device = choose_backend(device)
     except NanfuzzError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if config._nanfuzz_device == "cpu":
-        # xdist workers share the cores: one host thread each, for the whole session
-        config._nanfuzz_threads = host_threads("cpu")
-        config._nanfuzz_threads.__enter__()
+    # xdist workers share the cores: one host thread each, for the whole session
+    config._nanfuzz_session = contextlib.ExitStack()
+    config._nanfuzz_session.enter_context(host_threads(config._nanfuzz_device))
     index = _worker_index(config)
     if config._nanfuzz_device == "cuda" and index is not None:
         import torch
@@ -63,9 +64,9 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    threads = getattr(config, "_nanfuzz_threads", None)
-    if threads is not None:
-        threads.__exit__(None, None, None)
+    session = getattr(config, "_nanfuzz_session", None)
+    if session is not None:
+        session.close()
 
 
 def pytest_generate_tests(metafunc):
