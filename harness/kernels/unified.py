@@ -47,7 +47,8 @@ TILE_SIZE_INTERPRETED = 128
 # Rows per program for batches with prefill; decode-only batches use one
 # query per program and the fewest rows tl.dot accepts.
 PREFILL_ROWS = 64
-PREFILL_ROWS_INTERPRETED = 256
+# a whole sequence of an interpreter batch (16 new tokens x 8 query heads)
+PREFILL_ROWS_INTERPRETED = 128
 DECODE_ROWS = MIN_DOT_SIZE
 
 
