@@ -149,9 +149,9 @@ def expired_part_of_live_block() -> Case:
 
 
 def tail_inside_last_context_tile() -> Case:
-    # decode at seq_len 20: the context tile covers keys 0..31, keys 20..31
-    # are the never-written tail of block 2
-    assert pp.BLOCK_N == 32, "the case is laid out for 32-key tiles"
+    # decode at seq_len 20: the context tile covers keys 0..31 (0..127 under
+    # the interpreter), keys 20..31 are the never-written tail of block 2
+    assert pp.BLOCK_N == 32 and pp.BLOCK_N_INTERPRETED > 32, "the case is laid out for tiles of 32 keys or more"
     return make_case([(1, 20)], poison=_nan_at(PoisonSite(2, 4)))
 
 
