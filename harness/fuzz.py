@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
 from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
@@ -28,8 +27,7 @@ from harness.registry import Kernel
 from reference.case import Case
 from reference.errors import NanfuzzError
 from strategies import paged_cases
-from strategies.cases import default_size
-from strategies.specialisations import specialisation_pool
+from strategies.cases import campaign_pool
 
 STATE_DIR = Path(os.environ.get("NANFUZZ_STATE_DIR", ".nanfuzz"))
 # The example database may live elsewhere (shared by several state folders).
@@ -118,6 +116,17 @@ def crash_campaign(kernel_name: str, device: str, case: Case, who: str) -> Campa
     return Campaign(kernel=kernel_name, device=device, failure=failure, failing_case=case, recovered_crash=True)
 
 
+def take_leftover_crash(kernel_name: str, device: str, state_dirs: list[Path]) -> Campaign | None:
+    """The case an earlier campaign's process died on, from the first of ``state_dirs``
+    that holds one, as a CRASH; its pending file is removed (the caller reports it)."""
+    for state_dir in state_dirs:
+        case = recover_pending(kernel_name, state_dir)
+        if case is not None:
+            pending_path(kernel_name, state_dir).unlink()
+            return crash_campaign(kernel_name, device, case, "a previous campaign's process")
+    return None
+
+
 def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None, seed: int | None = None,
          profile: Profile | str | None = None, focus: Focus = Focus(), time_budget: float | None = None,
          shrink: bool = True, use_database: bool | None = None,
@@ -145,10 +154,9 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
     start = time.perf_counter()
     pending = pending_path(kernel.name)
 
-    leftover = recover_pending(kernel.name)
+    leftover = take_leftover_crash(kernel.name, device, [STATE_DIR])
     if leftover is not None:
-        pending.unlink()
-        return crash_campaign(kernel.name, device, leftover, "a previous campaign's process")
+        return leftover
 
     def run_case(case: Case) -> None:
         if should_stop is not None and campaign.time_to_first_failure is None and should_stop():
@@ -171,9 +179,7 @@ def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None
         # the kernel's own pool is for compiles, and under the interpreter nothing compiles
         pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
     pool_seed = pool_seed if pool_seed is not None else (seed or 0)
-    size = default_size(interpreter)
-    pool = specialisation_pool(size.bound(caps), pool_size, pool_seed, interpreter=interpreter,
-                               max_kv_heads=size.max_kv_heads) if pool_size else None
+    pool = campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter) if pool_size else None
     strategy = paged_cases(caps, interpreter=interpreter, poison_classes=focus.poison_classes, pool=pool)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
     database = DirectoryBasedExampleDatabase(EXAMPLES_DIR or str(STATE_DIR / "examples")) if use_database else None

@@ -93,7 +93,7 @@ def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_example
     state = fuzz_module.STATE_DIR
     examples_dir = fuzz_module.EXAMPLES_DIR or str((state / "examples").absolute())
     job_dirs = [state / "jobs" / str(i) for i in range(jobs)]
-    leftover = _leftover_crash(kernel_name, device, [state, *sorted((state / "jobs").glob("*"))])
+    leftover = fuzz_module.take_leftover_crash(kernel_name, device, [state, *sorted((state / "jobs").glob("*"))])
     if leftover is not None:
         return leftover
     for d in job_dirs:
@@ -168,16 +168,6 @@ def _merge(kernel_name: str, device: str, results: list[tuple[Campaign, tuple[fl
                 merged.recovered_crash = campaign.recovered_crash
                 merged.examples_to_first_failure = campaign.examples_to_first_failure  # in the job that found it
     return merged
-
-
-def _leftover_crash(kernel_name: str, device: str, state_dirs: list[Path]) -> Campaign | None:
-    """A case an earlier campaign's process died on, from any of its state folders."""
-    for d in state_dirs:
-        case = fuzz_module.recover_pending(kernel_name, d)
-        if case is not None:
-            fuzz_module.pending_path(kernel_name, d).unlink()
-            return fuzz_module.crash_campaign(kernel_name, device, case, "a previous campaign's process")
-    return None
 
 
 def _recover_crash(merged: Campaign, kernel_name: str, job_dirs: list[Path]) -> None:

@@ -9,7 +9,7 @@ Built-in kernel modules are imported lazily, so the caller can decide on
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch

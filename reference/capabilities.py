@@ -1,7 +1,7 @@
 """What a kernel accepts.  Strategies generate only cases inside it."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from reference.case import DTYPES, Case
 

@@ -11,7 +11,7 @@ from reference.semantics import live_key_range
 from strategies.batches import causal_flags, sequence_lengths, windows
 from strategies.geometry import shapes
 from strategies.poison import poisons
-from strategies.specialisations import Specialisation
+from strategies.specialisations import Specialisation, specialisation_pool
 from strategies.tables import block_tables
 
 
@@ -40,6 +40,14 @@ GPU_SIZE = Size()
 
 def default_size(interpreter: bool) -> Size:
     return INTERPRETER_SIZE if interpreter else GPU_SIZE
+
+
+def campaign_pool(caps: Capabilities, entries: int, seed: int, *,
+                  interpreter: bool = False) -> tuple[Specialisation, ...]:
+    """A pool for ``paged_cases`` at its default size: every entry fits the batches it draws."""
+    size = default_size(interpreter)
+    return specialisation_pool(size.bound(caps), entries, seed, interpreter=interpreter,
+                               max_kv_heads=size.max_kv_heads)
 
 
 @st.composite

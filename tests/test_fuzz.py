@@ -10,7 +10,7 @@ from harness.fuzz import fuzz, pending_path
 from harness.registry import builtin_kernels
 from harness.replay import replay
 from harness.repro import load_repro, write_repro
-from reference.case import Case, Geometry, Poison, Sequence
+from reference.case import Case, Geometry, Sequence
 from tests.torch_kernels import torch_kernel
 
 KERNELS = builtin_kernels()
