@@ -10,7 +10,7 @@ import os
 def _entry_point_loads_plugin() -> bool:
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         return False
-    return any(ep.value == "harness.plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
+    return any(ep.value == "nanfuzz.harness.plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
 
 
-pytest_plugins = [] if _entry_point_loads_plugin() else ["harness.plugin"]
+pytest_plugins = [] if _entry_point_loads_plugin() else ["nanfuzz.harness.plugin"]

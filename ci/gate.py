@@ -30,7 +30,7 @@ for path in (os.getcwd(), str(ROOT), str(CI_DIR)):
         sys.path.insert(0, path)
 
 from gate_plan import PLAN_ENV, SLOT_ENV, Plan  # noqa: E402
-from reference.errors import NanfuzzError  # noqa: E402
+from nanfuzz.reference.errors import NanfuzzError  # noqa: E402
 
 CAMPAIGN_TESTS = CI_DIR / "test_gate_campaign.py"
 DEFAULT_OUT = "nanfuzz-gate"
@@ -101,7 +101,7 @@ def default_grace(budget: float) -> float:
 
 
 def choose_kernels(names: list[str], device: str) -> list[str]:
-    from harness.registry import builtin_kernels, resolve
+    from nanfuzz.harness.registry import builtin_kernels, resolve
 
     if not names:
         names = [k.name for k in builtin_kernels().values() if k.expect == "pass"]
@@ -239,7 +239,7 @@ def _gate(args) -> int:
         os.environ["NANFUZZ_VLLM_SRC"] = str(Path(args.vllm_src).resolve())
 
     from gate_report import consolidate, junit_xml, markdown, summary_json
-    from harness.profiles import get_profile
+    from nanfuzz.harness.profiles import get_profile
 
     profile = get_profile(args.profile)
     kernels = choose_kernels(args.kernel, workers.device)
@@ -293,7 +293,7 @@ def _gate(args) -> int:
     exit_code = 0 if result.passed else 1
 
     wall = time.time() - started
-    replay = "nanfuzz replay" if shutil.which("nanfuzz") else f"{Path(sys.executable).name} -m harness.cli replay"
+    replay = "nanfuzz replay" if shutil.which("nanfuzz") else f"{Path(sys.executable).name} -m nanfuzz replay"
     text = markdown(result, plan, workers=workers.description, budget=budget, wall=wall, replay_prefix=replay)
     summary.write_text(text)
     (out / "summary.json").write_text(_json(summary_json(result, plan, exit_code=exit_code, wall=wall)))

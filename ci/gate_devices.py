@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from reference.errors import NanfuzzError
+from nanfuzz.reference.errors import NanfuzzError
 
 MAX_CPU_WORKERS = 8
 

@@ -46,7 +46,7 @@ class Plan:
 
     def pending_file(self, kernel: str, slot: str) -> Path:
         """Where harness.fuzz keeps the slot's in-flight case (its NANFUZZ_STATE_DIR is the slot's)."""
-        from harness.fuzz import pending_path
+        from nanfuzz.harness.fuzz import pending_path
 
         return self.slot_state_dir(slot) / pending_path(kernel).relative_to(pending_path(kernel).parents[1])
 

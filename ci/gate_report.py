@@ -77,9 +77,9 @@ class GateResult:
 def recover_dead_shard(plan: Plan, record: ShardRecord, *, stopped_at_deadline: bool, stop_time: float,
                        pytest_message: str) -> ShardRecord:
     """Turn a ``running`` record into a CRASH with the case the worker was launching, if any."""
-    from harness.check import Outcome, Verdict
-    from harness.repro import write_repro
-    from reference.case import Case
+    from nanfuzz.harness.check import Outcome, Verdict
+    from nanfuzz.harness.repro import write_repro
+    from nanfuzz.reference.case import Case
 
     pending = plan.pending_file(record.kernel_name, record.slot)
     if stopped_at_deadline:

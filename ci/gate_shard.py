@@ -39,10 +39,10 @@ def round_size(seconds_per_example: float | None, remaining: float, device: str,
 
 def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardRecord:
     """Fuzz ``kernel_name`` in this worker until the shard's budget is spent or it fails."""
-    from harness.check import Verdict
-    from harness.fuzz import STATE_DIR, fuzz
-    from harness.registry import resolve
-    from harness.repro import environment, write_repro
+    from nanfuzz.harness.check import Verdict
+    from nanfuzz.harness.fuzz import STATE_DIR, fuzz
+    from nanfuzz.harness.registry import resolve
+    from nanfuzz.harness.repro import environment, write_repro
 
     kernel = resolve(kernel_name)
     record = ShardRecord(kernel=kernel_name, slot=slot, kernel_name=kernel.name,

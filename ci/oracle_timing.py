@@ -4,9 +4,9 @@ import time
 
 import torch
 
-from reference.case import Case, Geometry, Sequence
-from reference.materialize import materialize
-from reference.oracle import oracle
+from nanfuzz.reference.case import Case, Geometry, Sequence
+from nanfuzz.reference.materialize import materialize
+from nanfuzz.reference.oracle import oracle
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ def _slot() -> str:
 @pytest.mark.parametrize("kernel_name", PLAN.kernels)
 def test_shard(kernel_name, nanfuzz_device, record_property):
     from gate_shard import previous_record, record_error, run_shard
-    from reference.errors import NanfuzzError
+    from nanfuzz.reference.errors import NanfuzzError
 
     slot = _slot()
     earlier = previous_record(PLAN, kernel_name, slot)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from reference.errors import NanfuzzError
+from nanfuzz.reference.errors import NanfuzzError
 
 
 def gpu_available() -> bool:

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-import harness.fuzz as fuzz_module
-from harness.compiles import count_specialisations
-from harness.fuzz import fuzz
-from harness.parallel import fuzz_parallel
-from harness.registry import Kernel
-from reference.errors import NanfuzzError
+import nanfuzz.harness.fuzz as fuzz_module
+from nanfuzz.harness.compiles import count_specialisations
+from nanfuzz.harness.fuzz import fuzz
+from nanfuzz.harness.parallel import fuzz_parallel
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.errors import NanfuzzError
 
 PHASES = ("generation", "materialize", "kernel", "oracle", "verdict")
 WARMUP_EXAMPLES = 5

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.evidence import classes_line, describe_rows, span
-from harness.registry import Kernel
-from harness.tolerance import allowed_error
-from reference.case import Case
-from reference.errors import NanfuzzError
-from reference.batch import PagedBatch
-from reference.materialize import materialize, refill_dead_slots
-from reference.oracle import oracle
+from nanfuzz.harness.evidence import classes_line, describe_rows, span
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.tolerance import allowed_error
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.materialize import materialize, refill_dead_slots
+from nanfuzz.reference.oracle import oracle
 
 GUARD_ROWS = 2  # canary rows after the last token's output row
 

@@ -9,7 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
-from reference.errors import NanfuzzError
+from nanfuzz.reference.errors import NanfuzzError
 
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 
@@ -86,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        from harness.backend import choose_backend
+        from nanfuzz.harness.backend import choose_backend
 
         device = choose_backend(args.device)  # before any @triton.jit import
         # The interpreter evaluates poisoned lanes in numpy; its NaN warnings are the point, not news.
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _list(args, device) -> int:
-    from harness.registry import builtin_kernels
+    from nanfuzz.harness.registry import builtin_kernels
 
     rows = [("kernel", "expect", "runs on", "capabilities")]
     for kernel in builtin_kernels().values():
@@ -112,7 +112,7 @@ def _list(args, device) -> int:
         rows.append((kernel.name, kernel.expect, where, caps.describe()))
     for name in ("vllm:rocm_attn", "vllm:triton_attn"):
         try:
-            from harness.registry import resolve
+            from nanfuzz.harness.registry import resolve
 
             caps = resolve(name).capabilities
             rows.append((name, "-", "gpu, cpu-interpreter", caps.describe()))
@@ -133,7 +133,7 @@ def _table(rows) -> None:
 
 
 def _focus(args):
-    from harness.focus import Focus
+    from nanfuzz.harness.focus import Focus
 
     return Focus(decode_only=args.decode_only, prefill_only=args.prefill_only, no_window=args.no_window,
                  causal_only=args.causal_only, non_causal_only=args.non_causal_only, dtype=args.dtype,
@@ -141,12 +141,12 @@ def _focus(args):
 
 
 def _fuzz(args, device) -> int:
-    from harness.fuzz import fuzz, progress_printer
-    from harness.parallel import fuzz_parallel
-    from harness.picture import picture
-    from harness.profiles import get_profile
-    from harness.registry import builtin_kernels, resolve
-    from harness.repro import write_repro
+    from nanfuzz.harness.fuzz import fuzz, progress_printer
+    from nanfuzz.harness.parallel import fuzz_parallel
+    from nanfuzz.harness.picture import picture
+    from nanfuzz.harness.profiles import get_profile
+    from nanfuzz.harness.registry import builtin_kernels, resolve
+    from nanfuzz.harness.repro import write_repro
 
     if args.max_examples is not None and args.max_examples < 1:
         raise NanfuzzError(f"--max-examples={args.max_examples} must be >= 1")
@@ -205,21 +205,21 @@ def _fuzz(args, device) -> int:
 
 
 def _replay(args, device) -> int:
-    from harness.picture import picture
-    from harness.replay import replay
+    from nanfuzz.harness.picture import picture
+    from nanfuzz.harness.replay import replay
 
     result = replay(args.file, kernel_name=args.kernel, device=device)
     print(result.line())
     if result.still_fails:
-        from harness.repro import load_repro
+        from nanfuzz.harness.repro import load_repro
 
         print(picture(load_repro(args.file)["case"]))
     return 1 if result.still_fails else 0
 
 
 def _bench(args, device) -> int:
-    from harness.bench import bench, machine, report, table_rows
-    from harness.registry import builtin_kernels, resolve
+    from nanfuzz.harness.bench import bench, machine, report, table_rows
+    from nanfuzz.harness.registry import builtin_kernels, resolve
 
     for flag, value, least in (("--examples", args.examples, 1), ("--detect-examples", args.detect_examples, 1),
                                ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0), ("--jobs", args.jobs, 1)):
@@ -248,8 +248,8 @@ def _bench(args, device) -> int:
 
 
 def _perf(args, device) -> int:
-    from harness.perf import perf, table_rows
-    from harness.registry import resolve
+    from nanfuzz.harness.perf import perf, table_rows
+    from nanfuzz.harness.registry import resolve
 
     kernel, baseline = resolve(args.kernel), resolve(args.baseline)
     mode = "GPU, triton.testing.do_bench" if device == "cuda" else "CPU, Triton interpreter, tiny shapes, wall clock"

@@ -5,9 +5,9 @@ import bisect
 
 import torch
 
-from reference.case import Case
-from reference.features import POISON_CLASSES, poisoned_slots
-from reference.semantics import Dead, slot_reasons
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.features import POISON_CLASSES, poisoned_slots
+from nanfuzz.reference.semantics import Dead, slot_reasons
 
 MAX_LISTED = 12
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference.capabilities import Capabilities
-from reference.errors import NanfuzzError
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.errors import NanfuzzError
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,15 @@ from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, setti
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
 
-from harness.backend import host_threads
-from harness.check import Outcome, Verdict, check
-from harness.focus import Focus
-from harness.profiles import Profile, get_profile
-from harness.registry import Kernel
-from reference.case import Case
-from reference.errors import NanfuzzError
-from strategies import paged_cases
-from strategies.cases import campaign_pool
+from nanfuzz.harness.backend import host_threads
+from nanfuzz.harness.check import Outcome, Verdict, check
+from nanfuzz.harness.focus import Focus
+from nanfuzz.harness.profiles import Profile, get_profile
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.strategies import paged_cases
+from nanfuzz.strategies.cases import campaign_pool
 
 STATE_DIR = Path(os.environ.get("NANFUZZ_STATE_DIR", ".nanfuzz"))
 # The example database may live elsewhere (shared by several state folders).

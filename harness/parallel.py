@@ -19,10 +19,10 @@ import threading
 import time
 from pathlib import Path
 
-import harness.fuzz as fuzz_module
-from harness.fuzz import Campaign
-from harness.registry import Kernel
-from reference.errors import NanfuzzError
+import nanfuzz.harness.fuzz as fuzz_module
+from nanfuzz.harness.fuzz import Campaign
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.errors import NanfuzzError
 
 _WARMUP_SEED = 1_000_003
 _READY_TIMEOUT = 600.0
@@ -44,7 +44,7 @@ def _run_job(index: int, kernel_spec: str, device: str, state_dir: str, examples
             stop_event.set()
 
     try:
-        from harness.registry import resolve
+        from nanfuzz.harness.registry import resolve
 
         kernel = resolve(kernel_spec)
         if warmup:
@@ -84,7 +84,7 @@ def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_example
         raise NanfuzzError(f"--jobs={jobs} must be >= 1")
     if max_examples < jobs:
         raise NanfuzzError(f"{max_examples} examples cannot be shared by {jobs} jobs; use fewer jobs")
-    from harness.profiles import get_profile
+    from nanfuzz.harness.profiles import get_profile
 
     profile = get_profile(profile) if profile is None or isinstance(profile, str) else profile
     # Job i fuzzes pool i (or seed + i): the same jobs meet the same pools, database entries and compiles.

@@ -19,12 +19,12 @@ from typing import Callable
 
 import torch
 
-from harness.registry import Kernel
-from reference.batch import PagedBatch
-from reference.case import Case, Geometry, Sequence
-from reference.errors import NanfuzzError
-from reference.materialize import TORCH_DTYPES, token_layout
-from reference.semantics import live_key_range
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.case import Case, Geometry, Sequence
+from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.materialize import TORCH_DTYPES, token_layout
+from nanfuzz.reference.semantics import live_key_range
 
 # H200 HBM3e peak bandwidth: the bound below is bytes / this.
 HBM_BYTES_PER_SECOND = 4.8e12

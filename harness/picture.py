@@ -2,9 +2,9 @@
 tail, freed, reused or poisoned.  It goes into repros and failure messages."""
 from __future__ import annotations
 
-from reference.case import NULL_BLOCK, Case
-from reference.features import poisoned_slots
-from reference.semantics import live_key_range, slot_liveness
+from nanfuzz.reference.case import NULL_BLOCK, Case
+from nanfuzz.reference.features import poisoned_slots
+from nanfuzz.reference.semantics import live_key_range, slot_liveness
 
 LEGEND = ("slots: o live  x expired (out of window)  t tail past seq_len  p padding entry  "
           "r dead here, live for another sequence;  UPPER CASE = poisoned ({value} in {tensors})")

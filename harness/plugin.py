@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from harness.backend import choose_backend, host_threads
+from nanfuzz.harness.backend import choose_backend, host_threads
 
 
 def pytest_addoption(parser):
@@ -45,7 +45,7 @@ def pytest_configure(config):
     device = config.getoption("--nanfuzz-device")
     if device == "cuda" and os.environ.get("TRITON_INTERPRET") == "1":
         raise pytest.UsageError("--nanfuzz-device cuda conflicts with TRITON_INTERPRET=1; unset it or use --nanfuzz-device cpu")
-    from reference.errors import NanfuzzError
+    from nanfuzz.reference.errors import NanfuzzError
 
     try:
         config._nanfuzz_device = choose_backend(device)
@@ -88,8 +88,8 @@ def nanfuzz_kernel(request):
     name = getattr(request, "param", None)
     if name is None:
         pytest.skip("no --nanfuzz-kernel given")
-    from harness.registry import resolve
-    from reference.errors import NanfuzzError
+    from nanfuzz.harness.registry import resolve
+    from nanfuzz.reference.errors import NanfuzzError
 
     try:
         return resolve(name)
@@ -106,15 +106,16 @@ class Nanfuzz:
         self.repro_dir = request.config.getoption("--nanfuzz-repro-dir")
 
     def _kernel(self, kernel):
-        from harness.registry import Kernel, resolve
+        from nanfuzz.harness.kernel import Kernel
+        from nanfuzz.harness.registry import resolve
 
         return kernel if isinstance(kernel, Kernel) else resolve(kernel)
 
     def fuzz(self, kernel, *, max_examples: int | None = None, **options):
         """Run a campaign; on a failure write the repro and fail the test with its picture."""
-        from harness.fuzz import fuzz
-        from harness.picture import picture
-        from harness.repro import write_repro
+        from nanfuzz.harness.fuzz import fuzz
+        from nanfuzz.harness.picture import picture
+        from nanfuzz.harness.repro import write_repro
 
         kernel = self._kernel(kernel)
         config = self._request.config
@@ -132,9 +133,9 @@ class Nanfuzz:
 
     def check(self, kernel, case):
         """Check one case; on a failure write the repro and fail the test."""
-        from harness.check import check
-        from harness.picture import picture
-        from harness.repro import write_repro
+        from nanfuzz.harness.check import check
+        from nanfuzz.harness.picture import picture
+        from nanfuzz.harness.repro import write_repro
 
         kernel = self._kernel(kernel)
         outcome = check(kernel, case, self.device)

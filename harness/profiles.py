@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
 
-from reference.errors import NanfuzzError
+from nanfuzz.reference.errors import NanfuzzError
 
 
 @dataclass(frozen=True)

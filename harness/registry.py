@@ -9,39 +9,11 @@ Built-in kernel modules are imported lazily, so the caller can decide on
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import replace
 
-import torch
-
-from reference.batch import PagedBatch
-from reference.capabilities import Capabilities
-from reference.errors import NanfuzzError
-
-RunFn = Callable[[PagedBatch, torch.Tensor], "torch.Tensor | None"]
-# Work a launch needs that a timing must leave out (an adapter's cache-layout
-# conversion): returns the launch itself, ready to be called repeatedly.
-PrepareFn = Callable[[PagedBatch, torch.Tensor], Callable[[], object]]
-
-
-@dataclass(frozen=True)
-class Kernel:
-    name: str                      # family@variant, vllm:..., or module:callable
-    run: RunFn
-    capabilities: Capabilities
-    expect: str = "pass"           # built-ins: "pass" (fixed) or "caught" (old, buggy)
-    summary: str = ""
-    prepare: PrepareFn | None = None  # None: a launch is ``run(batch, out)`` (see harness.perf)
-    spec: str = ""                 # what resolve() was given, so another process can resolve it again
-
-    @property
-    def resolvable(self) -> str:
-        return self.spec or self.name
-
-    def __call__(self, batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
-        result = self.run(batch, out)
-        return out if result is None else result
-
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.errors import NanfuzzError
 
 # Built-in families: module path under harness.kernels; each exposes KERNELS.
 BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified")
@@ -50,7 +22,7 @@ BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified")
 def builtin_kernels() -> dict[str, Kernel]:
     kernels: dict[str, Kernel] = {}
     for family in BUILTIN_MODULES:
-        module = importlib.import_module(f"harness.kernels.{family}")
+        module = importlib.import_module(f"nanfuzz.harness.kernels.{family}")
         for kernel in module.KERNELS:
             kernels[kernel.name] = kernel
     return kernels
@@ -64,7 +36,7 @@ def resolve(name: str) -> Kernel:
 
 def _resolve(name: str) -> Kernel:
     if name.startswith("vllm:"):
-        from harness.adapters import vllm as vllm_adapters
+        from nanfuzz.harness.adapters import vllm as vllm_adapters
 
         return vllm_adapters.kernel(name)
     if "@" in name or ":" not in name:
@@ -97,5 +69,5 @@ def _user_kernel(spec: str) -> Kernel:
         if isinstance(made, Kernel):
             return made
     raise NanfuzzError(
-        f"kernel {spec!r} is neither a harness.registry.Kernel, a factory returning one, "
+        f"kernel {spec!r} is neither a nanfuzz.Kernel, a factory returning one, "
         "nor a callable with a .capabilities attribute")

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.check import Outcome, check
-from harness.registry import resolve
-from harness.repro import environment, load_repro
+from nanfuzz.harness.check import Outcome, check
+from nanfuzz.harness.registry import resolve
+from nanfuzz.harness.repro import environment, load_repro
 
 
 @dataclass

@@ -7,10 +7,10 @@ import json
 import platform
 from pathlib import Path
 
-from harness.check import Outcome, Verdict
-from harness.picture import picture
-from reference.case import SCHEMA_VERSION, Case
-from reference.errors import NanfuzzError
+from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.harness.picture import picture
+from nanfuzz.reference.case import SCHEMA_VERSION, Case
+from nanfuzz.reference.errors import NanfuzzError
 
 SCHEMA = "nanfuzz-repro"
 
@@ -102,11 +102,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit import
 
-from harness.registry import resolve
-from harness.tolerance import allowed_error
-from reference.case import Case
-from reference.materialize import materialize
-from reference.oracle import oracle
+from nanfuzz.harness.registry import resolve
+from nanfuzz.harness.tolerance import allowed_error
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.materialize import materialize
+from nanfuzz.reference.oracle import oracle
 
 CASE = Case.from_json({case_json!r})
 KERNEL = {kernel!r}

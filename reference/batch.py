@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.case import Case
+from nanfuzz.reference.case import Case
 
 
 @dataclass

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from reference.case import DTYPES, Case
+from nanfuzz.reference.case import DTYPES, Case
 
 DEFAULT_HEAD_SIZES = (32, 64, 80, 96, 128)
 # 48 stands for the non-power-of-two block sizes hybrid (mamba) models use.

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from reference.errors import CaseError
+from nanfuzz.reference.errors import CaseError
 
 SCHEMA_VERSION = 1
 
@@ -189,7 +189,7 @@ class Case:
     # -- validity --------------------------------------------------------------
     def validate(self) -> "Case":
         """Raise CaseError naming the first rule this case breaks."""
-        from reference.semantics import live_key_range  # semantics imports this module
+        from nanfuzz.reference.semantics import live_key_range  # semantics imports this module
 
         g = self.geometry
         _check(g.dtype in DTYPES, f"dtype={g.dtype!r} is not one of {DTYPES}")
@@ -218,7 +218,7 @@ class Case:
                 holds_live = max(lo, j * g.block_size) < min(hi, (j + 1) * g.block_size)
                 if holds_live:
                     _check(b != NULL_BLOCK, f"sequence {i}: block_table[{j}] holds live keys but points at the null block 0")
-        from reference.semantics import slot_liveness
+        from nanfuzz.reference.semantics import slot_liveness
 
         live = slot_liveness(self)
         _check(not any(live[self.padding_block]),

@@ -1,8 +1,8 @@
 """Named situations a case exercises: for coverage tallies and repro summaries."""
 from __future__ import annotations
 
-from reference.case import NULL_BLOCK, Case
-from reference.semantics import Dead, live_key_range, slot_liveness, slot_reasons
+from nanfuzz.reference.case import NULL_BLOCK, Case
+from nanfuzz.reference.semantics import Dead, live_key_range, slot_liveness, slot_reasons
 
 POISON_CLASSES = {
     Dead.TAIL: "poison:tail",

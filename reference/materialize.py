@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from reference import values
-from reference.batch import PagedBatch
-from reference.case import Case
-from reference.semantics import slot_liveness
+from nanfuzz.reference import values
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.semantics import slot_liveness
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _BITS_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32}

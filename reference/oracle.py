@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from reference.batch import PagedBatch
-from reference.materialize import host_to_device, token_layout
-from reference.semantics import live_key_range
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.materialize import host_to_device, token_layout
+from nanfuzz.reference.semantics import live_key_range
 
 # Gathered K plus V per chunk, in float64 elements (2 x 2**27 x 8 B = 2 GiB).
 _CHUNK_ELEMENTS = 1 << 27

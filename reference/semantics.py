@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import functools
 
-from reference.case import NULL_BLOCK, Case, Sequence
+from nanfuzz.reference.case import NULL_BLOCK, Case, Sequence
 
 
 def allowed(position: int, key: int, seq_len: int, window: int, causal: bool) -> bool:

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from reference.capabilities import Capabilities
+from nanfuzz.reference.capabilities import Capabilities
 
 KINDS = ("decode", "prefill", "chunked", "padding")
 

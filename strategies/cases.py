@@ -5,14 +5,14 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from reference.capabilities import Capabilities
-from reference.case import Case, Geometry, Poison, Sequence
-from reference.semantics import live_key_range
-from strategies.batches import causal_flags, sequence_lengths, windows
-from strategies.geometry import shapes
-from strategies.poison import poisons
-from strategies.specialisations import Specialisation, specialisation_pool
-from strategies.tables import block_tables
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
+from nanfuzz.reference.semantics import live_key_range
+from nanfuzz.strategies.batches import causal_flags, sequence_lengths, windows
+from nanfuzz.strategies.geometry import shapes
+from nanfuzz.strategies.poison import poisons
+from nanfuzz.strategies.specialisations import Specialisation, specialisation_pool
+from nanfuzz.strategies.tables import block_tables
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from reference.case import POISON_TENSORS, POISON_VALUES, Case, Poison, PoisonSite
-from reference.semantics import Dead, dead_slots, slot_liveness, slot_reasons
+from nanfuzz.reference.case import POISON_TENSORS, POISON_VALUES, Case, Poison, PoisonSite
+from nanfuzz.reference.semantics import Dead, dead_slots, slot_liveness, slot_reasons
 
 CLASS_FLAGS = {
     "tail": Dead.TAIL,

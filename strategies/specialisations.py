@@ -19,8 +19,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from reference.capabilities import Capabilities
-from strategies.geometry import Shape
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.strategies.geometry import Shape
 
 # Widths for pool entries: one key, block-edge neighbours of 16/32/64 and a
 # few that end inside blocks of every size; past the longest sequence a width

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from reference.case import NULL_BLOCK
+from nanfuzz.reference.case import NULL_BLOCK
 
 # Where a table entry whose keys are all dead (below the window) points.
 EXPIRED_TARGETS = ("own", "null", "reused")

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import math
 
-from reference.batch import PagedBatch
-from reference.semantics import allowed
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.semantics import allowed
 
 
 def brute_force(batch: PagedBatch) -> list[list[list[float]]]:

@@ -1,5 +1,5 @@
 """Hand-built cases for kernel tests."""
-from reference.case import Case, Geometry, Poison, Sequence
+from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
 
 
 def consecutive_case(seqs, *, q_heads=4, kv_heads=2, head_size=64, block_size=16, dtype="float16", window=0,

@@ -10,9 +10,9 @@ VLLM_VERSION = "0.33.0"
 def vllm_source():
     """vLLM 0.33.0's kernel tree, fetched once with pip into the cache; skipped only
     when it is not cached and no package index is reachable."""
-    from harness.adapters import vllm as vllm_adapters
-    from harness.adapters import vllm_loader
-    from harness.adapters.vllm_fetch import FetchError, ensure_vllm_source
+    from nanfuzz.harness.adapters import vllm as vllm_adapters
+    from nanfuzz.harness.adapters import vllm_loader
+    from nanfuzz.harness.adapters.vllm_fetch import FetchError, ensure_vllm_source
 
     try:
         path = ensure_vllm_source(VLLM_VERSION)

@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-from harness import fuzz as fuzz_module
-from harness.cli import main
-from harness.kernels.paged_decode import KERNELS as DECODE_KERNELS
-from harness.registry import Kernel
+from nanfuzz.harness import fuzz as fuzz_module
+from nanfuzz.harness.cli import main
+from nanfuzz.harness.kernels.paged_decode import KERNELS as DECODE_KERNELS
+from nanfuzz.harness.kernel import Kernel
 
 MASKED = next(k for k in DECODE_KERNELS if k.name == "paged_decode@masked")
 PHASES = ("generation", "materialize", "kernel", "oracle", "verdict")

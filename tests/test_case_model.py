@@ -3,12 +3,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from reference.capabilities import Capabilities
-from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
-from reference.errors import CaseError
-from reference.materialize import live_mask, materialize
-from reference.semantics import Dead, slot_reasons
-from strategies import paged_cases
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
+from nanfuzz.reference.errors import CaseError
+from nanfuzz.reference.materialize import live_mask, materialize
+from nanfuzz.reference.semantics import Dead, slot_reasons
+from nanfuzz.strategies import paged_cases
 
 EVERYTHING = Capabilities(non_causal=True, sinks=True)
 

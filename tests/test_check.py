@@ -1,8 +1,8 @@
 """Every verdict fires on the defect it names, and a correct kernel passes."""
 import pytest
 
-from harness.check import Verdict, check
-from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
+from nanfuzz.harness.check import Verdict, check
+from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from tests.torch_kernels import torch_kernel
 
 G = Geometry(4, 2, 32, 8, 8, "float32")

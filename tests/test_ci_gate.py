@@ -28,7 +28,8 @@ FIXED, OLD, DYING = "paged_decode@masked", "paged_decode@unmasked", "dying_kerne
 DYING_KERNEL = '''\
 import os
 
-from harness.registry import Kernel, resolve
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.registry import resolve
 
 
 def _die(batch, out):
@@ -78,7 +79,7 @@ def check_summary_junit_and_repro(run):
     assert repro.with_suffix(".txt").read_text().strip() in text  # the picture
     assert f"replay {repro.relative_to(cwd)}" in text  # as the artifact lays it out
 
-    from harness.repro import load_repro
+    from nanfuzz.harness.repro import load_repro
 
     assert load_repro(repro)["kernel"] == OLD
 

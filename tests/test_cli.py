@@ -5,11 +5,11 @@ import sys
 
 import pytest
 
-from harness import fuzz as fuzz_module
-from harness.cli import main
-from harness.check import Outcome, Verdict
-from harness.repro import write_repro
-from reference.case import Case, Geometry, Sequence
+from nanfuzz.harness import fuzz as fuzz_module
+from nanfuzz.harness.cli import main
+from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.harness.repro import write_repro
+from nanfuzz.reference.case import Case, Geometry, Sequence
 
 
 @pytest.fixture(autouse=True)

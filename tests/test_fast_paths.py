@@ -2,11 +2,11 @@
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from reference.capabilities import Capabilities
-from reference.case import NULL_BLOCK
-from reference.materialize import materialize, refill_dead_slots
-from reference.semantics import Dead, allowed, dead_slots, slot_liveness, slot_reasons
-from strategies import paged_cases
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import NULL_BLOCK
+from nanfuzz.reference.materialize import materialize, refill_dead_slots
+from nanfuzz.reference.semantics import Dead, allowed, dead_slots, slot_liveness, slot_reasons
+from nanfuzz.strategies import paged_cases
 
 EVERYTHING = Capabilities(non_causal=True, sinks=True)
 FEW = settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -73,7 +73,7 @@ def test_liveness_and_reasons_match_the_key_by_key_definition(case):
 
 
 def test_memoised_answers_are_fresh_lists():
-    from reference.case import Case, Geometry, Sequence
+    from nanfuzz.reference.case import Case, Geometry, Sequence
 
     case = Case(Geometry(1, 1, 32, 4, 3, "float16"), (Sequence(1, 6, (1, 2)),)).validate()
     slot_liveness(case)[1][0] = "changed"

@@ -3,14 +3,14 @@ import json
 
 import pytest
 
-from harness import fuzz as fuzz_module
-from harness.check import Verdict
-from harness.focus import Focus
-from harness.fuzz import fuzz, pending_path
-from harness.registry import builtin_kernels
-from harness.replay import replay
-from harness.repro import load_repro, write_repro
-from reference.case import Case, Geometry, Sequence
+from nanfuzz.harness import fuzz as fuzz_module
+from nanfuzz.harness.check import Verdict
+from nanfuzz.harness.focus import Focus
+from nanfuzz.harness.fuzz import fuzz, pending_path
+from nanfuzz.harness.registry import builtin_kernels
+from nanfuzz.harness.replay import replay
+from nanfuzz.harness.repro import load_repro, write_repro
+from nanfuzz.reference.case import Case, Geometry, Sequence
 from tests.torch_kernels import torch_kernel
 
 KERNELS = builtin_kernels()
@@ -70,7 +70,7 @@ def test_pending_file_is_written_before_each_launch(tmp_path):
         seen.append(json.loads(pending_path("spy").read_text())["case"] == batch.case.to_dict())
         return torch_kernel().run(batch, out)
 
-    from harness.registry import Kernel
+    from nanfuzz.harness.kernel import Kernel
     from tests.torch_kernels import CAPS
 
     fuzz(Kernel("spy", spy, CAPS), device="cpu", max_examples=5, use_database=False)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backend import interpreted
-from harness.kernels.paged_decode import KERNELS, paged_decode
-from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
-from reference.materialize import materialize
-from reference.oracle import oracle
+from nanfuzz.harness.backend import interpreted
+from nanfuzz.harness.kernels.paged_decode import KERNELS, paged_decode
+from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
+from nanfuzz.reference.materialize import materialize
+from nanfuzz.reference.oracle import oracle
 
 ON_GPU = torch.cuda.is_available() and not interpreted()
 BF16 = pytest.param("bfloat16", marks=pytest.mark.skipif(not ON_GPU, reason="the Triton interpreter has no bfloat16 arithmetic"))
@@ -182,8 +182,8 @@ def test_compiled_specialisations_are_bounded():
     constexpr for speed (see ``specialisation``)."""
     from hypothesis import HealthCheck, given, settings
 
-    from harness.kernels.paged_decode import CAPABILITIES, specialisation
-    from strategies import paged_cases
+    from nanfuzz.harness.kernels.paged_decode import CAPABILITIES, specialisation
+    from nanfuzz.strategies import paged_cases
 
     keys = set()
 

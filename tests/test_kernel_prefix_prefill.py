@@ -7,13 +7,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from harness.backend import interpreted
-from harness.kernels import prefix_prefill as pp
-from harness.kernels._common import dot_rows
-from reference.case import Case, Poison, PoisonSite
-from reference.materialize import materialize
-from reference.oracle import oracle
-from strategies import paged_cases
+from nanfuzz.harness.backend import interpreted
+from nanfuzz.harness.kernels import prefix_prefill as pp
+from nanfuzz.harness.kernels._common import dot_rows
+from nanfuzz.reference.case import Case, Poison, PoisonSite
+from nanfuzz.reference.materialize import materialize
+from nanfuzz.reference.oracle import oracle
+from nanfuzz.strategies import paged_cases
 from tests.cases import consecutive_case
 
 UNMASKED, MASKED = pp.KERNELS

@@ -7,13 +7,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from harness.backend import interpreted
-from harness.kernels.unified import CAPABILITIES, KERNELS, RUNTIME_INTS, TILE_SIZE, _unified_attention, specialisation
-from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
-from reference.materialize import materialize
-from reference.oracle import oracle
-from reference.semantics import Dead, slot_reasons
-from strategies import paged_cases
+from nanfuzz.harness.backend import interpreted
+from nanfuzz.harness.kernels.unified import CAPABILITIES, KERNELS, RUNTIME_INTS, TILE_SIZE, _unified_attention, specialisation
+from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
+from nanfuzz.reference.materialize import materialize
+from nanfuzz.reference.oracle import oracle
+from nanfuzz.reference.semantics import Dead, slot_reasons
+from nanfuzz.strategies import paged_cases
 
 KERNEL = {k.name: k for k in KERNELS}
 MASKED, OVERSHOOT = "unified@masked", "unified@overshoot"

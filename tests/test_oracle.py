@@ -5,11 +5,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from reference.capabilities import Capabilities
-from reference.case import Case, Geometry, Poison, PoisonSite, Sequence
-from reference.materialize import materialize
-from reference.oracle import oracle
-from strategies import Size, paged_cases
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
+from nanfuzz.reference.materialize import materialize
+from nanfuzz.reference.oracle import oracle
+from nanfuzz.strategies import Size, paged_cases
 from tests.brute_force import brute_force
 
 TINY = Size(max_sequences=3, max_blocks_per_sequence=3, max_query_len=6, max_kv_heads=2)
@@ -114,7 +114,7 @@ def test_padding_sequences_have_no_rows():
 
 
 def test_chunked_oracle_equals_one_pass(monkeypatch):
-    from reference import oracle as oracle_module
+    from nanfuzz.reference import oracle as oracle_module
 
     g = Geometry(4, 2, 32, 8, 13, "float32")
     case = Case(g, (Sequence(3, 17, (1, 2, 3)), Sequence(1, 9, (4, 5, 0)), Sequence(0, 0, (0, 0, 0)),

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from harness import fuzz as fuzz_module
-from harness.check import Verdict
-from harness.fuzz import pending_path
-from harness.parallel import fuzz_parallel, split
-from harness.registry import resolve
-from reference.case import Case, Geometry, Sequence
+from nanfuzz.harness import fuzz as fuzz_module
+from nanfuzz.harness.check import Verdict
+from nanfuzz.harness.fuzz import pending_path
+from nanfuzz.harness.parallel import fuzz_parallel, split
+from nanfuzz.harness.registry import resolve
+from nanfuzz.reference.case import Case, Geometry, Sequence
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def test_a_case_left_in_a_job_folder_is_reported_before_anything_runs(tmp_path):
 
 
 def test_bad_job_counts_are_refused():
-    from reference.errors import NanfuzzError
+    from nanfuzz.reference.errors import NanfuzzError
 
     kernel = resolve("tests.torch_kernels:correct")
     with pytest.raises(NanfuzzError, match="jobs"):

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.check import check
-from harness.registry import builtin_kernels, resolve
-from harness.repro import load_repro
+from nanfuzz.harness.check import check
+from nanfuzz.harness.registry import builtin_kernels, resolve
+from nanfuzz.harness.repro import load_repro
 
 REPROS = sorted((Path(__file__).parent / "regressions").glob("*.json"))
 

@@ -1,10 +1,10 @@
 """The specialisation pool: bounded, reproducible, simplest first, and all cases drawn inside it."""
 from hypothesis import given, settings
 
-from reference.capabilities import Capabilities
-from strategies.cases import paged_cases
-from strategies.geometry import Shape
-from strategies.specialisations import Specialisation, specialisation_pool
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.strategies.cases import paged_cases
+from nanfuzz.strategies.geometry import Shape
+from nanfuzz.strategies.specialisations import Specialisation, specialisation_pool
 
 CAPS = Capabilities(non_causal=True, non_causal_window=False, sinks=True, block_sizes=(16, 32, 64, 48))
 POOL = specialisation_pool(CAPS, 12, seed=3)
@@ -44,9 +44,9 @@ def test_cases_take_their_compile_time_part_from_the_pool(case):
 
 
 def test_a_campaign_with_a_pool_stays_inside_it_and_still_catches_a_bug(tmp_path, monkeypatch):
-    from harness import fuzz as fuzz_module
-    from harness.fuzz import fuzz
-    from harness.registry import Kernel
+    from nanfuzz.harness import fuzz as fuzz_module
+    from nanfuzz.harness.fuzz import fuzz
+    from nanfuzz.harness.kernel import Kernel
     from tests.torch_kernels import CAPS as TORCH_CAPS, attention, torch_kernel
 
     monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")

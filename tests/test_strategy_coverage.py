@@ -8,9 +8,9 @@ import collections
 
 from hypothesis import HealthCheck, given, settings
 
-from reference.capabilities import Capabilities
-from reference.features import case_features
-from strategies import INTERPRETER_SIZE, paged_cases
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.features import case_features
+from nanfuzz.strategies import INTERPRETER_SIZE, paged_cases
 
 N = 400
 FLOORS = {

@@ -13,14 +13,14 @@ import sys
 import pytest
 import torch
 
-from harness.adapters import vllm as vllm_adapters
-from harness.adapters import vllm_loader
-from harness.backend import interpreted
-from harness.registry import resolve
-from reference.case import Case, Poison, PoisonSite
-from reference.errors import NanfuzzError
-from reference.materialize import materialize
-from reference.oracle import oracle
+from nanfuzz.harness.adapters import vllm as vllm_adapters
+from nanfuzz.harness.adapters import vllm_loader
+from nanfuzz.harness.backend import interpreted
+from nanfuzz.harness.registry import resolve
+from nanfuzz.reference.case import Case, Poison, PoisonSite
+from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.materialize import materialize
+from nanfuzz.reference.oracle import oracle
 from tests.cases import consecutive_case
 
 VLLM_VERSION = "0.33.0"

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from harness.registry import Kernel
-from reference.capabilities import Capabilities
-from reference.materialize import token_layout
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.materialize import token_layout
 
 CAPS = Capabilities(non_causal=True, sinks=True, interpreter_dtypes=("float16", "bfloat16", "float32"))
 

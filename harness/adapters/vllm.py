@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import torch
 
-from harness.adapters import vllm_loader
-from harness.adapters.vllm_loader import set_vllm_source  # noqa: F401 - the CLI's entry point
-from harness.registry import Kernel
-from reference.batch import PagedBatch
-from reference.capabilities import Capabilities
-from reference.case import Case
-from reference.errors import NanfuzzError
+from nanfuzz.harness.adapters import vllm_loader
+from nanfuzz.harness.adapters.vllm_loader import set_vllm_source  # noqa: F401 - the CLI's entry point
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
 
 KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn")
 UNIFIED_PATHS = ("2d", "3d")

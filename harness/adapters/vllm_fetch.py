@@ -17,7 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from reference.errors import NanfuzzError
+from nanfuzz.reference.errors import NanfuzzError
 
 DEFAULT_VERSION = "0.33.0"
 _COMPLETE = ".complete"  # written last: a folder without it is a broken earlier try

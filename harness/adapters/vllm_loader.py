@@ -31,8 +31,8 @@ from typing import Iterator
 import triton
 import triton.language as tl
 
-from harness.adapters import vllm_standins
-from reference.errors import NanfuzzError
+from nanfuzz.harness.adapters import vllm_standins
+from nanfuzz.reference.errors import NanfuzzError
 
 ENV_VAR = "NANFUZZ_VLLM_SRC"
 OPS_PACKAGE = "vllm.v1.attention.ops"

@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernels._common import device_function, dot_rows, softmax_step
-from harness.registry import Kernel
-from reference.batch import PagedBatch
-from reference.capabilities import Capabilities
+from nanfuzz.harness.kernels._common import device_function, dot_rows, softmax_step
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.capabilities import Capabilities
 
 # variant -> (MASK_TAIL, MASK_WINDOW)
 VARIANTS = {

@@ -34,11 +34,11 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernels._common import INTERPRETED, device_function, dot_rows, softmax_step
-from harness.registry import Kernel
-from reference.batch import PagedBatch
-from reference.capabilities import Capabilities
-from reference.case import Case, Geometry
+from nanfuzz.harness.kernels._common import INTERPRETED, device_function, dot_rows, softmax_step
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case, Geometry
 
 # Keys per tile in both phases.  Not tied to the block size on purpose: with
 # blocks of 8 a tile spans four blocks, with 48 or 64 tiles split blocks.

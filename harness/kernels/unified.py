@@ -35,11 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
-from harness.kernels._common import INTERPRETED, MIN_DOT_SIZE, device_function, dot_rows, softmax_step
-from harness.registry import Kernel
-from reference.batch import PagedBatch
-from reference.capabilities import Capabilities
-from reference.case import Case
+from nanfuzz.harness.kernels._common import INTERPRETED, MIN_DOT_SIZE, device_function, dot_rows, softmax_step
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case
 
 # Keys per tile.  Deliberately unrelated to the block size (8 .. 64, and 48).
 TILE_SIZE = 32

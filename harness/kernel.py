@@ -1,0 +1,40 @@
+"""The kernel contract: what an adapter hands nanfuzz.
+
+A kernel is a callable ``run(batch, out)`` plus its capabilities.  ``batch``
+is the canonical :class:`~nanfuzz.reference.batch.PagedBatch`; ``out`` is a
+``[num_tokens, num_q_heads, head_size]`` buffer pre-filled with NaN that the
+callable writes into (or it returns a tensor of that shape).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.capabilities import Capabilities
+
+RunFn = Callable[[PagedBatch, torch.Tensor], "torch.Tensor | None"]
+# Work a launch needs that a timing must leave out (an adapter's cache-layout
+# conversion): returns the launch itself, ready to be called repeatedly.
+PrepareFn = Callable[[PagedBatch, torch.Tensor], Callable[[], object]]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str                      # family@variant, vllm:..., or module:callable
+    run: RunFn
+    capabilities: Capabilities
+    expect: str = "pass"           # built-ins: "pass" (fixed) or "caught" (old, buggy)
+    summary: str = ""
+    prepare: PrepareFn | None = None  # None: a launch is ``run(batch, out)`` (see harness.perf)
+    spec: str = ""                 # what resolve() was given, so another process can resolve it again
+
+    @property
+    def resolvable(self) -> str:
+        return self.spec or self.name
+
+    def __call__(self, batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
+        result = self.run(batch, out)
+        return out if result is None else result

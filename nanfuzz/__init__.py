@@ -1,0 +1,43 @@
+"""nanfuzz: NaN-poisoning fuzz and regression harness for paged-attention Triton kernels.
+
+The public face.  Names are imported on first use, so ``import nanfuzz`` (and
+the pytest plugin that comes with it) costs nothing until a kernel is fuzzed;
+torch and Triton are not imported here.
+
+    from nanfuzz import Kernel, Capabilities, PagedBatch
+    campaign = nanfuzz.fuzz(kernel, max_examples=500)
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.2.0"
+
+_EXPORTS = {
+    "Kernel": "nanfuzz.harness.kernel",
+    "Capabilities": "nanfuzz.reference.capabilities",
+    "PagedBatch": "nanfuzz.reference.batch",
+    "Case": "nanfuzz.reference.case",
+    "NanfuzzError": "nanfuzz.reference.errors",
+    "Verdict": "nanfuzz.harness.check",
+    "Outcome": "nanfuzz.harness.check",
+    "check": "nanfuzz.harness.api",
+    "fuzz": "nanfuzz.harness.api",
+    "replay": "nanfuzz.harness.api",
+    "resolve": "nanfuzz.harness.registry",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nanfuzz' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
