@@ -1,4 +1,11 @@
-"""Run one kernel on one case and judge it: the verdicts of the design notes."""
+"""Run one kernel on one case and judge it: the verdicts of the design notes.
+
+Three launches per case: the poisoned batch, the same batch again (two
+launches on identical inputs must agree bit for bit), and the batch with
+different finite garbage in every dead slot and redzone (LEAK).  HANG and a
+crash that kills the process are the supervisor's verdicts
+(``harness.worker``); this module judges what a launch that returns gives.
+"""
 from __future__ import annotations
 
 import enum
@@ -17,15 +24,18 @@ from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.materialize import materialize, refill_dead_slots
 from nanfuzz.reference.oracle import oracle
+from nanfuzz.reference.redzones import OUT_GUARD_ROWS
 
-GUARD_ROWS = 2  # canary rows after the last token's output row
+GUARD_ROWS = OUT_GUARD_ROWS  # canary rows after the last token's output row
 
 
 class Verdict(str, enum.Enum):
     """In order of severity; a check reports the first that applies."""
 
     CRASH = "CRASH"
+    HANG = "HANG"
     NONFINITE = "NONFINITE"
+    NONDETERMINISTIC = "NONDETERMINISTIC"
     LEAK = "LEAK"
     MISMATCH = "MISMATCH"
     CLOBBER = "CLOBBER"
@@ -39,6 +49,8 @@ class Outcome:
     evidence: dict = field(default_factory=dict)
     output_sha256: str | None = None
     timings: dict = field(default_factory=dict)
+    # a CRASH that left the device context unusable (sticky CUDA/HIP error): the worker must be replaced
+    fatal: bool = False
 
     @property
     def failed(self) -> bool:
@@ -63,30 +75,48 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
-def _launch(kernel: Kernel, batch, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _no_events(event: str) -> None:
+    pass
+
+
+def _launch(kernel: Kernel, batch, device, events=_no_events) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     case = batch.case
     g = case.geometry
     buffer = torch.full((case.num_tokens + GUARD_ROWS, g.num_q_heads, g.head_size), float("nan"),
                         dtype=batch.q.dtype, device=device)
     out = buffer[: case.num_tokens]
+    events("launch")
     result = kernel(batch, out)
     _sync(device)
+    events("returned")
     return result, out, buffer
+
+
+# Driver errors after which a CUDA or HIP context is dead for the rest of the process.
+_FATAL_SIGNS = ("illegal memory access", "illegal address", "misaligned address", "unspecified launch failure",
+                "device-side assert", "an illegal instruction", "hipErrorIllegalAddress", "hipErrorLaunchFailure",
+                "memory access fault", "CUDA error: launch failure", "context is destroyed")
 
 
 def _crash(exc: BaseException, when: str) -> Outcome:
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300]
+    message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    text = f"{type(exc).__name__}: {exc}"
+    fatal = any(sign.lower() in text.lower() for sign in _FATAL_SIGNS)
     return Outcome(Verdict.CRASH, f"CRASH {when}: {message}",
-                   {"error": message, "traceback": "".join(frames[-6:])[-4000:]})
+                   {"error": message, "traceback": "".join(frames[-6:])[-4000:], "device_fault": fatal},
+                   fatal=fatal)
 
 
 def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
-          interpreter: bool | None = None, digest_pass: bool = True) -> Outcome:
+          interpreter: bool | None = None, digest_pass: bool = True, events=_no_events,
+          explain: bool = False) -> Outcome:
     """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
-    materialize (both batches), kernel (both launches), oracle, verdict (the rest).
+    materialize (every batch), kernel (every launch), oracle, verdict (the rest).
     ``digest_pass=False`` leaves a PASS without its output digest (a copy to
-    the host and a hash that a fuzz loop has no use for)."""
+    the host and a hash that a fuzz loop has no use for).  ``events`` is told
+    "launch" before and "returned" after each launch (the supervisor's watchdog).
+    Whatever the kernel raises, ``SystemExit`` included, is a CRASH."""
     device = torch.device(device)
     if interpreter is None:
         interpreter = device.type == "cpu"
@@ -97,15 +127,15 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     timings = {"materialize": 0.0, "kernel": 0.0, "oracle": 0.0, "verdict": 0.0}
     t0 = time.perf_counter()
     batch = materialize(case, device)
-    snapshot = {name: t.clone() for name, t in batch.inputs().items()}
+    snapshot = batch.clone()
     _sync(device)
     timings["materialize"] += time.perf_counter() - t0
 
     # -- the poisoned run ------------------------------------------------------
     t0 = time.perf_counter()
     try:
-        result, out, buffer = _launch(kernel, batch, device)
-    except Exception as exc:  # the kernel's own failure is the finding
+        result, out, buffer = _launch(kernel, batch, device, events)
+    except BaseException as exc:  # the kernel's own failure is the finding, SystemExit included
         return _crash(exc, "on the poisoned run")
     timings["kernel"] += time.perf_counter() - t0
     expected_shape = (case.num_tokens, g.num_q_heads, g.head_size)
@@ -119,23 +149,33 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     timings["oracle"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    outcome = _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings)
+    outcome = _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings, events)
     if outcome.output_sha256 is None and digest_pass:  # only a PASS comes back without one
         outcome.output_sha256 = digest(result)
     timings["verdict"] += time.perf_counter() - t0 - timings.pop("_leak_run")
     outcome.timings = timings
+    if explain and outcome.verdict in (Verdict.NONFINITE, Verdict.NONDETERMINISTIC, Verdict.LEAK):
+        try:
+            reads = redzone_reads(kernel, case, device, events)
+        except BaseException:  # a kernel that only crashes here keeps the verdict it had
+            reads = []
+        if reads:
+            outcome.evidence["reads_past_tensors"] = reads
+            outcome.summary += "; it reads " + ", ".join(reads)
     return outcome
 
 
-def _pristine(case: Case, snapshot: dict[str, torch.Tensor]) -> PagedBatch:
-    """The batch as materialised, rebuilt from the copies taken before the launch."""
-    tensors = {name: t for name, t in snapshot.items() if name != "sinks"}
-    return PagedBatch(case=case, sinks=snapshot.get("sinks"), **tensors)
+def _differing(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elements whose bits differ, NaN against NaN counting as equal."""
+    differs = _bits(a) != _bits(b)
+    if a.is_floating_point():
+        differs &= ~(torch.isnan(a) & torch.isnan(b))
+    return differs
 
 
-def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings) -> Outcome:
-    """The first verdict that applies.  ``timings`` gets the LEAK run's materialisation
-    and launch under their own phases, and their sum under ``_leak_run``."""
+def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings, events) -> Outcome:
+    """The first verdict that applies.  ``timings`` gets the later runs' materialisation
+    and launches under their own phases, and their sum under ``_leak_run``."""
     g = case.geometry
     timings["_leak_run"] = 0.0
     result64 = result.double()
@@ -149,31 +189,55 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
                        f"finite (tokens {span(ev['tokens'])}, heads {span(ev['heads'])}, sequences {span(ev['sequences'])}); "
                        f"poison they can reach: {classes_line(ev)}", ev, digest(result))
 
-    # -- LEAK: different finite garbage in every dead slot, bit-identical output
+    # -- NONDETERMINISTIC: the same inputs again, bit-identical output ----------
     t0 = time.perf_counter()
-    clean = refill_dead_slots(_pristine(case, snapshot), garbage_seed=1)
-    _sync(device)
+    if kernel.capabilities.deterministic:
+        again = snapshot.clone()
+        _sync(device)
+        t1 = time.perf_counter()
+        try:
+            repeat, _, _ = _launch(kernel, again, device, events)
+        except BaseException as exc:
+            return _crash(exc, "on the repeated run")
+        timings["materialize"] += t1 - t0
+        timings["kernel"] += time.perf_counter() - t1
+        unstable = _differing(repeat, result)
+        if bool(unstable.any()):
+            ev = describe_rows(case, unstable)
+            ev["max_change"] = float((repeat.double() - result64).abs().nan_to_num(float("inf"))[unstable].max())
+            timings["_leak_run"] = time.perf_counter() - t0
+            return Outcome(Verdict.NONDETERMINISTIC,
+                           f"NONDETERMINISTIC: {ev['bad_rows']}/{ev['total_rows']} output rows differ between two "
+                           f"launches on identical inputs (max change {ev['max_change']:.3g}; tokens "
+                           f"{span(ev['tokens'])}, heads {span(ev['heads'])})", ev, digest(result))
+
+    # -- LEAK: different finite garbage in every dead slot, bit-identical output
     t1 = time.perf_counter()
-    try:
-        other, _, _ = _launch(kernel, clean, device)
-    except Exception as exc:
-        return _crash(exc, "on the finite-garbage run")
+    clean = refill_dead_slots(snapshot, garbage_seed=1)
+    _sync(device)
     t2 = time.perf_counter()
-    timings["materialize"] += t1 - t0
-    timings["kernel"] += t2 - t1
-    timings["_leak_run"] = t2 - t0
-    differs = _bits(other) != _bits(result)
-    both_nan = torch.isnan(other) & torch.isnan(result) if result.is_floating_point() else torch.zeros_like(differs)
-    differs &= ~both_nan
+    try:
+        other, _, _ = _launch(kernel, clean, device, events)
+    except BaseException as exc:
+        return _crash(exc, "on the finite-garbage run")
+    t3 = time.perf_counter()
+    timings["materialize"] += t2 - t1
+    timings["kernel"] += t3 - t2
+    timings["_leak_run"] = t3 - t0
+    differs = _differing(other, result)
+    if not kernel.capabilities.deterministic:
+        # two launches of this kernel may differ anyway: only a change beyond the tolerance is a leak
+        differs &= (other.double() - result64).abs().nan_to_num(float("inf")) > allowed_error(reference, g.dtype)
     error = (result64 - reference).abs()
     tolerance = allowed_error(reference, g.dtype)
     off = error > tolerance
     # The remaining verdicts' flags, read back from the device in one go.
     guarded = result.data_ptr() == out.data_ptr()
     written_guard = ~torch.isnan(buffer[case.num_tokens:]).all() if guarded else torch.zeros((), dtype=torch.bool, device=device)
-    now = batch.inputs()
-    written_inputs = [(_bits(before) != _bits(now[name])).any() if before.shape == now[name].shape
-                      else torch.ones((), dtype=torch.bool, device=device) for name, before in snapshot.items()]
+    now, before = batch.bases(), snapshot.bases()
+    changed = {name: _bits(before[name]) != _bits(now[name]) for name in before}
+    regions = _regions(batch)
+    written_inputs = [(_rows(changed[name], inside.dim()) & inside).any() for name, inside in regions]
     worst_error = error.max() if error.numel() else torch.zeros((), dtype=torch.float64, device=device)
     read = torch.stack([worst_error, *(f.double() for f in (differs.any(), off.any(), written_guard, *written_inputs))])
     max_error, *flags = read.tolist()
@@ -203,8 +267,61 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
 
     # -- CLOBBER -----------------------------------------------------------------
     written = ["output guard rows past the last token"] if guard_hit else []
-    written += [name for name, hit in zip(snapshot, inputs_hit) if hit]
+    written += [label for (label, _), hit in zip(_region_labels(batch), inputs_hit) if hit]
     if written:
         return Outcome(Verdict.CLOBBER, f"CLOBBER: the kernel wrote into {', '.join(written)}",
                        {"written": written}, digest(result))
     return Outcome(Verdict.PASS, "PASS", {"max_abs_error": max_error})
+
+
+def redzone_reads(kernel: Kernel, case: Case, device: str | torch.device, events=_no_events) -> list[str]:
+    """Which float redzones the kernel reads: each one, in turn, gets finite garbage instead of NaN;
+    a margin whose change changes the output was read.  Costs a launch per margin (report time only)."""
+    device = torch.device(device)
+    batch = materialize(case, device)
+    pristine = batch.clone()
+    reference, _, _ = _launch(kernel, batch, device, events)
+    again, _, _ = _launch(kernel, pristine.clone(), device, events)
+    if bool(_differing(again, reference).any()):
+        return []  # a nondeterministic kernel: a changed output says nothing about what it read
+    found = []
+    for name, allocation in pristine.allocations.items():
+        if not allocation.base.is_floating_point():
+            continue
+        for side, where in allocation.sides():
+            trial = pristine.clone()
+            region = trial.allocations[name].base[where]
+            trial.allocations[name].base[where] = torch.full_like(region, 0.5)
+            output, _, _ = _launch(kernel, trial, device, events)
+            if bool(_differing(output, reference).any()):
+                found.append(f"the redzone {side} of {name}")
+    return found
+
+
+def _rows(changed: torch.Tensor, dims: int) -> torch.Tensor:
+    """``changed`` reduced to its leading ``dims`` dimensions: did anything in that row change?"""
+    return changed.flatten(dims).any(-1) if changed.dim() > dims else changed
+
+
+def _region_labels(batch: PagedBatch) -> list[tuple[str, str]]:
+    """(label, input name) for every region a kernel must not write: each input, then each redzone side."""
+    labels = [(name, name) for name in batch.bases()]
+    for name, allocation in batch.allocations.items():
+        labels += [(f"the redzone {side} of {name}", name) for side, _ in allocation.sides()]
+    return labels
+
+
+def _regions(batch: PagedBatch) -> list[tuple[str, torch.Tensor]]:
+    """(input name, bool mask over the leading dims of its allocation) in ``_region_labels`` order."""
+    found = []
+    for name, base in batch.bases().items():
+        allocation = batch.allocations.get(name)
+        found.append((name, ~allocation.margin() if allocation else torch.ones(base.shape[:1], dtype=torch.bool,
+                                                                                 device=base.device)))
+    for name, allocation in batch.allocations.items():
+        for _, where in allocation.sides():
+            mask = torch.zeros(allocation.base.shape[: len(allocation.index)], dtype=torch.bool,
+                               device=allocation.base.device)
+            mask[where] = True
+            found.append((name, mask))
+    return found

@@ -14,13 +14,32 @@ from nanfuzz.reference.errors import NanfuzzError
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, like every other usage error
+        print(f"nanfuzz: {message} (see nanfuzz {self.prog.split()[-1] if ' ' in self.prog else ''} --help)".replace("  ", " "),
+              file=sys.stderr)
+        sys.exit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nanfuzz", description="NaN-poisoning fuzzer for paged-attention Triton kernels")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,fuzz,replay,bench,perf}")
+    from nanfuzz import __version__
+
+    parser = _Parser(prog="nanfuzz", description="NaN-poisoning fuzzer for paged-attention Triton kernels")
+    parser.add_argument("--version", action="version", version=f"nanfuzz {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,fuzz,replay,bench,perf}",
+                                parser_class=_Parser)
 
     def common(p):
         p.add_argument("--device", choices=("cpu", "cuda"), help="cuda: the GPU; cpu: Triton's interpreter (default: GPU if present)")
         p.add_argument("--vllm-src", metavar="DIR", help="a vLLM source tree or unpacked wheel for the vllm:* kernels")
+        p.add_argument("--state-dir", metavar="DIR",
+                       help="pending-case journals and the example database (default $NANFUZZ_STATE_DIR or .nanfuzz)")
+        p.add_argument("--launch-timeout", type=float, metavar="S",
+                       help="a launch that does not return within S seconds is a HANG (compiles excluded; "
+                            "default 60 on a GPU, 300 under the interpreter)")
+        p.add_argument("--no-isolation", action="store_true",
+                       help="run launches in this process, not a supervised worker (for debugging; a kernel that "
+                            "kills its process then ends the campaign)")
 
     p = sub.add_parser("list", help="kernels, variants, capabilities, where they run")
     common(p)
@@ -31,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "omit to self-check every built-in kernel")
     p.add_argument("--max-examples", type=int, metavar="N", help="examples per kernel (default: from the profile)")
     p.add_argument("--seed", type=int, metavar="S", help="fix Hypothesis's seed")
-    p.add_argument("--repro-dir", default=DEFAULT_REPRO_DIR, metavar="D", help=f"where repros go (default {DEFAULT_REPRO_DIR})")
+    p.add_argument("--repro-dir", metavar="D", help=f"where repros go (default {DEFAULT_REPRO_DIR})")
     p.add_argument("--profile", choices=("dev", "ci", "pr-gate", "nightly"), help="default: ci under CI=true, else dev")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="wall-time bound per kernel")
     p.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
@@ -91,18 +110,44 @@ def main(argv: list[str] | None = None) -> int:
         device = choose_backend(args.device)  # before any @triton.jit import
         # The interpreter evaluates poisoned lanes in numpy; its NaN warnings are the point, not news.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
-        if args.vllm_src:
-            os.environ["NANFUZZ_VLLM_SRC"] = args.vllm_src
-        return {"list": _list, "fuzz": _fuzz, "replay": _replay, "bench": _bench, "perf": _perf}[args.command](args, device)
+        settings = _settings(args, device)
+        if settings.vllm_src:
+            from nanfuzz.harness.adapters.vllm_loader import set_vllm_source
+
+            set_vllm_source(settings.vllm_src)
+        return {"list": _list, "fuzz": _fuzz, "replay": _replay, "bench": _bench, "perf": _perf}[args.command](args, settings)
     except NanfuzzError as exc:
-        print(f"nanfuzz: {exc}", file=sys.stderr)
+        print(f"nanfuzz: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("nanfuzz: interrupted", file=sys.stderr)
         return 130
 
 
-def _list(args, device) -> int:
+def _settings(args, device: str):
+    """The one place the command line and the environment become Settings."""
+    from nanfuzz.harness.settings import Settings
+
+    if getattr(args, "launch_timeout", None) is not None and args.launch_timeout <= 0:
+        raise NanfuzzError(f"--launch-timeout={args.launch_timeout} must be > 0 seconds")
+    # user kernels are imported from the current directory, as `python -m` does
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    options = dict(device=device, state_dir=_path(args.state_dir), vllm_src=args.vllm_src,
+                   launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
+    if args.command == "fuzz":
+        options.update(repro_dir=_path(args.repro_dir), profile=args.profile, max_examples=args.max_examples,
+                       time_budget=args.time_budget, seed=args.seed, focus=_focus(args), shrink=not args.no_shrink,
+                       pool_size=args.pool, jobs=args.jobs)
+    return Settings.from_environment(**options)
+
+
+def _path(value):
+    return Path(value) if value else None
+
+
+def _list(args, settings) -> int:
+    device = settings.device
     from nanfuzz.harness.registry import builtin_kernels
 
     rows = [("kernel", "expect", "runs on", "capabilities")]
@@ -140,13 +185,12 @@ def _focus(args):
                  poison_classes=tuple(args.poison) if args.poison else None)
 
 
-def _fuzz(args, device) -> int:
-    from nanfuzz.harness.fuzz import fuzz, progress_printer
+def _fuzz(args, settings) -> int:
+    from nanfuzz.harness.fuzz import fuzz
     from nanfuzz.harness.parallel import fuzz_parallel
-    from nanfuzz.harness.picture import picture
     from nanfuzz.harness.profiles import get_profile
     from nanfuzz.harness.registry import builtin_kernels, resolve
-    from nanfuzz.harness.repro import write_repro
+    from nanfuzz.harness.report import print_notes, report_failure
 
     if args.max_examples is not None and args.max_examples < 1:
         raise NanfuzzError(f"--max-examples={args.max_examples} must be >= 1")
@@ -154,32 +198,27 @@ def _fuzz(args, device) -> int:
         raise NanfuzzError(f"--jobs={args.jobs} must be >= 1")
     if args.pool is not None and args.pool < 0:
         raise NanfuzzError(f"--pool={args.pool} must be >= 0")
-    profile = get_profile(args.profile)
-    focus = _focus(args)
+    profile = get_profile(settings.profile)
     kernels = [resolve(args.kernel)] if args.kernel else list(builtin_kernels().values())
     self_check = args.kernel is None
-    mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
-    print(f"nanfuzz fuzz: {len(kernels)} kernel(s), profile {profile.name}, {mode}", flush=True)
+    mode = "GPU" if settings.device == "cuda" else "CPU, Triton interpreter"
+    isolation = "supervised worker" if settings.isolation else "in-process launches"
+    print(f"nanfuzz fuzz: {len(kernels)} kernel(s), profile {profile.name}, {mode}, {isolation}", flush=True)
     rows = [("kernel", "expect", "verdict", "examples", "first failure", "shrink", "time", "result")]
     summary = []
     all_good = True
     any_failure = False
+    interrupted = False
     for kernel in kernels:
-        options = dict(device=device, seed=args.seed, profile=profile, focus=focus, time_budget=args.time_budget,
-                       shrink=not args.no_shrink, pool_size=args.pool)
-        if args.jobs > 1:
-            campaign = fuzz_parallel(kernel, jobs=args.jobs, max_examples=args.max_examples or profile.max_examples,
-                                     **options)
+        if settings.jobs > 1:
+            campaign = fuzz_parallel(kernel, settings)
         else:
-            campaign = fuzz(kernel, max_examples=args.max_examples, on_example=progress_printer(), **options)
+            campaign = fuzz(kernel, settings, on_example=_progress_printer())
+        print_notes(campaign)
         verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
-        paths = []
         if campaign.failed:
             any_failure = True
-            paths = write_repro(kernel.name, campaign.failing_case, campaign.failure, args.repro_dir, device)
-            campaign.repro_paths = [str(p) for p in paths]
-            print(f"\n{kernel.name}: {campaign.failure.summary}\n{picture(campaign.failing_case)}\n"
-                  f"repro: {paths[0]}\n", flush=True)
+            report_failure(kernel, campaign, settings)
         expected = (kernel.expect == "caught") == campaign.failed
         all_good &= expected
         result = ("ok" if expected else "UNEXPECTED") if self_check else ("FAIL" if campaign.failed else "ok")
@@ -187,16 +226,30 @@ def _fuzz(args, device) -> int:
         shrink = f"{campaign.shrink_time:.1f}s" if campaign.shrink_time is not None else "-"
         rows.append((kernel.name, kernel.expect if self_check else "-", verdict, campaign.examples, first, shrink,
                      f"{campaign.elapsed:.1f}s", result))
-        summary.append({"kernel": kernel.name, "expect": kernel.expect, "verdict": verdict, "examples": campaign.examples,
+        summary.append({"kernel": kernel.name, "import_path": kernel.resolvable, "expect": kernel.expect,
+                        "verdict": verdict, "examples": campaign.examples,
                         "elapsed_s": round(campaign.elapsed, 3), "time_to_first_failure_s": campaign.time_to_first_failure,
                         "examples_to_first_failure": campaign.examples_to_first_failure,
                         "shrink_s": campaign.shrink_time, "repro": campaign.repro_paths,
                         "summary": campaign.failure.summary if campaign.failed else "PASS",
+                        "evidence": campaign.failure.evidence if campaign.failed else {},
+                        "notes": campaign.notes, "worker_restarts": campaign.worker_restarts,
                         "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()}})
+        if campaign.interrupted:
+            interrupted = True
+            break
     print()
     _table(rows)
     if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps({"device": device, "profile": profile.name, "kernels": summary}, indent=1))
+        try:
+            Path(args.summary_json).write_text(json.dumps({"device": settings.device, "profile": profile.name,
+                                                           "kernels": summary}, indent=1, default=str))
+        except OSError as exc:
+            print(f"nanfuzz: cannot write --summary-json {args.summary_json!r} ({exc.strerror})", file=sys.stderr)
+    if interrupted:
+        print("nanfuzz: interrupted" + ("; the failure found before it is reported above" if any_failure else ""),
+              file=sys.stderr)
+        return 1 if any_failure else 130
     if self_check:
         print("\nself-check: " + ("every old variant caught, every fixed variant passed" if all_good
                                   else "UNEXPECTED results above"))
@@ -204,11 +257,29 @@ def _fuzz(args, device) -> int:
     return 1 if any_failure else 0
 
 
-def _replay(args, device) -> int:
+def _progress_printer(stream=sys.stderr, every: float = 2.0):
+    """A progress line on long runs: examples, rate, first failure."""
+    started = last = time.perf_counter()
+
+    def show(c) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        if now - last < every:
+            return
+        last = now
+        rate = c.examples / max(now - started, 1e-9)
+        state = "shrinking" if c.time_to_first_failure is not None else "searching"
+        stream.write(f"  {c.kernel}: {c.examples} examples, {rate:.1f}/s, {state}\n")
+        stream.flush()
+
+    return show
+
+
+def _replay(args, settings) -> int:
     from nanfuzz.harness.picture import picture
     from nanfuzz.harness.replay import replay
 
-    result = replay(args.file, kernel_name=args.kernel, device=device)
+    result = replay(args.file, kernel_name=args.kernel, settings=settings)
     print(result.line())
     if result.still_fails:
         from nanfuzz.harness.repro import load_repro
@@ -217,7 +288,8 @@ def _replay(args, device) -> int:
     return 1 if result.still_fails else 0
 
 
-def _bench(args, device) -> int:
+def _bench(args, settings) -> int:
+    device = settings.device
     from nanfuzz.harness.bench import bench, machine, report, table_rows
     from nanfuzz.harness.registry import builtin_kernels, resolve
 
@@ -247,7 +319,8 @@ def _bench(args, device) -> int:
     return 0
 
 
-def _perf(args, device) -> int:
+def _perf(args, settings) -> int:
+    device = settings.device
     from nanfuzz.harness.perf import perf, table_rows
     from nanfuzz.harness.registry import resolve
 

@@ -1,40 +1,43 @@
-"""A Hypothesis campaign against one kernel: generate, check, shrink, report.
+"""The campaign runner: generate, check in a supervised worker, shrink, never lose a failure.
 
-Every case is written to ``<state>/pending/`` before its launch and removed
-after a clean finish, so a kernel that kills the process leaves its case
-behind; the next campaign against that kernel reports it as a CRASH first.
+One runner serves the CLI, the self-check, ``--jobs`` (``harness.parallel``
+runs it once per job process), the gate's shards, bench and the pytest
+plugin.  Everything it is told comes in one ``Settings`` object.
+
+A case goes to the journal before it goes to the subject (a worker process,
+``harness.worker``), so even a campaign process killed outright leaves its
+case behind for the next run to replay.  Every failing case Hypothesis
+meets is remembered as it is met, so a failure survives whatever ends the
+search: a flaky replay, Hypothesis giving up, a shrink that runs out of
+time, Ctrl-C.
 """
 from __future__ import annotations
 
-import json
-import os
-import re
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
+from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
 
-from nanfuzz.harness.backend import host_threads
-from nanfuzz.harness.check import Outcome, Verdict, check
-from nanfuzz.harness.focus import Focus
-from nanfuzz.harness.profiles import Profile, get_profile
+from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.harness.journal import Journal, leftovers
 from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.profiles import Profile, get_profile
+from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.worker import InProcess, Supervised, WorkerSpec
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.strategies import paged_cases
 from nanfuzz.strategies.cases import campaign_pool
 
-STATE_DIR = Path(os.environ.get("NANFUZZ_STATE_DIR", ".nanfuzz"))
-# The example database may live elsewhere (shared by several state folders).
-EXAMPLES_DIR = os.environ.get("NANFUZZ_EXAMPLES_DIR")
 # Examples per Hypothesis run when a campaign is bounded by wall time.
 _CHUNK = 250
 _FIRST_CHUNK = 10
+# Shrinking stops after this long and reports the smallest failing case so far:
+# a HANG costs a launch timeout per candidate, and a gate must finish.
+DEFAULT_SHRINK_BUDGET = 600.0
 
 
 class KernelFailed(Exception):
@@ -46,12 +49,21 @@ class KernelFailed(Exception):
         self.case = case
 
 
-class _StopRequested(KeyboardInterrupt):
-    """Ends a campaign between examples when its caller asks (a sibling job found a failure).
+class StopRequested(KeyboardInterrupt):
+    """Ends a campaign between examples (a sibling job found a failure, the shrink budget ran out).
 
-    A KeyboardInterrupt to Hypothesis, so that it stops without shrinking,
-    reporting or saving the unfinished example to the database.
+    A KeyboardInterrupt to Hypothesis, so that it stops without shrinking
+    further, reporting or saving the unfinished example to the database.
     """
+
+
+class _Aborted(KeyboardInterrupt):
+    """Carries a usage or configuration error (NanfuzzError) out of Hypothesis, which would
+    otherwise take it for a failure of the kernel and try to shrink it."""
+
+    def __init__(self, error: NanfuzzError):
+        super().__init__(str(error))
+        self.error = error
 
 
 # One exception class per verdict: Hypothesis then shrinks a NONFINITE case
@@ -75,175 +87,250 @@ class Campaign:
     repro_paths: list[str] = field(default_factory=list)
     recovered_crash: bool = False
     busy_seconds: float | None = None  # jobs' campaigns: the sum of their own elapsed times
+    notes: list[str] = field(default_factory=list)  # one line each, for the user
+    interrupted: bool = False
+    worker_restarts: int = 0
 
     @property
     def failed(self) -> bool:
         return self.failure is not None
 
-
-def safe_name(kernel_name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", kernel_name)
-
-
-def pending_path(kernel_name: str, state_dir: Path | None = None) -> Path:
-    return (state_dir or STATE_DIR) / "pending" / f"{safe_name(kernel_name)}.json"
+    def count(self, outcome: Outcome) -> None:
+        self.examples += 1
+        self.verdicts[outcome.verdict.value] = self.verdicts.get(outcome.verdict.value, 0) + 1
+        for phase, seconds in outcome.timings.items():
+            self.phase_times[phase] = self.phase_times.get(phase, 0.0) + seconds
 
 
-def _write_pending(path: Path, kernel_name: str, case: Case) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"kernel": kernel_name, "case": case.to_dict()}))
-    os.replace(tmp, path)
+def make_subject(kernel: Kernel, settings: Settings):
+    """The kernel behind a supervised worker, or in this process with ``isolation=False``.
+
+    A worker rebuilds the kernel from its import path; a Kernel made on the
+    fly in the caller's code has none, and runs in this process instead.
+    """
+    if not settings.isolation or not reachable_by_path(kernel):
+        return InProcess(kernel, settings.device)
+    spec = WorkerSpec(kernel=kernel.resolvable, device=settings.device, vllm_src=settings.vllm_src,
+                      cuda_index=settings.cuda_index)
+    return Supervised(spec, launch_timeout=settings.timeout)
 
 
-def recover_pending(kernel_name: str, state_dir: Path | None = None) -> Case | None:
-    """A case left behind by a campaign whose process died mid-launch."""
-    path = pending_path(kernel_name, state_dir)
-    if not path.exists():
-        return None
+def reachable_by_path(kernel: Kernel) -> bool:
+    """Does resolving the kernel's import path in a fresh process give this very kernel?"""
+    from nanfuzz.harness.registry import resolve
+
     try:
-        data = json.loads(path.read_text())
-        return Case.from_dict(data["case"])
-    except (ValueError, KeyError, NanfuzzError):
-        path.unlink()
-        return None
+        return resolve(kernel.resolvable).run is kernel.run
+    except NanfuzzError:
+        return False
 
 
-def crash_campaign(kernel_name: str, device: str, case: Case, who: str) -> Campaign:
-    """What a process that died mid-launch leaves: its pending case, as a CRASH."""
-    failure = Outcome(Verdict.CRASH, f"CRASH: {who} died while running this case",
-                      {"error": "process died during the launch (found in a pending-case file)"})
-    return Campaign(kernel=kernel_name, device=device, failure=failure, failing_case=case, recovered_crash=True)
+def recover_leftovers(kernel: Kernel, settings: Settings, subject) -> tuple[Campaign | None, list[str]]:
+    """Cases that campaigns which died unobserved left in flight, replayed before anything else.
+
+    A leftover that crashes or hangs again is the campaign's failure; one that
+    does not is a note, never a verdict (the process may have died of a signal
+    from outside).  Returns the failure, if any, and the notes.
+    """
+    notes: list[str] = []
+    for case in leftovers(settings.state_dir, kernel.name):
+        outcome = subject.check(case, digest=True)
+        if outcome.verdict in (Verdict.CRASH, Verdict.HANG):
+            notes.append(f"{kernel.name}: a campaign process died while running this case earlier; "
+                         f"replayed in a fresh worker it gives {outcome.verdict.value}")
+            return Campaign(kernel=kernel.name, device=settings.device, failure=outcome, failing_case=case,
+                            recovered_crash=True, notes=notes), notes
+        notes.append(f"{kernel.name}: a campaign process died while running a case earlier; replayed in a fresh "
+                     f"worker it gives {outcome.verdict.value}, so the death was not this kernel's doing (no verdict)")
+    return None, notes
 
 
-def take_leftover_crash(kernel_name: str, device: str, state_dirs: list[Path]) -> Campaign | None:
-    """The case an earlier campaign's process died on, from the first of ``state_dirs``
-    that holds one, as a CRASH; its pending file is removed (the caller reports it)."""
-    for state_dir in state_dirs:
-        case = recover_pending(kernel_name, state_dir)
-        if case is not None:
-            pending_path(kernel_name, state_dir).unlink()
-            return crash_campaign(kernel_name, device, case, "a previous campaign's process")
-    return None
-
-
-def fuzz(kernel: Kernel, *, device: str = "cpu", max_examples: int | None = None, seed: int | None = None,
-         profile: Profile | str | None = None, focus: Focus = Focus(), time_budget: float | None = None,
-         shrink: bool = True, use_database: bool | None = None,
-         on_example: Callable[[Campaign], None] | None = None,
-         should_stop: Callable[[], bool] | None = None, pool_size: int | None = None,
-         pool_seed: int | None = None) -> Campaign:
+def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callable[[Campaign], None] | None = None,
+         should_stop: Callable[[], bool] | None = None, interrupted: Callable[[], bool] | None = None,
+         pool_seed: int | None = None, subject=None, check_leftovers: bool = True,
+         shrink_budget: float = DEFAULT_SHRINK_BUDGET, on_case: Callable[[Case], None] | None = None,
+         **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
 
-    ``should_stop`` is asked before each example while no failure is found;
-    True ends the campaign there, as a pass over the examples run so far.
-    ``pool_size`` overrides the kernel's ``specialisation_pool`` (0: none); the
-    pool is drawn from ``pool_seed`` (default: ``seed``, else 0), so the same
-    seed meets the same geometries, their example-database entries and compiles.
+    ``settings`` fields may be overridden by keyword (``device=``, ``max_examples=``, ...).
+    ``should_stop`` is asked before each example while no failure is found
+    (a sibling job found one); ``interrupted`` before every example, shrinking
+    included (stop now, keep the smallest failure so far).  ``pool_seed``
+    picks the specialisation pool (default: the seed, else 0).  ``on_case``
+    sees every generated case (statistics).
     """
-    profile = get_profile(profile) if not isinstance(profile, Profile) else profile
+    settings = (settings or Settings()).replace(**overrides) if overrides else (settings or Settings())
+    profile = get_profile(settings.profile) if not isinstance(settings.profile, Profile) else settings.profile
+    device = settings.device
     interpreter = device == "cpu"
-    caps = focus.apply(kernel.capabilities, kernel.name)
+    caps = settings.focus.apply(kernel.capabilities, kernel.name)
     if interpreter and not [d for d in caps.dtypes if d in caps.interpreter_dtypes]:
         raise NanfuzzError(f"kernel {kernel.name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's interpreter; "
                            "use --device cuda")
-    max_examples = max_examples or profile.max_examples
-    time_budget = time_budget if time_budget is not None else profile.time_budget
-    use_database = profile.use_database if use_database is None else use_database
+    max_examples = settings.max_examples or profile.max_examples
+    time_budget = settings.time_budget if settings.time_budget is not None else profile.time_budget
+    use_database = profile.use_database if settings.use_database is None else settings.use_database
     campaign = Campaign(kernel=kernel.name, device=device)
     start = time.perf_counter()
-    pending = pending_path(kernel.name)
 
-    leftover = take_leftover_crash(kernel.name, device, [STATE_DIR])
-    if leftover is not None:
-        return leftover
-
-    def run_case(case: Case) -> None:
-        if should_stop is not None and campaign.time_to_first_failure is None and should_stop():
-            raise _StopRequested()
-        _write_pending(pending, kernel.name, case)
-        outcome = check(kernel, case, device, interpreter=interpreter, digest_pass=False)
-        campaign.examples += 1
-        campaign.verdicts[outcome.verdict.value] = campaign.verdicts.get(outcome.verdict.value, 0) + 1
-        for phase, seconds in outcome.timings.items():
-            campaign.phase_times[phase] = campaign.phase_times.get(phase, 0.0) + seconds
-        if outcome.failed and campaign.time_to_first_failure is None:
-            campaign.time_to_first_failure = time.perf_counter() - start
-            campaign.examples_to_first_failure = campaign.examples
-        if on_example is not None:
-            on_example(campaign)
-        if outcome.failed:
-            raise _FAILURE_TYPES[outcome.verdict](outcome, case)
-
-    if pool_size is None:
-        # the kernel's own pool is for compiles, and under the interpreter nothing compiles
-        pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
-    pool_seed = pool_seed if pool_seed is not None else (seed or 0)
-    pool = campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter) if pool_size else None
-    strategy = paged_cases(caps, interpreter=interpreter, poison_classes=focus.poison_classes, pool=pool)
-    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if shrink else [])
-    database = DirectoryBasedExampleDatabase(EXAMPLES_DIR or str(STATE_DIR / "examples")) if use_database else None
-    remaining = max_examples
-    chunk_index = 0
+    own_subject = subject is None
+    subject = make_subject(kernel, settings) if own_subject else subject
     try:
-        while remaining > 0:
-            elapsed = time.perf_counter() - start
-            if time_budget is not None and elapsed >= time_budget:
-                break
-            size = remaining
-            if time_budget is not None:
-                # size each Hypothesis run from the measured cost of an example,
-                # so the clock is looked at often enough to keep the budget
-                per_example = elapsed / campaign.examples if campaign.examples else None
-                fit = _FIRST_CHUNK if per_example is None else int((time_budget - elapsed) / max(per_example, 1e-6))
-                size = max(1, min(remaining, _CHUNK, fit))
-            property_ = given(case=strategy)(lambda case: run_case(case))
-            property_.hypothesis.inner_test._hypothesis_internal_add_digest = (
-                f"nanfuzz:{kernel.name}:{device}:{focus.label()}"
-                + (f":pool{len(pool)}/{pool_seed}" if pool else "")).encode()
-            if seed is not None or chunk_index:
-                property_ = hypothesis_seed((seed or 0) * 1_000_003 + chunk_index)(property_)
-            # settings after @seed: @seed alone would switch the example database off
-            configured = settings(
-                max_examples=size, deadline=None, database=database, phases=phases,
-                derandomize=profile.derandomize and seed is None, report_multiple_bugs=False,
-                suppress_health_check=list(HealthCheck), print_blob=False)(property_)
-            before = campaign.examples
-            try:
-                with host_threads(device):
-                    configured()
-            except KernelFailed as failure:
-                campaign.failure = failure.outcome
-                campaign.failing_case = failure.case
-                break
-            except _StopRequested:
-                break
-            remaining -= max(1, campaign.examples - before)
-            chunk_index += 1
-    except HypothesisException as exc:
-        raise NanfuzzError(f"kernel {kernel.name}: Hypothesis stopped the campaign: {exc}".splitlines()[0]) from None
+        if check_leftovers:
+            leftover, notes = recover_leftovers(kernel, settings, subject)
+            campaign.notes += notes
+            if leftover is not None:
+                return leftover
+        with Journal(settings.state_dir, kernel.name) as journal:
+            if journal.note:
+                campaign.notes.append(journal.note)
+            _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
+                    use_database, pool_seed, on_example, should_stop, interrupted, shrink_budget, on_case)
+        if campaign.failed and settings.replays and not campaign.interrupted:
+            _replay_found(campaign, subject, settings.replays)
     finally:
-        if pending.exists():
-            pending.unlink()
+        if own_subject:
+            campaign.worker_restarts = getattr(subject, "restarts", 0)
+            subject.close()
     campaign.elapsed = time.perf_counter() - start
     if campaign.failure is not None and campaign.time_to_first_failure is not None:
         campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
     return campaign
 
 
-def progress_printer(stream=sys.stderr, every: float = 2.0) -> Callable[[Campaign], None]:
-    """A progress line on long runs: examples, rate, first failure."""
-    last = [time.perf_counter()]
-    started = [time.perf_counter()]
+def _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
+            use_database, pool_seed, on_example, should_stop, interrupted, shrink_budget, on_case) -> None:
+    """Hypothesis runs until the examples or the time are spent, or a failure is shrunk."""
+    device = settings.device
+    interpreter = device == "cpu"
+    seen: dict = {}  # "first": (outcome, case); "best": the latest failure of the first's verdict
 
-    def show(c: Campaign) -> None:
-        now = time.perf_counter()
-        if now - last[0] < every:
+    def run_case(case: Case) -> None:
+        if interrupted is not None and interrupted():
+            raise StopRequested()
+        if "first" not in seen and should_stop is not None and should_stop():
+            raise StopRequested()
+        if "first" in seen and time.perf_counter() - start - campaign.time_to_first_failure > shrink_budget:
+            campaign.notes.append(f"{kernel.name}: shrinking stopped after {shrink_budget:.0f} s; "
+                                  "the repro is the smallest failing case found by then")
+            raise StopRequested()
+        journal.record(case)
+        try:
+            outcome = subject.check(case)
+        except NanfuzzError as exc:
+            raise _Aborted(exc) from None
+        journal.clear()
+        campaign.count(outcome)
+        if on_case is not None:
+            on_case(case)
+        if outcome.failed:
+            if "first" not in seen:
+                campaign.time_to_first_failure = time.perf_counter() - start
+                campaign.examples_to_first_failure = campaign.examples
+                seen["first"] = seen["best"] = (outcome, case)
+            elif outcome.verdict is seen["first"][0].verdict:
+                seen["best"] = (outcome, case)
+        if on_example is not None:
+            on_example(campaign)
+        if outcome.failed:
+            raise _FAILURE_TYPES[outcome.verdict](outcome, case)
+
+    pool_size = settings.pool_size
+    if pool_size is None:
+        # the kernel's own pool is for compiles, and under the interpreter nothing compiles
+        pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
+    pool_seed = pool_seed if pool_seed is not None else (settings.seed or 0)
+    pool = campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter) if pool_size else None
+    strategy = paged_cases(caps, interpreter=interpreter, poison_classes=settings.focus.poison_classes, pool=pool)
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if settings.shrink else [])
+    database = _database(settings, campaign) if use_database else None
+    remaining = max_examples
+    chunk_index = 0
+    while remaining > 0:
+        elapsed = time.perf_counter() - start
+        if time_budget is not None and elapsed >= time_budget:
+            break
+        size = remaining
+        if time_budget is not None:
+            # size each Hypothesis run from the measured cost of an example,
+            # so the clock is looked at often enough to keep the budget
+            per_example = elapsed / campaign.examples if campaign.examples else None
+            fit = _FIRST_CHUNK if per_example is None else int((time_budget - elapsed) / max(per_example, 1e-6))
+            size = max(1, min(remaining, _CHUNK, fit))
+        property_ = given(case=strategy)(lambda case: run_case(case))
+        property_.hypothesis.inner_test._hypothesis_internal_add_digest = (
+            f"nanfuzz:{kernel.name}:{device}:{settings.focus.label()}"
+            + (f":pool{len(pool)}/{pool_seed}" if pool else "")).encode()
+        if settings.seed is not None or chunk_index:
+            property_ = hypothesis_seed((settings.seed or 0) * 1_000_003 + chunk_index)(property_)
+        # settings after @seed: @seed alone would switch the example database off
+        configured = hypothesis_settings(
+            max_examples=size, deadline=None, database=database, phases=phases,
+            derandomize=profile.derandomize and settings.seed is None, report_multiple_bugs=False,
+            suppress_health_check=list(HealthCheck), print_blob=False)(property_)
+        before = campaign.examples
+        try:
+            configured()
+        except KernelFailed as failure:
+            campaign.failure, campaign.failing_case = failure.outcome, failure.case
             return
-        last[0] = now
-        rate = c.examples / max(now - started[0], 1e-9)
-        state = "shrinking" if c.time_to_first_failure is not None else "searching"
-        stream.write(f"  {c.kernel}: {c.examples} examples, {rate:.1f}/s, {state}\n")
-        stream.flush()
+        except _Aborted as aborted:
+            raise aborted.error from None
+        except StopRequested:
+            if interrupted is not None and interrupted():
+                campaign.interrupted = True
+            break
+        except KeyboardInterrupt:
+            campaign.interrupted = True
+            break
+        except HypothesisException as exc:
+            # e.g. a failure that did not repeat when Hypothesis replayed it (Flaky)
+            if "first" not in seen:
+                raise NanfuzzError(f"kernel {kernel.name}: Hypothesis stopped the campaign: {exc}".splitlines()[0]) from None
+            campaign.notes.append(f"{kernel.name}: Hypothesis stopped shrinking ({type(exc).__name__}): the failure "
+                                  "did not repeat on every run; the repro is the last failing case seen")
+            break
+        remaining -= max(1, campaign.examples - before)
+        chunk_index += 1
+    if "best" in seen:
+        campaign.failure, campaign.failing_case = seen["best"]
 
-    return show
+
+def _database(settings: Settings, campaign: Campaign):
+    path = settings.examples_path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".nanfuzz-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        campaign.notes.append(f"example database {str(path)!r} is not writable ({exc.strerror}); "
+                              "running without it")
+        return None
+    return DirectoryBasedExampleDatabase(str(path))
+
+
+def _replay_found(campaign: Campaign, subject, replays: int) -> None:
+    """Run the reported case again in the subject: how often does it repeat, bit for bit?"""
+    outcome = campaign.failure
+    runs = 1 if outcome.verdict is Verdict.HANG else replays  # each HANG replay costs a whole timeout
+    repeated = 0
+    digests = set()
+    final = None
+    for n in range(runs):
+        again = subject.check(campaign.failing_case, digest=True, explain=n == 0)
+        if again.verdict is outcome.verdict:
+            repeated += 1
+            final = final or again
+            if again.output_sha256:
+                digests.add(again.output_sha256)
+    if final is not None:
+        final.evidence = {**final.evidence, "repeated": f"{repeated}/{runs}"}
+        campaign.failure = final
+    else:
+        outcome.evidence = {**outcome.evidence, "repeated": f"0/{runs}"}
+    if repeated < runs:
+        campaign.notes.append(f"{campaign.kernel}: the reported {outcome.verdict.value} repeated on {repeated} of "
+                              f"{runs} replays in a fresh run: a flaky or nondeterministic failure")
+    if len(digests) > 1:
+        campaign.notes.append(f"{campaign.kernel}: replays of the failing case gave {len(digests)} different outputs")

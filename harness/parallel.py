@@ -2,65 +2,79 @@
 
 A campaign spends most of its time in Python (Hypothesis, building the case,
 the verdict) while the GPU idles, so ``jobs`` processes sharing the device
-run that many times the examples.  Job ``i`` fuzzes with seed ``seed + i``
-(its own random draws when no seed is given) and, for kernels that compile
-per shape, pool ``seed + i`` (or ``i``), so the same jobs meet the same pools,
-database entries and compiles run after run.  Each keeps its pending-case
-file in ``<state>/jobs/<i>`` and shares the example database.  The first job to fail asks the others to stop and shrinks; the
-merged campaign reports its failure, the examples of all jobs, and times
-measured from the start of the whole run.
+run that many times the examples.  Job ``i`` runs the ordinary campaign
+runner (``harness.fuzz``) with seed ``seed + i`` (its own random draws when
+no seed is given) and, for kernels that compile per shape, pool ``seed + i``
+(or ``i``), so the same jobs meet the same pools, database entries and
+compiles run after run.  Each job has its own supervised worker and its own
+journal, and they share the example database.  The first job to fail asks
+the others to stop and shrinks; the merged campaign reports its failure, the
+examples of all jobs, and times measured from the start of the whole run.
+
+Ctrl-C: every job stops at once, keeps the smallest failure it had, and the
+run reports it; jobs that do not answer within two seconds are killed.
 """
 from __future__ import annotations
 
 import multiprocessing
 import queue
-import shutil
+import signal
 import threading
 import time
-from pathlib import Path
 
-import nanfuzz.harness.fuzz as fuzz_module
-from nanfuzz.harness.fuzz import Campaign
 from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 
 _WARMUP_SEED = 1_000_003
 _READY_TIMEOUT = 600.0
+_INTERRUPT_GRACE = 2.0
 
 
-def _run_job(index: int, kernel_spec: str, device: str, state_dir: str, examples_dir: str, options: dict,
-             warmup: int, stop_event, results, ready) -> None:
+def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, warmup: int,
+             stop_event, interrupt_event, results, ready) -> None:
     """A job process: one campaign, after ``warmup`` unmeasured examples and
     a wait at ``ready`` until every job has warmed up (so the measured
     campaigns run side by side).
 
     Puts ``(index, campaign, (started, ended))`` or ``(index, error, None)``.
     """
-    fuzz_module.STATE_DIR = Path(state_dir)
-    fuzz_module.EXAMPLES_DIR = examples_dir
+    def interrupt(signum, frame):
+        interrupt_event.set()  # the campaign stops at its next case and keeps what it found
 
-    def note_failure(campaign: Campaign) -> None:
-        if campaign.time_to_first_failure is not None:
-            stop_event.set()
-
+    signal.signal(signal.SIGINT, interrupt)
     try:
+        from nanfuzz.harness.fuzz import fuzz, make_subject
         from nanfuzz.harness.registry import resolve
 
         kernel = resolve(kernel_spec)
-        if warmup:
-            fuzz_module.fuzz(kernel, device=device, max_examples=warmup, seed=options["pool_seed"] + _WARMUP_SEED,
-                             pool_seed=options["pool_seed"], profile=options["profile"], shrink=False,
-                             use_database=False, pool_size=options["pool_size"])
-            try:
-                ready.wait(timeout=_READY_TIMEOUT)
-            except threading.BrokenBarrierError:
-                pass  # a job died or took too long warming up: start anyway
-        started = time.time()
-        campaign = fuzz_module.fuzz(kernel, device=device, on_example=note_failure,
-                                    should_stop=stop_event.is_set, **options)
+        subject = make_subject(kernel, settings)
+        try:
+            if warmup:
+                fuzz(kernel, settings.replace(max_examples=warmup, seed=pool_seed + _WARMUP_SEED, shrink=False,
+                                              use_database=False, replays=0),
+                     pool_seed=pool_seed, subject=subject, check_leftovers=False, interrupted=interrupt_event.is_set)
+                try:
+                    ready.wait(timeout=_READY_TIMEOUT)
+                except threading.BrokenBarrierError:
+                    pass  # a job died or took too long warming up: start anyway
+            started = time.time()
+
+            def note_failure(campaign) -> None:
+                if campaign.time_to_first_failure is not None:
+                    stop_event.set()
+
+            campaign = fuzz(kernel, settings, on_example=note_failure, should_stop=stop_event.is_set,
+                            interrupted=interrupt_event.is_set, pool_seed=pool_seed, subject=subject,
+                            check_leftovers=False)
+        finally:
+            subject.close()
     except NanfuzzError as exc:
         stop_event.set()
         results.put((index, str(exc), None))
+        return
+    except KeyboardInterrupt:
+        results.put((index, "interrupted", None))
         return
     results.put((index, campaign, (started, time.time())))
 
@@ -70,90 +84,114 @@ def split(total: int, jobs: int) -> list[int]:
     return [total // jobs + (1 if i < total % jobs else 0) for i in range(jobs)]
 
 
-def fuzz_parallel(kernel: Kernel, *, jobs: int, device: str = "cpu", max_examples: int, seed: int | None = None,
-                  profile=None, focus=None, time_budget: float | None = None, shrink: bool = True,
-                  use_database: bool | None = None, pool_size: int | None = None, warmup: int = 0) -> Campaign:
-    """One campaign of ``max_examples`` spread over ``jobs`` processes; see the module notes.
+def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: int = 0, **overrides):
+    """One campaign of ``settings.max_examples`` spread over ``settings.jobs`` processes; see the module notes.
 
     ``warmup``: each job first runs that many unmeasured examples (its
     compiles, imports, caches); the campaign's times then run from the
     earliest measured start to the last job's end.
     """
-    kernel_name = kernel.name
-    if jobs < 1:
-        raise NanfuzzError(f"--jobs={jobs} must be >= 1")
-    if max_examples < jobs:
-        raise NanfuzzError(f"{max_examples} examples cannot be shared by {jobs} jobs; use fewer jobs")
+    from nanfuzz.harness.fuzz import Campaign, make_subject, recover_leftovers
     from nanfuzz.harness.profiles import get_profile
 
-    profile = get_profile(profile) if profile is None or isinstance(profile, str) else profile
+    settings = (settings or Settings()).replace(**overrides)
+    jobs = settings.jobs
+    if jobs < 1:
+        raise NanfuzzError(f"--jobs={jobs} must be >= 1")
+    profile = get_profile(settings.profile)
+    max_examples = settings.max_examples or profile.max_examples
+    if max_examples < jobs:
+        raise NanfuzzError(f"{max_examples} examples cannot be shared by {jobs} jobs; use fewer jobs")
+    seed = settings.seed
     # Job i fuzzes pool i (or seed + i): the same jobs meet the same pools, database entries and compiles.
     if seed is None and profile.derandomize:
         seed = 0
-    state = fuzz_module.STATE_DIR
-    examples_dir = fuzz_module.EXAMPLES_DIR or str((state / "examples").absolute())
-    job_dirs = [state / "jobs" / str(i) for i in range(jobs)]
-    leftover = fuzz_module.take_leftover_crash(kernel_name, device, [state, *sorted((state / "jobs").glob("*"))])
+
+    subject = make_subject(kernel, settings)
+    try:
+        leftover, notes = recover_leftovers(kernel, settings, subject)
+    finally:
+        subject.close()
     if leftover is not None:
         return leftover
-    for d in job_dirs:
-        shutil.rmtree(d, ignore_errors=True)
-    common = dict(profile=profile, time_budget=time_budget, shrink=shrink, use_database=use_database,
-                  pool_size=pool_size, **({"focus": focus} if focus is not None else {}))
+
     # spawn, not fork: a forked child of a process that used CUDA cannot use it
     context = multiprocessing.get_context("spawn")
-    stop_event, results, ready = context.Event(), context.Queue(), context.Barrier(jobs)
+    stop_event, interrupt_event = context.Event(), context.Event()
+    results, ready = context.Queue(), context.Barrier(jobs)
     start = time.time()
     processes = []
-    for i, (job_dir, examples) in enumerate(zip(job_dirs, split(max_examples, jobs))):
+    for i, examples in enumerate(split(max_examples, jobs)):
         job_seed = None if seed is None else seed + i
-        options = dict(common, max_examples=examples, seed=job_seed, pool_seed=i if job_seed is None else job_seed)
-        processes.append(context.Process(target=_run_job, daemon=True, args=(
-            i, kernel.resolvable, device, str(job_dir.absolute()), examples_dir, options, warmup,
-            stop_event, results, ready)))
+        job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed)
+        processes.append(context.Process(target=_run_job, daemon=True, name=f"nanfuzz-job-{i}", args=(
+            i, kernel.resolvable, job_settings, i if job_seed is None else job_seed, warmup,
+            stop_event, interrupt_event, results, ready)))
         processes[-1].start()
     done: dict[int, tuple] = {}
     died: list[int] = []
+    interrupted = False
     try:
-        while len(done) + len(died) < jobs:
-            try:
-                index, payload, span = results.get(timeout=0.5)
-                done[index] = (payload, span)
-                continue
-            except queue.Empty:
-                pass
-            for i, p in enumerate(processes):
-                # a job that exits without a result died (a kernel that kills its process)
-                if i not in done and i not in died and p.exitcode is not None and results.empty():
-                    died.append(i)
-                    stop_event.set()
-                    ready.abort()  # jobs still warming up must not wait for it
+        _collect(processes, results, done, died, stop_event, ready, deadline=None)
+    except KeyboardInterrupt:
+        interrupted = True
+        interrupt_event.set()
+        ready.abort()
+        try:
+            _collect(processes, results, done, died, stop_event, ready, deadline=time.time() + _INTERRUPT_GRACE)
+        except KeyboardInterrupt:
+            pass
     finally:
         for p in processes:
-            p.join(timeout=60)
+            p.join(timeout=0 if interrupted else 60)
             if p.is_alive():
                 p.kill()
-    errors = [payload for payload, _ in done.values() if isinstance(payload, str)]
-    if errors and not died:
-        raise NanfuzzError(errors[0])
+                p.join(timeout=5)
+    errors = [payload for payload, _ in done.values() if isinstance(payload, str) and payload != "interrupted"]
     finished = [v for v in done.values() if isinstance(v[0], Campaign)]
+    if errors and not died and not any(c.failed for c, _ in finished):
+        raise NanfuzzError(errors[0])
     measured_from = min((span[0] for _, span in finished), default=start) if warmup else start
-    merged = _merge(kernel_name, device, finished, measured_from)
-    if died:
-        _recover_crash(merged, kernel_name, [job_dirs[i] for i in died])
-    for d in job_dirs:
-        shutil.rmtree(d, ignore_errors=True)
+    merged = _merge(kernel.name, settings.device, finished, measured_from)
+    merged.notes = notes + merged.notes
+    merged.interrupted = interrupted or any(c.interrupted for c, _ in finished)
+    if died and not merged.failed:
+        raise NanfuzzError(f"kernel {kernel.name}: a job process died outside the kernel's launches "
+                           f"(exit status {processes[died[0]].exitcode}); run with --jobs 1 to see why")
     merged.elapsed = max((span[1] for _, span in finished), default=time.time()) - measured_from
     return merged
 
 
-def _merge(kernel_name: str, device: str, results: list[tuple[Campaign, tuple[float, float]]],
-           start: float) -> Campaign:
+def _collect(processes, results, done, died, stop_event, ready, deadline) -> None:
+    """Results until every job has answered or died (or ``deadline`` passes)."""
+    while len(done) + len(died) < len(processes):
+        if deadline is not None and time.time() >= deadline:
+            return
+        try:
+            index, payload, span = results.get(timeout=0.2)
+            done[index] = (payload, span)
+            continue
+        except queue.Empty:
+            pass
+        for i, p in enumerate(processes):
+            # a job that exits without a result died: the campaign runner never lets a kernel kill it,
+            # so this is the job process itself
+            if i not in done and i not in died and p.exitcode is not None and results.empty():
+                died.append(i)
+                stop_event.set()
+                ready.abort()  # jobs still warming up must not wait for it
+
+
+def _merge(kernel_name: str, device: str, results: list, start: float):
+    from nanfuzz.harness.fuzz import Campaign
+
     merged = Campaign(kernel=kernel_name, device=device, busy_seconds=0.0)
     first_failure_at = None
     for campaign, (started, _) in results:
         merged.busy_seconds += campaign.elapsed
         merged.examples += campaign.examples
+        merged.notes += campaign.notes
+        merged.worker_restarts += campaign.worker_restarts
         for verdict, n in campaign.verdicts.items():
             merged.verdicts[verdict] = merged.verdicts.get(verdict, 0) + n
         for phase, seconds in campaign.phase_times.items():
@@ -168,15 +206,3 @@ def _merge(kernel_name: str, device: str, results: list[tuple[Campaign, tuple[fl
                 merged.recovered_crash = campaign.recovered_crash
                 merged.examples_to_first_failure = campaign.examples_to_first_failure  # in the job that found it
     return merged
-
-
-def _recover_crash(merged: Campaign, kernel_name: str, job_dirs: list[Path]) -> None:
-    """A job process died: its pending case is the crash, which outranks any other failure."""
-    for d in job_dirs:
-        case = fuzz_module.recover_pending(kernel_name, d)
-        if case is not None:
-            crashed = fuzz_module.crash_campaign(kernel_name, merged.device, case, "a job process")
-            merged.failure, merged.failing_case, merged.recovered_crash = crashed.failure, case, True
-            return
-    raise NanfuzzError(f"kernel {kernel_name}: a job process died outside a kernel launch; "
-                       "run with --jobs 1 to see why")

@@ -1,11 +1,12 @@
-"""Re-run a repro and say whether the bug is still there, bit for bit."""
+"""Re-run a repro in a fresh worker process and say whether the bug is still there, bit for bit."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanfuzz.harness.check import Outcome, check
+from nanfuzz.harness.check import Outcome
 from nanfuzz.harness.registry import resolve
 from nanfuzz.harness.repro import environment, load_repro
+from nanfuzz.harness.settings import Settings
 
 
 @dataclass
@@ -30,14 +31,22 @@ class Replay:
                 f"  {self.outcome.summary}")
 
 
-def replay(path: str, *, kernel_name: str | None = None, device: str = "cpu") -> Replay:
+def replay(path: str, *, kernel_name: str | None = None, settings: Settings | None = None,
+           device: str | None = None) -> Replay:
+    from nanfuzz.harness.fuzz import make_subject
+
+    settings = settings or Settings(device=device or "cpu")
     record = load_repro(path)
     kernel = resolve(kernel_name or record["kernel"])
-    outcome = check(kernel, record["case"], device)
+    subject = make_subject(kernel, settings)
+    try:
+        outcome = subject.check(record["case"], digest=True)
+    finally:
+        subject.close()
     recorded_env = record.get("environment", {})
-    now_env = environment(device)
+    now_env = environment(settings.device)
     same = all(recorded_env.get(k) == now_env.get(k) for k in ("device_name", "torch", "triton"))
     identical = None
-    if same and kernel.name == record["kernel"] and record.get("output_sha256"):
+    if same and kernel_name is None and record.get("output_sha256"):
         identical = outcome.output_sha256 == record["output_sha256"]
     return Replay(kernel.name, record.get("verdict", "?"), outcome, same, identical)

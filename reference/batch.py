@@ -1,11 +1,12 @@
 """The canonical batch a kernel adapter receives."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from nanfuzz.reference.case import Case
+from nanfuzz.reference.redzones import Allocation
 
 
 @dataclass
@@ -28,6 +29,28 @@ class PagedBatch:
     seq_lens: torch.Tensor      # int32 [num_seqs]
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]
     sinks: torch.Tensor | None  # float32 [num_q_heads], logits added to the denominator only
+    # name -> the allocation each input is a view into (see reference.redzones); empty: no redzones
+    allocations: dict[str, Allocation] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_allocations(cls, case: Case, allocations: dict[str, Allocation]) -> "PagedBatch":
+        views = {name: a.view for name, a in allocations.items()}
+        views.setdefault("sinks", None)
+        return cls(case=case, allocations=allocations, **views)
+
+    def clone(self) -> "PagedBatch":
+        """A deep copy, redzones included, with the same views into the copied allocations."""
+        if self.allocations:
+            return PagedBatch.from_allocations(self.case, {n: a.clone() for n, a in self.allocations.items()})
+        tensors = {name: t.clone() for name, t in self.inputs().items()}
+        tensors.setdefault("sinks", None)
+        return PagedBatch(case=self.case, **tensors)
+
+    def bases(self) -> dict[str, torch.Tensor]:
+        """Every input's whole allocation (margins included) by name."""
+        if self.allocations:
+            return {name: a.base for name, a in self.allocations.items()}
+        return self.inputs()
 
     @property
     def scale(self) -> float:

@@ -31,6 +31,9 @@ class Capabilities:
     # block size fuzz a pool of this many such combinations per campaign on
     # the GPU (see strategies.specialisations); None = draw them freely.
     specialisation_pool: int | None = None
+    # False for a kernel whose output may legitimately differ between identical
+    # launches (atomics, split-K reductions in arrival order): skips NONDETERMINISTIC.
+    deterministic: bool = True
 
     @property
     def decode_only(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from nanfuzz.reference import values
+from nanfuzz.reference import redzones, values
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.semantics import slot_liveness
@@ -188,15 +188,56 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
         index = torch.arange(g.num_q_heads, device=device, dtype=torch.int64)
         sinks = (values.uniform(case.data_seed, "sinks", index) * 2.0).to(torch.float32)
 
-    return PagedBatch(
-        case=case, q=q, k=k, v=v, key_cache=key_cache, value_cache=value_cache,
-        block_table=block_table, seq_lens=on_device["seq_lens"].to(torch.int32),
-        query_start_loc=on_device["starts"].to(torch.int32), sinks=sinks,
-    )
+    margin = _margin_fill(case, garbage_seed, poisoned)
+    allocations = _surround(case, margin, q=q, k=k, v=v, key_cache=key_cache, value_cache=value_cache,
+                            block_table=block_table, seq_lens=on_device["seq_lens"].to(torch.int32),
+                            query_start_loc=on_device["starts"].to(torch.int32), sinks=sinks)
+    return PagedBatch.from_allocations(case, allocations)
+
+
+def _margin_fill(case: Case, garbage_seed: int, poisoned: bool):
+    """What float redzones hold: NaN in the poisoned run, seeded finite garbage otherwise
+    (so a kernel that reads past a tensor also changes its output between the LEAK runs)."""
+    if poisoned:
+        return lambda stream: float("nan")
+    seed = _derive(case.data_seed, 3, garbage_seed)
+
+    def garbage(stream: str):
+        def make(shape):
+            count = 1
+            for n in shape:
+                count *= n
+            return _garbage(seed, stream, torch.arange(count, dtype=torch.int64)).view(shape)
+        return make
+
+    return garbage
+
+
+def _surround(case: Case, margin, **tensors) -> dict[str, redzones.Allocation]:
+    g = case.geometry
+    z = redzones
+    trap = g.num_blocks  # the first block past the cache: a redzone block, NaN in the poisoned run
+    reach = (case.table_width + z.TABLE_EXTRA_COLUMNS) * g.block_size
+    made = {
+        "q": z.surround(tensors["q"], 0, z.TOKEN_ROWS_AFTER, margin("redzone_q")),
+        "k": z.surround(tensors["k"], 0, z.TOKEN_ROWS_AFTER, margin("redzone_k")),
+        "v": z.surround(tensors["v"], 0, z.TOKEN_ROWS_AFTER, margin("redzone_v")),
+        "key_cache": z.surround(tensors["key_cache"], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
+                                margin("redzone_key_cache")),
+        "value_cache": z.surround(tensors["value_cache"], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
+                                  margin("redzone_value_cache")),
+        "block_table": z.table(tensors["block_table"], trap),
+        "seq_lens": z.surround(tensors["seq_lens"], 0, z.LENGTHS_AFTER, reach),
+        "query_start_loc": z.surround(tensors["query_start_loc"], 0, z.LENGTHS_AFTER,
+                                      case.num_tokens + z.OUT_GUARD_ROWS),
+    }
+    if tensors["sinks"] is not None:
+        made["sinks"] = z.surround(tensors["sinks"], 0, z.SINKS_AFTER, margin("redzone_sinks"))
+    return made
 
 
 def refill_dead_slots(batch: PagedBatch, garbage_seed: int) -> PagedBatch:
-    """A copy of ``batch`` with the finite garbage of ``garbage_seed`` in every dead slot.
+    """A copy of ``batch`` with the finite garbage of ``garbage_seed`` in every dead slot and redzone.
 
     For a freshly materialised ``batch`` this is bit-identical to
     ``materialize(batch.case, device, garbage_seed=garbage_seed, poisoned=False)``
@@ -205,16 +246,16 @@ def refill_dead_slots(batch: PagedBatch, garbage_seed: int) -> PagedBatch:
     """
     case = batch.case
     device = batch.key_cache.device
+    copy = batch.clone()
     (dead,) = host_to_device(device, _slots(~live_mask(case, "cpu")))
     seed = _derive(case.data_seed, 2, garbage_seed)
-    caches = {}
-    for which, cache in (("k", batch.key_cache), ("v", batch.value_cache)):
-        flat = cache.flatten(0, 1).flatten(1).clone()
+    for which, cache in (("k", copy.key_cache), ("v", copy.value_cache)):
+        flat = cache.flatten(0, 1).flatten(1)
         _fill(flat, dead, lambda index: _garbage(seed, f"garbage_{which}", index))
-        caches[which] = flat.view(cache.shape)
-    return PagedBatch(
-        case=case, q=batch.q.clone(), k=batch.k.clone(), v=batch.v.clone(),
-        key_cache=caches["k"], value_cache=caches["v"], block_table=batch.block_table.clone(),
-        seq_lens=batch.seq_lens.clone(), query_start_loc=batch.query_start_loc.clone(),
-        sinks=None if batch.sinks is None else batch.sinks.clone(),
-    )
+    margin = _margin_fill(case, garbage_seed, poisoned=False)
+    for name, allocation in copy.allocations.items():
+        if allocation.base.is_floating_point():
+            for _, where in allocation.sides():
+                redzones._fill_rows(allocation.base, where[0] if len(where) == 1 else where,
+                                    margin(f"redzone_{name}"))
+    return copy

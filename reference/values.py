@@ -16,7 +16,8 @@ _MUL1 = 0xBF58476D1CE4E5B9
 _MUL2 = 0x94D049BB133111EB
 
 STREAMS = {name: i for i, name in enumerate(
-    ("q", "cache_k", "cache_v", "garbage_k", "garbage_v", "poison_k", "poison_v", "sinks"))}
+    ("q", "cache_k", "cache_v", "garbage_k", "garbage_v", "poison_k", "poison_v", "sinks",
+     "redzone_q", "redzone_k", "redzone_v", "redzone_key_cache", "redzone_value_cache", "redzone_sinks"))}
 
 
 def _signed(x: int) -> int:

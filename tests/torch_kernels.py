@@ -61,18 +61,23 @@ def attention(batch, out, *, bug: str | None = None):
     return out
 
 
-def torch_kernel(bug: str | None = None) -> Kernel:
+BUGS = (None, "mask-multiply", "additive-mask", "window-off-by-one", "head-map", "clobber", "clobber-input", "raise")
+
+
+def _make(bug: str | None) -> Kernel:
+    attr = (bug or "correct").replace("-", "_")
     return Kernel(name=f"torch@{bug or 'correct'}", run=lambda b, o: attention(b, o, bug=bug), capabilities=CAPS,
-                  expect="caught" if bug else "pass")
+                  expect="caught" if bug else "pass", spec=f"tests.torch_kernels:{attr}")
 
 
-# Factories a job process can resolve by name ("tests.torch_kernels:mask_multiply").
-def correct() -> Kernel:
-    return torch_kernel()
+# One Kernel object per bug at an import path, so a worker process can rebuild it
+# ("tests.torch_kernels:mask_multiply").
+_KERNELS = {bug: _make(bug) for bug in BUGS}
+globals().update({(bug or "correct").replace("-", "_"): kernel for bug, kernel in _KERNELS.items()})
 
 
-def mask_multiply() -> Kernel:
-    return torch_kernel("mask-multiply")
+def torch_kernel(bug: str | None = None) -> Kernel:
+    return _KERNELS[bug]
 
 
 def _die_on_windows(batch, out):
@@ -83,5 +88,5 @@ def _die_on_windows(batch, out):
     return attention(batch, out)
 
 
-def dies_on_windows() -> Kernel:
-    return Kernel(name="torch@dies-on-windows", run=_die_on_windows, capabilities=CAPS, expect="caught")
+dies_on_windows = Kernel(name="torch@dies-on-windows", run=_die_on_windows, capabilities=CAPS, expect="caught",
+                         spec="tests.torch_kernels:dies_on_windows")

@@ -1,0 +1,66 @@
+"""Everything a campaign is told, as one explicit object built at the edge.
+
+The CLI, the pytest plugin and the gate read the environment and their
+options once and build a ``Settings``; every layer below receives it as an
+argument.  No harness module reads the environment or rebinds another's
+globals while running.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from nanfuzz.harness.focus import Focus
+
+# Generous: a correct launch of the largest generated case takes milliseconds
+# on a GPU and a few seconds under the interpreter; compiles are excluded.
+DEFAULT_LAUNCH_TIMEOUT = {"cuda": 60.0, "cpu": 300.0}
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str = "cpu"                      # "cuda" (the GPU) or "cpu" (Triton's interpreter)
+    state_dir: Path = Path(".nanfuzz")      # pending-case journals and, by default, the example database
+    examples_dir: Path | None = None         # the example database, when it lives elsewhere
+    repro_dir: Path = Path(".nanfuzz/repros")
+    vllm_src: str | None = None              # a vLLM tree for the vllm:* kernels
+    profile: str | None = None               # None: ci under CI=true, else dev
+    max_examples: int | None = None          # None: from the profile
+    time_budget: float | None = None         # seconds per kernel; None: from the profile
+    seed: int | None = None
+    focus: Focus = field(default_factory=Focus)
+    shrink: bool = True
+    use_database: bool | None = None         # None: from the profile
+    pool_size: int | None = None             # None: the kernel's own pool on a GPU
+    jobs: int = 1
+    isolation: bool = True                   # launches in a supervised worker process
+    launch_timeout: float | None = None      # None: DEFAULT_LAUNCH_TIMEOUT for the device
+    replays: int = 3                         # how often a found failure is replayed in a fresh worker
+    cuda_index: int | None = None            # pin workers to this GPU
+
+    @property
+    def examples_path(self) -> Path:
+        return Path(self.examples_dir) if self.examples_dir else Path(self.state_dir) / "examples"
+
+    @property
+    def timeout(self) -> float:
+        return self.launch_timeout if self.launch_timeout is not None else DEFAULT_LAUNCH_TIMEOUT[self.device]
+
+    def replace(self, **changes) -> "Settings":
+        return replace(self, **changes)
+
+    @classmethod
+    def from_environment(cls, environ=None, **options) -> "Settings":
+        """Settings from ``NANFUZZ_*`` variables, overridden by explicit ``options`` that are not None."""
+        env = os.environ if environ is None else environ
+        values = {
+            "state_dir": Path(env.get("NANFUZZ_STATE_DIR") or ".nanfuzz"),
+            "examples_dir": Path(env["NANFUZZ_EXAMPLES_DIR"]) if env.get("NANFUZZ_EXAMPLES_DIR") else None,
+            "vllm_src": env.get("NANFUZZ_VLLM_SRC") or None,
+            "profile": env.get("NANFUZZ_PROFILE") or ("ci" if env.get("CI") else "dev"),
+        }
+        values.update({k: v for k, v in options.items() if v is not None})
+        if "repro_dir" not in options or options["repro_dir"] is None:
+            values["repro_dir"] = Path(values["state_dir"]) / "repros"
+        return cls(**values)

@@ -1,0 +1,359 @@
+"""The supervised subject: every materialisation and launch runs in a worker process.
+
+The campaign process (Hypothesis, the example database, verdicts, repros)
+never runs the kernel under test in its own address space: libFuzzer's fork
+mode and AFL's fork server are the model.  A worker is started once and kept
+between examples; when it dies (a signal, ``abort``, ``os._exit``, a ROCm
+memory-access fault) or reports a device context that a sticky CUDA/HIP error
+has killed, the case it was running is a CRASH and a fresh worker carries
+on.  A launch that does not return within the launch timeout is a HANG: the
+worker is killed.  Time Triton spends compiling is not counted: the worker
+says when a compile starts and ends.
+
+``InProcess`` runs the same checks in the campaign's own process
+(``--no-isolation``, for debugging with pdb or prints).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.reference.errors import NanfuzzError
+
+# A worker imports torch, Triton and the kernel's module before it is ready.
+_START_TIMEOUT = 600.0
+# Our own work around the launches (materialise, oracle, verdict) of a case
+# the size guard accepted takes well under a minute even under the interpreter.
+_HOST_WORK_TIMEOUT = 900.0
+_LOG_TAIL_LINES = 12
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker needs to rebuild the subject in a fresh process."""
+
+    kernel: str                 # the import path or name ``resolve`` takes
+    device: str                 # "cuda" or "cpu" (Triton's interpreter)
+    vllm_src: str | None = None
+    cuda_index: int | None = None
+
+
+class InProcess:
+    """The checks in this process (``--no-isolation``): no CRASH survives a dying kernel here."""
+
+    def __init__(self, kernel, device: str):
+        import contextlib
+
+        from nanfuzz.harness.compiles import count_specialisations
+
+        self.kernel = kernel
+        self.device = device
+        self._stack = contextlib.ExitStack()
+        self._seen = self._stack.enter_context(count_specialisations(interpreter=device == "cpu"))
+
+    @property
+    def specialisations(self) -> int | None:
+        return self._seen.count
+
+    def check(self, case, *, digest: bool = False, explain: bool = False) -> Outcome:
+        from nanfuzz.harness.check import check
+
+        return check(self.kernel, case, self.device, digest_pass=digest, explain=explain)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+class Supervised:
+    """A kernel in a worker process, restarted whenever it dies, faults or hangs."""
+
+    def __init__(self, spec: WorkerSpec, *, launch_timeout: float):
+        self.spec = spec
+        self.launch_timeout = launch_timeout
+        self.restarts = 0
+        self._context = _context()
+        self._process = None
+        self._conn = None
+        self._log = None
+        self._ready = False
+        self.specialisations: int | None = 0  # kernel specialisations launched (GPU: compiles), all workers
+        self._counted = 0
+        self._start()
+
+    # -- lifecycle ---------------------------------------------------------------
+    def _start(self) -> None:
+        fd, self._log = tempfile.mkstemp(prefix="nanfuzz-worker-", suffix=".log")
+        os.close(fd)
+        parent, child = self._context.Pipe()
+        self._process = self._context.Process(target=_serve, args=(child, self.spec, self._log), daemon=True,
+                                              name="nanfuzz-worker")
+        self._process.start()
+        child.close()
+        self._conn = parent
+        self._ready = False
+
+    def _await_ready(self) -> None:
+        if self._ready:
+            return
+        ready = wait([self._conn, self._process.sentinel], timeout=_START_TIMEOUT)
+        message = self._receive() if self._conn in ready else None
+        if message is None:
+            tail = self._log_tail()
+            self._stop()
+            raise NanfuzzError(f"kernel {self.spec.kernel}: the worker process did not start "
+                               f"({self._death() if ready else 'no answer in %.0f s' % _START_TIMEOUT})"
+                               + (f"; it printed: {tail[-1]}" if tail else ""))
+        kind, payload = message
+        if kind == "error":
+            self._stop()
+            raise NanfuzzError(payload)
+        assert kind == "ready", kind
+        self._ready = True
+
+    def _restart(self) -> None:
+        self._counted = self.specialisations or 0
+        self._stop()
+        self.restarts += 1
+        self._start()  # warms up while the campaign generates the next case
+
+    def _stop(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        if self._process is not None:
+            self._process.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+        if self._log and os.path.exists(self._log):
+            os.unlink(self._log)
+        self._process = self._conn = self._log = None
+
+    def close(self) -> None:
+        self._stop()
+
+    # -- one case ------------------------------------------------------------------
+    def check(self, case, *, digest: bool = False, explain: bool = False) -> Outcome:
+        self._await_ready()
+        try:
+            return self._check(case, digest, explain)
+        except BaseException:
+            # interrupted mid-case (Ctrl-C): the worker's state is unknown, so it goes
+            self._stop()
+            self._start()
+            raise
+
+    def _check(self, case, digest: bool, explain: bool) -> Outcome:
+        try:
+            self._conn.send(("check", case, digest, explain))
+        except (BrokenPipeError, OSError):
+            return self._died(None)
+        launch_deadline = None
+        compiling = False
+        host_deadline = time.monotonic() + _HOST_WORK_TIMEOUT
+        while True:
+            now = time.monotonic()
+            limit = host_deadline if launch_deadline is None or compiling else launch_deadline
+            ready = wait([self._conn, self._process.sentinel], timeout=max(0.0, limit - now))
+            if self._conn in ready:
+                message = self._receive()
+                if message is None:
+                    return self._died(launch_deadline is not None)
+                kind, payload = message
+                if kind == "event":
+                    if payload == "launch":
+                        launch_deadline = time.monotonic() + self.launch_timeout
+                    elif payload == "returned":
+                        launch_deadline = None
+                    elif payload == "compile":
+                        compiling = True
+                    elif payload == "compiled":
+                        compiling = False
+                        if launch_deadline is not None:  # the launch's clock starts after its compile
+                            launch_deadline = time.monotonic() + self.launch_timeout
+                    continue
+                if kind == "error":
+                    raise NanfuzzError(payload)
+                assert kind == "outcome", kind
+                payload, count = payload
+                self.specialisations = self._counted + (count or 0) if count is not None else None
+                if payload.fatal:
+                    self._restart()
+                return payload
+            if ready:
+                return self._died(launch_deadline is not None)
+            return self._hung(launch_deadline is not None and not compiling)
+
+    def _receive(self):
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):
+            return None
+
+    def _death(self) -> str:
+        self._process.join(timeout=5)
+        code = self._process.exitcode
+        if code is None:
+            return "the worker stopped answering"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"the worker process was killed by {name}"
+        return f"the worker process exited with status {code}"
+
+    def _log_tail(self) -> list[str]:
+        try:
+            with open(self._log, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 8192))
+                text = f.read().decode("utf-8", "replace")
+        except (OSError, TypeError):
+            return []
+        return [line for line in text.splitlines() if line.strip()][-_LOG_TAIL_LINES:]
+
+    def _died(self, in_launch: bool | None) -> Outcome:
+        why = self._death()
+        tail = self._log_tail()
+        where = {True: "during a launch", False: "outside a launch", None: ""}[in_launch]
+        detail = f": {tail[-1].strip()[:200]}" if tail else ""
+        outcome = Outcome(Verdict.CRASH, f"CRASH: {why}{' ' + where if where else ''}{detail}",
+                          {"error": why, "during_launch": in_launch, "worker_output": tail})
+        self._restart()
+        return outcome
+
+    def _hung(self, in_launch: bool) -> Outcome:
+        tail = self._log_tail()
+        if in_launch:
+            summary = f"HANG: a launch did not return within {self.launch_timeout:g} s (compile time excluded)"
+        else:
+            summary = f"HANG: the case did not finish within {_HOST_WORK_TIMEOUT:g} s outside the kernel's launches"
+        outcome = Outcome(Verdict.HANG, summary, {"launch_timeout_s": self.launch_timeout, "during_launch": in_launch,
+                                                   "worker_output": tail})
+        self._restart()
+        return outcome
+
+
+def _context():
+    """Workers are forked from a fork server that has imported torch, Triton and nanfuzz but never
+    touched a GPU (a forked CUDA context is unusable): a fresh worker after a crash costs a fork,
+    not a second of imports.  Where there is no fork server, workers are spawned."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "triton", "nanfuzz.harness.check", "nanfuzz.harness.registry"])
+    return context
+
+
+# -- the worker process ------------------------------------------------------------
+
+def _serve(conn, spec: WorkerSpec, log_path: str) -> None:
+    """The worker's main: build the subject, then judge cases until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when its workers stop
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    if spec.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit import
+    try:
+        from nanfuzz.harness.backend import host_threads
+        from nanfuzz.harness.check import check
+        from nanfuzz.harness.registry import resolve
+
+        if spec.vllm_src:
+            from nanfuzz.harness.adapters.vllm_loader import set_vllm_source
+
+            set_vllm_source(spec.vllm_src)
+        if spec.device == "cuda" and spec.cuda_index is not None:
+            import torch
+
+            torch.cuda.set_device(spec.cuda_index)
+        kernel = resolve(spec.kernel)
+    except NanfuzzError as exc:
+        conn.send(("error", str(exc)))
+        return
+    except BaseException as exc:  # a user's module may fail in any way while importing
+        conn.send(("error", f"kernel {spec.kernel}: the worker could not load it ({type(exc).__name__}: {exc})"))
+        return
+
+    def event(name: str) -> None:
+        conn.send(("event", name))
+
+    _report_compiles(event)
+    _exit_with_parent()
+    conn.send(("ready", None))
+    from nanfuzz.harness.compiles import count_specialisations
+
+    with host_threads(spec.device), count_specialisations(interpreter=spec.device == "cpu") as seen:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return
+            _, case, digest, explain = message
+            try:
+                outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain)
+            except NanfuzzError as exc:
+                conn.send(("error", str(exc)))
+                continue
+            except BaseException as exc:  # the kernel broke our judging (e.g. returned something odd)
+                from nanfuzz.harness.check import _crash
+
+                outcome = _crash(exc, "while judging the output")
+            if outcome.verdict is Verdict.CRASH and spec.device == "cuda" and not outcome.fatal:
+                outcome.fatal = not _device_alive()
+            conn.send(("outcome", (outcome, seen.count)))
+            if outcome.fatal:
+                os._exit(0)  # the context is dead; the campaign starts a fresh worker
+
+
+def _exit_with_parent() -> None:
+    """A worker whose campaign died (``kill -9``) must not run on, spinning in a hung launch."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="nanfuzz-parent-watch").start()
+
+
+def _device_alive() -> bool:
+    try:
+        import torch
+
+        torch.cuda.synchronize()
+        return bool(torch.ones(1, device="cuda").sum().item() == 1)
+    except Exception:
+        return False
+
+
+def _report_compiles(event) -> None:
+    """Tell the supervisor when Triton compiles (its watchdog does not count that time)."""
+    try:
+        import triton
+
+        runtime = triton.knobs.runtime
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook  # noqa: B018 - both must exist
+    except (ImportError, AttributeError):
+        return
+    before, after = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+
+    def starting(*args, **kwargs):
+        event("compile")
+        return before(*args, **kwargs) if before is not None else None
+
+    def finished(*args, **kwargs):
+        event("compiled")
+        return after(*args, **kwargs) if after is not None else None
+
+    runtime.jit_cache_hook, runtime.jit_post_compile_hook = starting, finished

@@ -1,0 +1,91 @@
+"""Hostile subjects: plain-torch adapters that misbehave the ways real kernels under review do.
+
+Each is the correct dense-attention kernel of ``tests.torch_kernels`` plus one
+hostility, triggered only by cases with a sliding window, so that a campaign
+meets clean cases first and a shrunk repro is one windowed sequence.  Each
+lives at an import path, so a supervised worker can rebuild it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+
+from nanfuzz.harness.kernel import Kernel
+from tests.torch_kernels import CAPS, attention
+
+
+def _windowed(batch) -> bool:
+    return batch.case.sliding_window > 0
+
+
+def _exits(batch, out):
+    if _windowed(batch):
+        os._exit(3)
+    return attention(batch, out)
+
+
+def _aborts(batch, out):
+    if _windowed(batch):
+        os.abort()
+    return attention(batch, out)
+
+
+def _raises_system_exit(batch, out):
+    if _windowed(batch):
+        raise SystemExit("planted exit")
+    return attention(batch, out)
+
+
+def _calls_sys_exit_zero(batch, out):
+    if _windowed(batch):
+        sys.exit(0)
+    return attention(batch, out)
+
+
+def _hangs(batch, out):
+    if _windowed(batch):
+        time.sleep(3600)
+    return attention(batch, out)
+
+
+def _nondeterministic(batch, out):
+    attention(batch, out)
+    if _windowed(batch) and out.numel():
+        out.view(-1)[0] += float(torch.rand(())) * 1e-3  # below every tolerance, above every rounding
+    return out
+
+
+def _reads_past_value_cache(batch, out):
+    attention(batch, out)
+    if _windowed(batch):
+        vc = batch.value_cache
+        one_more = vc.as_strided((vc.shape[0] + 1, *vc.shape[1:]), vc.stride(), vc.storage_offset())
+        out += one_more[-1].float().sum() * 0.0  # 0 * NaN: what an unmasked tile load past the cache does
+    return out
+
+
+def _writes_past_out(batch, out):
+    attention(batch, out)
+    if _windowed(batch):
+        past = out.as_strided((out.shape[0] + 1, *out.shape[1:]), out.stride(), out.storage_offset())
+        past[-1].zero_()
+    return out
+
+
+def _kernel(attr: str, run, **caps) -> Kernel:
+    return Kernel(name=f"hostile@{attr}", run=run, capabilities=CAPS.restrict(**caps) if caps else CAPS,
+                  expect="caught", spec=f"tests.subjects:{attr}")
+
+
+exits = _kernel("exits", _exits)
+aborts = _kernel("aborts", _aborts)
+raises_system_exit = _kernel("raises_system_exit", _raises_system_exit)
+calls_sys_exit_zero = _kernel("calls_sys_exit_zero", _calls_sys_exit_zero)
+hangs = _kernel("hangs", _hangs)
+nondeterministic = _kernel("nondeterministic", _nondeterministic)
+declared_nondeterministic = _kernel("declared_nondeterministic", _nondeterministic, deterministic=False)
+reads_past_value_cache = _kernel("reads_past_value_cache", _reads_past_value_cache)
+writes_past_out = _kernel("writes_past_out", _writes_past_out)
