@@ -44,11 +44,6 @@ class Plan:
     def slot_state_dir(self, slot: str) -> Path:
         return Path(self.state_dir) / "workers" / slot
 
-    def pending_file(self, kernel: str, slot: str) -> Path:
-        """Where harness.fuzz keeps the slot's in-flight case (its NANFUZZ_STATE_DIR is the slot's)."""
-        from nanfuzz.harness.fuzz import pending_path
-
-        return self.slot_state_dir(slot) / pending_path(kernel).relative_to(pending_path(kernel).parents[1])
 
     def record_file(self, kernel: str, slot: str) -> Path:
         return Path(self.work_dir) / "records" / f"{file_stem(kernel)}--{slot}.json"

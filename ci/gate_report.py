@@ -76,38 +76,39 @@ class GateResult:
 
 def recover_dead_shard(plan: Plan, record: ShardRecord, *, stopped_at_deadline: bool, stop_time: float,
                        pytest_message: str) -> ShardRecord:
-    """Turn a ``running`` record into a CRASH with the case the worker was launching, if any."""
-    from nanfuzz.harness.check import Outcome, Verdict
+    """A ``running`` record whose worker died: its in-flight case, from the slot's journal, is replayed
+    in a fresh supervised worker; it is a CRASH (or HANG) only if it fails that way again."""
+    from nanfuzz.harness.fuzz import make_subject
+    from nanfuzz.harness.journal import leftovers
+    from nanfuzz.harness.registry import resolve
     from nanfuzz.harness.repro import write_repro
-    from nanfuzz.reference.case import Case
+    from nanfuzz.harness.settings import Settings
 
-    pending = plan.pending_file(record.kernel_name, record.slot)
-    if stopped_at_deadline:
-        why = "the gate stopped the worker at its deadline"
-    else:
-        why = "the worker process died"
-    evidence = {"error": why, "worker": record.worker}
-    if pytest_message:
-        evidence["pytest"] = pytest_message
-    record.status, record.verdict, record.worker_died = "done", "CRASH", True
-    if not pending.exists():
-        record.summary = f"CRASH: {why} outside a kernel launch (no in-flight case to recover)"
+    why = "the gate stopped the worker at its deadline" if stopped_at_deadline else "the worker process died"
+    record.status, record.worker_died = "done", True
+    cases = leftovers(plan.slot_state_dir(record.slot), record.kernel_name)
+    if not cases:
+        record.verdict = "PASS" if stopped_at_deadline else "CRASH"
+        record.summary = (f"{why} between cases (no case in flight); {record.examples} examples ran" if stopped_at_deadline
+                          else f"CRASH: {why} outside a kernel launch (no in-flight case to recover)")
         return record
-    case = Case.from_dict(json.loads(pending.read_text())["case"])
-    seconds = max(0.0, stop_time - pending.stat().st_mtime)
-    if stopped_at_deadline:
-        record.summary = f"CRASH: {why} while this case had run {seconds:.0f} s (a hang?)"
-    else:
-        record.summary = f"CRASH: {why} while running this case"
-    outcome = Outcome(Verdict.CRASH, record.summary, evidence)
-    # Written from the gate's process: the environment is the dead worker's, from its record.
-    paths = write_repro(record.kernel_name, case, outcome, plan.shard_repro_dir(record.slot), "cpu")
-    data = json.loads(paths[0].read_text())
-    data["environment"] = record.environment or data["environment"]
-    paths[0].write_text(json.dumps(data, indent=1) + "\n")
+    case = cases[0]
+    kernel = resolve(record.kernel)
+    subject = make_subject(kernel, Settings(device=plan.device, state_dir=plan.slot_state_dir(record.slot)))
+    try:
+        outcome = subject.check(case, digest=True)
+    finally:
+        subject.close()
+    outcome.evidence = {**outcome.evidence, "shard": why, **({"pytest": pytest_message} if pytest_message else {})}
+    if outcome.verdict.value not in ("CRASH", "HANG"):
+        record.verdict = "PASS"
+        record.summary = (f"{why} while a case was in flight; replayed in a fresh worker it gives "
+                          f"{outcome.verdict.value}, so it is no finding")
+        return record
+    record.verdict, record.summary = outcome.verdict.value, f"{outcome.summary} ({why}; it repeats on replay)"
+    paths = write_repro(kernel.resolvable, case, outcome, plan.shard_repro_dir(record.slot), plan.device)
     record.repro = [str(p) for p in paths]
     record.recovered_crash = True
-    pending.unlink()
     return record
 
 

@@ -1,17 +1,17 @@
-"""One shard of a gate run, inside a pytest-xdist worker: campaigns until the budget is spent.
+"""One shard of a gate run, inside a pytest-xdist worker: a campaign until the budget is spent.
 
-The shard runs ``harness.fuzz.fuzz`` in rounds whose size follows the measured
-cost of an example: ``fuzz`` looks at the clock only between batches of up to
-250 examples, which under Triton's interpreter could overrun a budget by
-minutes.  With rounds the budget holds to within about one example.  The first
-failure ends the shard, shrunk, with its repro in the slot's own folder (the
-gate gathers them).
+The shard is one call of the campaign runner (``nanfuzz.harness.fuzz``) with
+the shard's time budget: the runner sizes its Hypothesis runs from the
+measured cost of an example, so the budget holds to within about one
+example, and it always runs at least one example (a shard that tried nothing
+must not read as a pass).  Launches run in the runner's supervised worker, so
+a kernel that crashes or hangs is a verdict of this shard, not a dead pytest
+worker.  The first failure ends the shard, shrunk, with its repro in the
+slot's own folder (the gate gathers them).
 
-Rounds take no explicit seed: Hypothesis's ``@seed`` switches the example
-database off, and the database is what replays a known failure first.  Each
-worker process draws its own random seed, so the shards still differ.
-A shard always runs one round, however late it starts: a shard that tried
-nothing must not read as a pass.
+No explicit seed: Hypothesis's ``@seed`` switches the example database off,
+and the database is what replays a known failure first.  Each worker process
+draws its own random seed, so the shards still differ.
 """
 from __future__ import annotations
 
@@ -21,76 +21,46 @@ from pathlib import Path
 
 from gate_plan import Plan, ShardRecord
 
-# Rounds are sized to fill this share of the time left, so they shrink
-# geometrically toward the deadline and the last one overshoots by little.
-ROUND_SHARE = 0.5
-MAX_ROUND = 250          # harness.fuzz's own batch size for time-bounded campaigns
-FIRST_ROUND = {"cpu": 2, "cuda": 32}   # before any example has been timed
-
-
-def round_size(seconds_per_example: float | None, remaining: float, device: str, examples_left: int | None) -> int:
-    if seconds_per_example is None:
-        size = FIRST_ROUND[device]
-    else:
-        size = int(ROUND_SHARE * remaining / max(seconds_per_example, 1e-6))
-    size = max(1, min(size, MAX_ROUND))
-    return size if examples_left is None else max(1, min(size, examples_left))
-
 
 def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardRecord:
     """Fuzz ``kernel_name`` in this worker until the shard's budget is spent or it fails."""
     from nanfuzz.harness.check import Verdict
-    from nanfuzz.harness.fuzz import STATE_DIR, fuzz
+    from nanfuzz.harness.fuzz import fuzz
     from nanfuzz.harness.registry import resolve
-    from nanfuzz.harness.repro import environment, write_repro
+    from nanfuzz.harness.report import report_failure
+    from nanfuzz.harness.repro import environment
+    from nanfuzz.harness.settings import Settings
 
+    # the gate sets this worker's NANFUZZ_STATE_DIR (its slot's folder); read once, here
+    settings = Settings.from_environment(device=device, profile=plan.profile,
+                                         repro_dir=plan.shard_repro_dir(slot))
     kernel = resolve(kernel_name)
     record = ShardRecord(kernel=kernel_name, slot=slot, kernel_name=kernel.name,
                          worker=os.environ.get("PYTEST_XDIST_WORKER", "main"), pid=os.getpid(),
-                         examples_db=str((STATE_DIR / "examples").resolve()),
+                         examples_db=str(settings.examples_path.resolve()),
                          environment=environment(device))
     path = plan.record_file(kernel_name, slot)
     record.write(path)  # "running": if this process dies, the gate knows where
     start = time.perf_counter()
-    budget_end = start + plan.shard_budget(kernel_name, time.time())
-    seconds_per_example = None
-    failure = None
-    while True:
-        remaining = budget_end - time.perf_counter()
-        examples_left = None if plan.max_examples is None else plan.max_examples - record.examples
-        if (remaining <= 0 and record.rounds) or examples_left == 0:
-            break
-        size = 1 if remaining <= 0 else round_size(seconds_per_example, remaining, device, examples_left)
-        campaign = fuzz(kernel, device=device, profile=plan.profile, max_examples=size,
-                        time_budget=remaining if remaining > 0 else None)
-        record.rounds += 1
-        if campaign.failed and campaign.examples_to_first_failure is not None:
-            round_start = time.perf_counter() - campaign.elapsed
-            record.time_to_first_failure = round_start + campaign.time_to_first_failure - start
-            record.examples_to_first_failure = record.examples + campaign.examples_to_first_failure
-            record.shrink_time = campaign.shrink_time
-        record.examples += campaign.examples
-        for verdict, count in campaign.verdicts.items():
-            record.verdicts[verdict] = record.verdicts.get(verdict, 0) + count
-        if campaign.failed:
-            failure = campaign
-            break
-        if campaign.examples == 0:
-            break  # Hypothesis found nothing to generate; another round would not either
-        seconds_per_example = campaign.elapsed / campaign.examples
-
+    budget = max(0.0, plan.shard_budget(kernel_name, time.time()))
+    campaign = fuzz(kernel, settings.replace(time_budget=budget, max_examples=plan.max_examples or 10**9))
+    record.rounds = 1
+    record.examples = campaign.examples
+    record.verdicts = dict(campaign.verdicts)
+    record.time_to_first_failure = campaign.time_to_first_failure
+    record.examples_to_first_failure = campaign.examples_to_first_failure
+    record.shrink_time = campaign.shrink_time
     record.elapsed = time.perf_counter() - start
     record.status = "done"
-    if failure is None and record.examples == 0:
+    if not campaign.failed and record.examples == 0:
         record.status, record.verdict = "error", "ERROR"
         record.summary = "no example ran: Hypothesis generated no case the kernel supports"
-    elif failure is None:
+    elif not campaign.failed:
         record.verdict, record.summary = Verdict.PASS.value, "PASS"
     else:
-        record.verdict, record.summary = failure.failure.verdict.value, failure.failure.summary
-        record.recovered_crash = failure.recovered_crash
-        paths = write_repro(kernel.name, failure.failing_case, failure.failure, plan.shard_repro_dir(slot), device)
-        record.repro = [str(p) for p in paths]
+        record.verdict, record.summary = campaign.failure.verdict.value, campaign.failure.summary
+        record.recovered_crash = campaign.recovered_crash
+        record.repro = report_failure(kernel, campaign, settings)
     record.write(path)
     return record
 

@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-import nanfuzz.harness.fuzz as fuzz_module
-from nanfuzz.harness.compiles import count_specialisations
-from nanfuzz.harness.fuzz import fuzz
-from nanfuzz.harness.parallel import fuzz_parallel
+from nanfuzz.harness.fuzz import fuzz, make_subject
 from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.parallel import fuzz_parallel
+from nanfuzz.harness.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 
 PHASES = ("generation", "materialize", "kernel", "oracle", "verdict")
@@ -117,38 +116,38 @@ class KernelBench:
 
 
 @contextlib.contextmanager
-def fresh_state() -> Iterator[Path]:
-    """A temporary state directory: no example database, no pending case of an earlier run."""
-    saved = fuzz_module.STATE_DIR
+def fresh_state(settings: Settings) -> Iterator[Settings]:
+    """``settings`` with a temporary state directory: no example database, no pending case of an earlier run."""
     with tempfile.TemporaryDirectory(prefix="nanfuzz-bench-") as tmp:
-        fuzz_module.STATE_DIR = Path(tmp)
-        try:
-            yield Path(tmp)
-        finally:
-            fuzz_module.STATE_DIR = saved
+        yield settings.replace(state_dir=Path(tmp), examples_dir=None, profile=_PROFILE, use_database=False,
+                               shrink=False, replays=0)
 
 
-def measure_throughput(kernel: Kernel, device: str, examples: int, warmup: int = WARMUP_EXAMPLES,
+def measure_throughput(kernel: Kernel, settings: Settings, examples: int, warmup: int = WARMUP_EXAMPLES,
                        jobs: int = 1) -> Throughput:
     if jobs > 1:
-        return _parallel_throughput(kernel, device, examples, warmup, jobs)
+        return _parallel_throughput(kernel, settings, examples, warmup, jobs)
     total = Throughput()
-    with fresh_state(), count_specialisations(interpreter=device == "cpu") as seen:
-        if warmup:
-            fuzz(kernel, device=device, max_examples=warmup, seed=_WARMUP_SEED, profile=_PROFILE,
-                 shrink=False, use_database=False)
-        before = seen.count
-        seed = 0
-        while total.examples < examples and total.campaigns < examples:
-            campaign = fuzz(kernel, device=device, max_examples=examples - total.examples, seed=seed,
-                            profile=_PROFILE, shrink=False, use_database=False)
-            seed += 1
-            total.add(campaign)
-        total.specialisations = None if before is None else seen.count - before
+    with fresh_state(settings) as run:
+        subject = make_subject(kernel, run)  # one worker for the warm-up and every measured campaign
+        try:
+            if warmup:
+                fuzz(kernel, run.replace(max_examples=warmup, seed=_WARMUP_SEED), subject=subject)
+            before = subject.specialisations
+            seed = 0
+            while total.examples < examples and total.campaigns < examples:
+                campaign = fuzz(kernel, run.replace(max_examples=examples - total.examples, seed=seed),
+                                subject=subject)
+                seed += 1
+                total.add(campaign)
+            after = subject.specialisations
+            total.specialisations = None if before is None or after is None else after - before
+        finally:
+            subject.close()
     return total
 
 
-def _parallel_throughput(kernel: Kernel, device: str, examples: int, warmup: int, jobs: int) -> Throughput:
+def _parallel_throughput(kernel: Kernel, settings: Settings, examples: int, warmup: int, jobs: int) -> Throughput:
     """``jobs`` processes on one device, each warmed up on its own; time from the first measured start.
 
     Phase times are summed over the jobs, so per-example phase times are
@@ -156,25 +155,23 @@ def _parallel_throughput(kernel: Kernel, device: str, examples: int, warmup: int
     """
     total = Throughput()
     seed = 0
-    with fresh_state():
+    with fresh_state(settings) as run:
         while total.examples < examples and total.campaigns < examples:
-            campaign = fuzz_parallel(kernel, jobs=jobs, device=device,
-                                     max_examples=max(jobs, examples - total.examples), seed=seed, profile=_PROFILE,
-                                     shrink=False, use_database=False, warmup=warmup)
+            campaign = fuzz_parallel(kernel, run.replace(jobs=jobs, max_examples=max(jobs, examples - total.examples),
+                                                         seed=seed), warmup=warmup)
             seed += jobs
             total.add(campaign, campaigns=jobs)
     return total
 
 
-def measure_detection(kernel: Kernel, device: str, seeds: int, max_examples: int = DETECT_EXAMPLES,
+def measure_detection(kernel: Kernel, settings: Settings, seeds: int, max_examples: int = DETECT_EXAMPLES,
                       progress: Callable[[str], None] | None = None) -> Detection:
     """One shrinking campaign per seed, each from an empty database; ``progress``
     gets a line per seed as it ends (long cold-cache runs show where they are)."""
     detection = Detection(max_examples=max_examples)
     for seed in range(seeds):
-        with fresh_state():
-            campaign = fuzz(kernel, device=device, max_examples=max_examples, seed=seed, profile=_PROFILE,
-                            shrink=True, use_database=False)
+        with fresh_state(settings) as run:
+            campaign = fuzz(kernel, run.replace(max_examples=max_examples, seed=seed, shrink=True))
         detection.runs.append({
             "seed": seed, "caught": campaign.failed,
             "verdict": campaign.failure.verdict.value if campaign.failed else "PASS",
@@ -195,7 +192,7 @@ def _seed_line(kernel_name: str, run: dict) -> str:
             f"{_s(run['time_to_first_failure_s'])} s; shrink {_s(run['shrink_s'])} s")
 
 
-def bench(kernels: list[Kernel], *, device: str, examples: int, seeds: int, warmup: int = WARMUP_EXAMPLES,
+def bench(kernels: list[Kernel], *, settings: Settings, examples: int, seeds: int, warmup: int = WARMUP_EXAMPLES,
           detect_examples: int = DETECT_EXAMPLES, skip_unrunnable: bool = False,
           progress: Callable[[str], None] | None = None, jobs: int = 1,
           detect_all: bool = False) -> list[KernelBench]:
@@ -210,9 +207,9 @@ def bench(kernels: list[Kernel], *, device: str, examples: int, seeds: int, warm
     for kernel in kernels:
         result = KernelBench(kernel.name, kernel.expect)
         try:
-            result.throughput = measure_throughput(kernel, device, examples, warmup, jobs)
+            result.throughput = measure_throughput(kernel, settings, examples, warmup, jobs)
             if (kernel.expect == "caught" or detect_all) and seeds > 0:
-                result.detection = measure_detection(kernel, device, seeds, detect_examples, progress)
+                result.detection = measure_detection(kernel, settings, seeds, detect_examples, progress)
         except NanfuzzError as exc:
             if not skip_unrunnable:
                 raise

@@ -303,7 +303,7 @@ def _bench(args, settings) -> int:
     print(f"nanfuzz bench: {len(kernels)} kernel(s), {args.examples} examples each, {args.seeds} seed(s) per "
           f"known-bad kernel, {mode}; load average {started['load_average']}", flush=True)
     start = time.perf_counter()
-    results = bench(kernels, device=device, examples=args.examples, seeds=args.seeds, warmup=args.warmup,
+    results = bench(kernels, settings=settings, examples=args.examples, seeds=args.seeds, warmup=args.warmup,
                     detect_examples=args.detect_examples, skip_unrunnable=not args.kernel, jobs=args.jobs,
                     detect_all=args.detect,
                     progress=lambda line: print(line, file=sys.stderr, flush=True))

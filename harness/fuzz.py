@@ -32,9 +32,13 @@ from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.strategies import paged_cases
 from nanfuzz.strategies.cases import campaign_pool
 
-# Examples per Hypothesis run when a campaign is bounded by wall time.
+# Examples per Hypothesis run when a campaign is bounded by wall time: the
+# first run is short (nothing is timed yet), later runs fill this share of the
+# time left, so they shrink geometrically toward the deadline and the last
+# overshoots it by about one example.
 _CHUNK = 250
-_FIRST_CHUNK = 10
+_FIRST_CHUNK = {"cpu": 2, "cuda": 32}
+_CHUNK_SHARE = 0.5
 # Shrinking stops after this long and reports the smallest failing case so far:
 # a HANG costs a launch timeout per candidate, and a gate must finish.
 DEFAULT_SHRINK_BUDGET = 600.0
@@ -248,14 +252,13 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
     chunk_index = 0
     while remaining > 0:
         elapsed = time.perf_counter() - start
-        if time_budget is not None and elapsed >= time_budget:
-            break
+        if time_budget is not None and elapsed >= time_budget and campaign.examples:
+            break  # at least one example, however late: a campaign that tried nothing is no pass
         size = remaining
         if time_budget is not None:
-            # size each Hypothesis run from the measured cost of an example,
-            # so the clock is looked at often enough to keep the budget
             per_example = elapsed / campaign.examples if campaign.examples else None
-            fit = _FIRST_CHUNK if per_example is None else int((time_budget - elapsed) / max(per_example, 1e-6))
+            fit = (_FIRST_CHUNK[device] if per_example is None
+                   else int(_CHUNK_SHARE * (time_budget - elapsed) / max(per_example, 1e-6)))
             size = max(1, min(remaining, _CHUNK, fit))
         property_ = given(case=strategy)(lambda case: run_case(case))
         property_.hypothesis.inner_test._hypothesis_internal_add_digest = (

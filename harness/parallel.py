@@ -124,7 +124,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     for i, examples in enumerate(split(max_examples, jobs)):
         job_seed = None if seed is None else seed + i
         job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed)
-        processes.append(context.Process(target=_run_job, daemon=True, name=f"nanfuzz-job-{i}", args=(
+        processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}", args=(
             i, kernel.resolvable, job_settings, i if job_seed is None else job_seed, warmup,
             stop_event, interrupt_event, results, ready)))
         processes[-1].start()

@@ -3,7 +3,6 @@ import json
 
 import pytest
 
-from nanfuzz.harness import fuzz as fuzz_module
 from nanfuzz.harness.cli import main
 from nanfuzz.harness.kernels.paged_decode import KERNELS as DECODE_KERNELS
 from nanfuzz.harness.kernel import Kernel
@@ -25,7 +24,7 @@ slow_masked = Kernel("tests.test_bench_perf:slow_masked", _four_launches, MASKED
 
 @pytest.fixture(autouse=True)
 def private_state(tmp_path, monkeypatch):
-    monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")
+    monkeypatch.chdir(tmp_path)
 
 
 def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_device, capsys):

@@ -5,7 +5,6 @@ import sys
 
 import pytest
 
-from nanfuzz.harness import fuzz as fuzz_module
 from nanfuzz.harness.cli import main
 from nanfuzz.harness.check import Outcome, Verdict
 from nanfuzz.harness.repro import write_repro
@@ -14,7 +13,7 @@ from nanfuzz.reference.case import Case, Geometry, Sequence
 
 @pytest.fixture(autouse=True)
 def private_state(tmp_path, monkeypatch):
-    monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")
+    monkeypatch.chdir(tmp_path)
 
 
 def _one_line_error(capsys, argv) -> str:

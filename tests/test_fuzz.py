@@ -3,10 +3,11 @@ import json
 
 import pytest
 
-from nanfuzz.harness import fuzz as fuzz_module
+from pathlib import Path
+
 from nanfuzz.harness.check import Verdict
 from nanfuzz.harness.focus import Focus
-from nanfuzz.harness.fuzz import fuzz, pending_path
+from nanfuzz.harness.fuzz import fuzz
 from nanfuzz.harness.registry import builtin_kernels
 from nanfuzz.harness.replay import replay
 from nanfuzz.harness.repro import load_repro, write_repro
@@ -18,9 +19,22 @@ OLD = sorted(name for name, k in KERNELS.items() if k.expect == "caught")
 FIXED = sorted(name for name, k in KERNELS.items() if k.expect == "pass")
 
 
+STATE = Path(".nanfuzz")
+
+
 @pytest.fixture(autouse=True)
 def private_state(tmp_path, monkeypatch):
-    monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")
+    monkeypatch.chdir(tmp_path)  # the default state folder, .nanfuzz, is the test's own
+
+
+def _leave_in_journal(kernel_name: str, case: Case) -> Path:
+    """What a campaign process killed mid-case leaves: an unlocked journal file holding the case."""
+    from nanfuzz.harness.journal import safe_name
+
+    path = STATE / "journal" / f"{safe_name(kernel_name)}.99999.dead.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kernel": kernel_name, "case": case.to_dict()}))
+    return path
 
 
 @pytest.mark.parametrize("name", OLD)
@@ -52,22 +66,34 @@ def test_window_bug_shrinks_to_a_minimal_repro(nanfuzz_device):
     assert case.poison.sites[0].offset is not None
 
 
-def test_a_case_left_by_a_dead_process_is_reported_as_a_crash(tmp_path):
-    case = Case(Geometry(1, 1, 32, 16, 2, "float32"), (Sequence(1, 3, (1,)),)).validate()
-    path = pending_path("torch@correct")
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"kernel": "torch@correct", "case": case.to_dict()}))
-    campaign = fuzz(torch_kernel(), device="cpu", max_examples=5)
-    assert campaign.failure.verdict is Verdict.CRASH and campaign.failing_case == case
+def test_a_case_left_by_a_dead_process_is_replayed_and_only_a_repeat_is_a_crash():
+    case = Case(Geometry(1, 1, 32, 16, 2, "float32"), (Sequence(1, 3, (1,)),), sliding_window=2).validate()
+    dies = torch_kernel_module().dies_on_windows
+    path = _leave_in_journal(dies.name, case)
+    campaign = fuzz(dies, device="cpu", max_examples=5)
+    assert campaign.failure.verdict is Verdict.CRASH and campaign.failing_case == case and campaign.recovered_crash
     assert not path.exists()
-    assert not fuzz(torch_kernel(), device="cpu", max_examples=5, use_database=False).failed
+
+    correct = torch_kernel()
+    path = _leave_in_journal(correct.name, case)
+    campaign = fuzz(correct, device="cpu", max_examples=5, use_database=False)
+    assert not campaign.failed, "a leftover that replays PASS is a note, never a verdict"
+    assert any("not this kernel's doing" in note for note in campaign.notes)
+    assert not path.exists()
 
 
-def test_pending_file_is_written_before_each_launch(tmp_path):
+def torch_kernel_module():
+    import tests.torch_kernels
+
+    return tests.torch_kernels
+
+
+def test_the_journal_holds_each_case_before_its_launch():
     seen = []
 
     def spy(batch, out):
-        seen.append(json.loads(pending_path("spy").read_text())["case"] == batch.case.to_dict())
+        (path,) = (STATE / "journal").glob("spy.*.json")
+        seen.append(json.loads(path.read_text())["case"] == batch.case.to_dict())
         return torch_kernel().run(batch, out)
 
     from nanfuzz.harness.kernel import Kernel
@@ -75,7 +101,7 @@ def test_pending_file_is_written_before_each_launch(tmp_path):
 
     fuzz(Kernel("spy", spy, CAPS), device="cpu", max_examples=5, use_database=False)
     assert seen and all(seen)
-    assert not pending_path("spy").exists()
+    assert not list((STATE / "journal").glob("spy.*"))
 
 
 def test_replay_gives_identical_output_bits(tmp_path, nanfuzz_device):
@@ -94,7 +120,7 @@ def test_a_seeded_campaign_keeps_the_example_database(tmp_path):
     bad = KERNELS["paged_decode@unmasked"]
     first = fuzz(bad, device="cpu", max_examples=50, seed=5, use_database=True)
     assert first.failed
-    saved = list((fuzz_module.STATE_DIR / "examples").rglob("*"))
+    saved = list((STATE / "examples").rglob("*"))
     assert any(p.is_file() for p in saved), "the failing example was not saved"
     again = fuzz(bad, device="cpu", max_examples=50, seed=6, use_database=True, shrink=False)
     assert again.examples_to_first_failure == 1  # replayed from the database first

@@ -44,12 +44,11 @@ def test_cases_take_their_compile_time_part_from_the_pool(case):
 
 
 def test_a_campaign_with_a_pool_stays_inside_it_and_still_catches_a_bug(tmp_path, monkeypatch):
-    from nanfuzz.harness import fuzz as fuzz_module
     from nanfuzz.harness.fuzz import fuzz
     from nanfuzz.harness.kernel import Kernel
     from tests.torch_kernels import CAPS as TORCH_CAPS, attention, torch_kernel
 
-    monkeypatch.setattr(fuzz_module, "STATE_DIR", tmp_path / "state")
+    monkeypatch.chdir(tmp_path)
     pool = specialisation_pool(TORCH_CAPS, 3, seed=5, interpreter=True, max_kv_heads=2)
     seen = []
 
