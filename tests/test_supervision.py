@@ -1,0 +1,128 @@
+"""Hostile subjects: every way a kernel under review misbehaves is a verdict with a shrunk repro, never a lost case."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nanfuzz.harness.check import Verdict
+from nanfuzz.harness.fuzz import fuzz
+from nanfuzz.harness.settings import Settings
+from tests import subjects
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings(device="cpu", state_dir=tmp_path / "state", repro_dir=tmp_path / "repros", use_database=False,
+                    seed=0, max_examples=100, launch_timeout=2.0)
+
+
+@pytest.mark.parametrize("subject, verdict, words", [
+    (subjects.exits, Verdict.CRASH, "exited with status 3"),
+    (subjects.aborts, Verdict.CRASH, "SIGABRT"),
+    (subjects.raises_system_exit, Verdict.CRASH, "SystemExit: planted exit"),
+    (subjects.calls_sys_exit_zero, Verdict.CRASH, "SystemExit: 0"),
+    (subjects.reads_past_value_cache, Verdict.NONFINITE, "redzone past the end of value_cache"),
+    (subjects.writes_past_out, Verdict.CLOBBER, "output guard rows"),
+], ids=lambda x: getattr(x, "name", None) or str(x)[:20])
+def test_each_hostility_is_its_verdict_shrunk_to_one_sequence(subject, verdict, words, settings):
+    campaign = fuzz(subject, settings)
+    assert campaign.failed and campaign.failure.verdict is verdict, campaign.failure and campaign.failure.summary
+    assert words in campaign.failure.summary
+    assert len(campaign.failing_case.sequences) == 1 and campaign.failing_case.sliding_window > 0
+    assert campaign.failure.evidence["repeated"] == "3/3"
+
+
+def test_a_launch_that_never_returns_is_a_hang(settings):
+    campaign = fuzz(subjects.hangs, settings.replace(launch_timeout=1.0, max_examples=40))
+    assert campaign.failed and campaign.failure.verdict is Verdict.HANG
+    assert "did not return within 1 s" in campaign.failure.summary
+    assert len(campaign.failing_case.sequences) == 1
+
+
+def test_different_bits_on_identical_inputs_are_nondeterministic_not_a_leak(settings):
+    campaign = fuzz(subjects.nondeterministic, settings)
+    assert campaign.failed and campaign.failure.verdict is Verdict.NONDETERMINISTIC
+    assert "identical inputs" in campaign.failure.summary
+
+
+def test_a_kernel_that_declares_itself_nondeterministic_is_held_to_the_tolerance_instead(settings):
+    assert not fuzz(subjects.declared_nondeterministic, settings.replace(max_examples=40)).failed
+
+
+def test_without_isolation_the_same_kernel_is_judged_in_process(settings):
+    campaign = fuzz(subjects.raises_system_exit, settings.replace(isolation=False, max_examples=40))
+    assert campaign.failed and campaign.failure.verdict is Verdict.CRASH
+
+
+def _nanfuzz(*args, cwd, **kwargs):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CI", None)
+    return subprocess.Popen([sys.executable, "-m", "nanfuzz", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_the_cli_writes_a_crash_repro_and_replay_reproduces_it_in_a_fresh_process(tmp_path):
+    proc = _nanfuzz("fuzz", "--kernel", "tests.subjects:aborts", "--max-examples", "60", "--seed", "0",
+                    "--device", "cpu", cwd=tmp_path)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    (repro,) = (tmp_path / ".nanfuzz" / "repros").glob("*.json")
+    assert json.loads(repro.read_text())["verdict"] == "CRASH"
+    again = _nanfuzz("replay", str(repro), "--device", "cpu", cwd=tmp_path)
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 1 and "SIGABRT" in out, out + err
+    assert "Traceback" not in err
+
+
+def test_an_unwritable_repro_folder_prints_the_finding_in_full(tmp_path):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the folder should be")
+    proc = _nanfuzz("fuzz", "--kernel", "tests.subjects:writes_past_out", "--max-examples", "60", "--seed", "0",
+                    "--device", "cpu", "--repro-dir", str(blocked / "repros"), cwd=tmp_path)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    assert "cannot write the repro" in err and "Traceback" not in err
+    assert '"schema": "nanfuzz-repro"' in out and "CLOBBER" in out
+
+
+def test_a_correct_kernel_never_crashes_when_campaigns_share_a_state_folder_or_one_is_killed(tmp_path):
+    args = ("fuzz", "--kernel", "tests.torch_kernels:correct", "--max-examples", "40", "--device", "cpu",
+            "--state-dir", str(tmp_path / "state"))
+    first, second = _nanfuzz(*args, cwd=tmp_path), _nanfuzz(*args, cwd=tmp_path)
+    for proc in (first, second):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out + err
+    victim = _nanfuzz(*args[:4], "--max-examples", "100000", *args[6:], cwd=tmp_path)
+    time.sleep(8)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    after = _nanfuzz(*args, cwd=tmp_path)
+    out, err = after.communicate(timeout=300)
+    assert after.returncode == 0 and "CRASH" not in out, out + err
+
+
+def test_ctrl_c_with_two_jobs_stops_at_once_and_leaves_nothing_behind(tmp_path):
+    args = ("fuzz", "--kernel", "tests.torch_kernels:correct", "--device", "cpu", "--state-dir",
+            str(tmp_path / "state"))
+    proc = _nanfuzz(*args, "--jobs", "2", "--max-examples", "100000", cwd=tmp_path, start_new_session=True)
+    time.sleep(15)
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole process group
+    out, err = proc.communicate(timeout=60)
+    stopped = time.monotonic() - sent
+    assert proc.returncode == 130, out + err
+    assert stopped < 4.0, f"took {stopped:.1f} s to stop"
+    assert "Traceback" not in err, err
+    for _ in range(2):
+        again = _nanfuzz(*args, "--max-examples", "20", cwd=tmp_path)
+        out, err = again.communicate(timeout=300)
+        assert again.returncode == 0 and "CRASH" not in out, out + err
