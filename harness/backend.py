@@ -1,13 +1,16 @@
 """GPU or Triton interpreter: decided once, before any ``@triton.jit`` import.
 
 Triton reads ``TRITON_INTERPRET`` when a kernel module is imported, so the
-CLI and conftest call ``choose_backend`` first thing.  ``host_threads`` sets
-how many host threads a run on the CPU may use.
+CLI and conftest call ``choose_backend`` first thing, and the pytest plugin
+before any kernel import it controls; ``wrong_mode_kernels`` finds kernels
+someone imported before that.  ``host_threads`` sets how many host threads a
+run on the CPU may use.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -41,6 +44,56 @@ def choose_backend(device: str | None = None) -> str:
 
 def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def wrong_mode_kernels(device: str) -> list[str]:
+    """``module.function`` of each imported Triton kernel built for the other mode.
+
+    ``@triton.jit`` makes a ``JITFunction`` (GPU) or, under
+    ``TRITON_INTERPRET=1``, an ``InterpretedFunction``, once, when its module
+    is imported.  A ``JITFunction`` launched on CPU tensors fails with "0
+    active drivers", so a kernel imported before the interpreter was chosen
+    would turn every example into a false CRASH.  Triton's and torch's own
+    modules are left out; nothing is imported here.
+    """
+    jit = sys.modules.get("triton.runtime.jit")
+    if jit is None:
+        return []  # no Triton, no kernel
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    interpreted_type = getattr(interpreter, "InterpretedFunction", None)
+    wrong = jit.JITFunction if device == "cpu" else interpreted_type
+    if wrong is None:
+        return []  # the interpreter was never loaded, so no kernel was built for it
+    leaf_types = tuple(t for t in (jit.JITFunction, interpreted_type) if t is not None)
+    found = set()
+    for name, module in list(sys.modules.items()):
+        if module is None or name.partition(".")[0] in ("triton", "torch"):
+            continue
+        try:
+            values = list(vars(module).values())
+            for value in values:
+                if not isinstance(value, jit.KernelInterface):
+                    continue
+                # @triton.autotune and @triton.heuristics keep the jitted function in .fn
+                while not isinstance(value, leaf_types) and isinstance(getattr(value, "fn", None), jit.KernelInterface):
+                    value = value.fn
+                if isinstance(value, wrong):
+                    fn = value.fn
+                    found.add(f"{getattr(fn, '__module__', name)}.{getattr(fn, '__qualname__', '?')}")
+        except Exception:  # a module object that will not be looked into (no __dict__, a lazy proxy)
+            continue
+    return sorted(found)
+
+
+def wrong_mode_message(device: str, kernels: list[str], fix: str) -> str:
+    """One line: which kernels, why they cannot run, and ``fix``."""
+    shown = ", ".join(kernels[:3]) + (f" and {len(kernels) - 3} more" if len(kernels) > 3 else "")
+    if device == "cpu":
+        why = ("were imported before nanfuzz chose Triton's interpreter (no GPU), so they are built for a GPU "
+               "and every launch would fail with '0 active drivers'")
+    else:
+        why = "were imported under TRITON_INTERPRET=1, but nanfuzz runs on the GPU"
+    return f"nanfuzz: Triton kernels {shown} {why}; {fix}"
 
 
 @contextlib.contextmanager

@@ -1,19 +1,43 @@
 """pytest plugin: options, fixtures and a readable failure report.
 
 Loaded by the ``pytest11`` entry point of an installed nanfuzz, or by the
-root ``conftest.py`` of this repository.  The engine is imported lazily.
-Under pytest-xdist each worker is pinned to one GPU (worker N gets GPU
-N mod count), and without a GPU everything runs under Triton's interpreter,
-one host thread per worker.
+root ``conftest.py`` of this repository.  It is inert until used: a session
+in which no test requests ``nanfuzz``, ``nanfuzz_device`` or
+``nanfuzz_kernel`` and no ``--nanfuzz-*`` option is given runs as it would
+without nanfuzz (same environment, thread counts and Hypothesis profiles; no
+torch import).
+
+On first use nanfuzz chooses the GPU or Triton's interpreter, pins xdist
+worker N to GPU N mod count, holds host threads to one on the CPU, and
+refuses Triton kernels that were imported for the other mode.  A
+``--nanfuzz-*`` option makes that happen at configure time, before test
+modules are imported; otherwise the session fixture does it.  What it
+changed is undone when the session ends.  The engine is imported lazily.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 
 import pytest
 
-from nanfuzz.harness.backend import choose_backend, host_threads
+from nanfuzz.reference.errors import NanfuzzError
+
+DEFAULT_REPRO_DIR = ".nanfuzz/repros"
+_OPTIONS = ("nanfuzz_kernel", "nanfuzz_device", "nanfuzz_examples", "nanfuzz_profile", "nanfuzz_time_budget",
+            "nanfuzz_repro_dir")
+
+
+class _Use:
+    """nanfuzz's state in one pytest process: the chosen device and what to undo."""
+
+    def __init__(self):
+        self.device: str | None = None
+        self.undo = contextlib.ExitStack()
+
+
+_USE = pytest.StashKey[_Use]()
 
 
 def pytest_addoption(parser):
@@ -22,15 +46,37 @@ def pytest_addoption(parser):
                     help="kernel to fuzz (repeatable): family@variant, vllm:rocm_attn, vllm:triton_attn or "
                          "package.module:callable; parametrizes the nanfuzz_kernel fixture")
     group.addoption("--nanfuzz-device", choices=("cpu", "cuda"), default=None,
-                    help="cuda: the GPU; cpu: Triton's interpreter (default: GPU if present)")
+                    help="cuda: the GPU; cpu: Triton's interpreter (default: GPU if present). Given, nanfuzz "
+                         "chooses before test modules are imported")
     group.addoption("--nanfuzz-examples", type=int, default=None, metavar="N",
                     help="examples per campaign (default: from the profile)")
     group.addoption("--nanfuzz-profile", default=None, choices=("dev", "ci", "pr-gate", "nightly"),
                     help="campaign profile (default: ci under CI=true, else dev)")
     group.addoption("--nanfuzz-time-budget", type=float, default=None, metavar="SECONDS",
                     help="wall-time bound per campaign")
-    group.addoption("--nanfuzz-repro-dir", default=".nanfuzz/repros", metavar="DIR",
-                    help="where failing cases are written (default .nanfuzz/repros)")
+    group.addoption("--nanfuzz-repro-dir", default=None, metavar="DIR",
+                    help=f"where failing cases are written (default {DEFAULT_REPRO_DIR})")
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis's own plugin loads --hypothesis-profile
+def pytest_configure(config):
+    config.stash[_USE] = _Use()
+    profile = config.getoption("--hypothesis-profile", default=None)
+    if isinstance(profile, str) and profile.startswith("nanfuzz-"):
+        from nanfuzz.harness.profiles import register_hypothesis_profiles
+
+        register_hypothesis_profiles()
+    if any(config.getoption(name) not in (None, []) for name in _OPTIONS):
+        try:
+            _activate(config, early=True)
+        except NanfuzzError as exc:
+            raise pytest.UsageError(str(exc)) from None
+
+
+def pytest_unconfigure(config):
+    use = config.stash.get(_USE, None)
+    if use is not None:
+        use.undo.close()
 
 
 def _worker_index(config) -> int | None:
@@ -40,61 +86,96 @@ def _worker_index(config) -> int | None:
     return None
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA or ROCm device; skipped without one")
-    device = config.getoption("--nanfuzz-device")
-    if device == "cuda" and os.environ.get("TRITON_INTERPRET") == "1":
-        raise pytest.UsageError("--nanfuzz-device cuda conflicts with TRITON_INTERPRET=1; unset it or use --nanfuzz-device cpu")
-    from nanfuzz.reference.errors import NanfuzzError
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
+
+def _wrong_mode_fix(device: str, early: bool) -> str:
+    if device == "cuda":
+        return "import them with TRITON_INTERPRET unset, or pass --nanfuzz-device cpu"
+    if early:
+        return "set TRITON_INTERPRET=1 in the environment before pytest starts"
+    return ("set TRITON_INTERPRET=1 in the environment before pytest starts, or pass --nanfuzz-device cpu "
+            "(nanfuzz then chooses before test modules are imported)")
+
+
+def _activate(config, *, early: bool) -> str:
+    """Choose the device and set up the session for it, once; NanfuzzError when it cannot run."""
+    use = config.stash[_USE]
+    if use.device is not None:
+        return use.device
+    from nanfuzz.harness.backend import choose_backend, host_threads, wrong_mode_kernels, wrong_mode_message
+
+    requested = config.getoption("nanfuzz_device")
+    if requested == "cuda" and os.environ.get("TRITON_INTERPRET") == "1":
+        raise NanfuzzError("--nanfuzz-device cuda conflicts with TRITON_INTERPRET=1; unset it or use --nanfuzz-device cpu")
+    use.undo.callback(_restore_env, "TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET"))
     try:
-        config._nanfuzz_device = choose_backend(device)
-    except NanfuzzError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    # xdist workers share the cores: one host thread each, for the whole session
-    config._nanfuzz_session = contextlib.ExitStack()
-    config._nanfuzz_session.enter_context(host_threads(config._nanfuzz_device))
+        try:
+            device = choose_backend(requested)
+        except NanfuzzError as exc:
+            raise NanfuzzError(str(exc).replace("--device", "--nanfuzz-device")) from None
+        stray = wrong_mode_kernels(device)
+        if stray:
+            raise NanfuzzError(wrong_mode_message(device, stray, _wrong_mode_fix(device, early)))
+    except NanfuzzError:
+        use.undo.close()
+        raise
+    # xdist workers share the cores: one host thread each while nanfuzz is in use
+    use.undo.enter_context(host_threads(device))
     index = _worker_index(config)
-    if config._nanfuzz_device == "cuda" and index is not None:
+    if device == "cuda" and index is not None:
         import torch
 
         count = torch.cuda.device_count()
         if count > 1:
             torch.cuda.set_device(index % count)
-
-
-def pytest_unconfigure(config):
-    session = getattr(config, "_nanfuzz_session", None)
-    if session is not None:
-        session.close()
+    use.device = device
+    return device
 
 
 def pytest_generate_tests(metafunc):
     if "nanfuzz_kernel" in metafunc.fixturenames:
-        names = metafunc.config.getoption("--nanfuzz-kernel")
+        names = metafunc.config.getoption("nanfuzz_kernel")
         if names:
             metafunc.parametrize("nanfuzz_kernel", names, ids=names, indirect=True)
 
 
 @pytest.fixture(scope="session")
 def nanfuzz_device(request) -> str:
-    """"cuda" on a GPU runner, "cpu" (Triton interpreter) elsewhere."""
-    return request.config._nanfuzz_device
+    """"cuda" on a GPU runner, "cpu" (Triton interpreter) elsewhere; requesting it puts nanfuzz to use."""
+    try:
+        return _activate(request.config, early=False)
+    except NanfuzzError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture
-def nanfuzz_kernel(request):
+def nanfuzz_kernel(request, nanfuzz_device):
     """The Kernel named by one --nanfuzz-kernel option (the test is skipped without one)."""
     name = getattr(request, "param", None)
     if name is None:
         pytest.skip("no --nanfuzz-kernel given")
     from nanfuzz.harness.registry import resolve
-    from nanfuzz.reference.errors import NanfuzzError
 
     try:
         return resolve(name)
     except NanfuzzError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _hypothesis_seed(config) -> int | None:
+    """``--hypothesis-seed`` as an int (a non-numeric seed is hashed, as Hypothesis accepts any string)."""
+    seed = config.getoption("--hypothesis-seed", default=None)
+    if seed is None:
+        return None
+    try:
+        return int(seed)
+    except ValueError:
+        return int.from_bytes(hashlib.sha256(str(seed).encode()).digest()[:4], "big")
 
 
 class Nanfuzz:
@@ -103,7 +184,7 @@ class Nanfuzz:
     def __init__(self, request, device: str):
         self._request = request
         self.device = device
-        self.repro_dir = request.config.getoption("--nanfuzz-repro-dir")
+        self.repro_dir = request.config.getoption("nanfuzz_repro_dir") or DEFAULT_REPRO_DIR
 
     def _kernel(self, kernel):
         from nanfuzz.harness.kernel import Kernel
@@ -112,18 +193,25 @@ class Nanfuzz:
         return kernel if isinstance(kernel, Kernel) else resolve(kernel)
 
     def fuzz(self, kernel, *, max_examples: int | None = None, **options):
-        """Run a campaign; on a failure write the repro and fail the test with its picture."""
+        """Run a campaign; on a failure write the repro and fail the test with its picture.
+
+        The options are those of ``nanfuzz.fuzz``; ``--hypothesis-seed`` is the
+        seed unless the call gives one.
+        """
         from nanfuzz.harness.fuzz import fuzz
         from nanfuzz.harness.picture import picture
         from nanfuzz.harness.repro import write_repro
 
         kernel = self._kernel(kernel)
         config = self._request.config
-        campaign = fuzz(kernel, device=self.device,
-                        max_examples=max_examples or config.getoption("--nanfuzz-examples"),
-                        profile=config.getoption("--nanfuzz-profile"),
-                        time_budget=options.pop("time_budget", config.getoption("--nanfuzz-time-budget")),
+        options.setdefault("profile", config.getoption("nanfuzz_profile"))
+        options.setdefault("time_budget", config.getoption("nanfuzz_time_budget"))
+        if options.get("seed") is None:
+            options["seed"] = _hypothesis_seed(config)
+        campaign = fuzz(kernel, device=self.device, max_examples=max_examples or config.getoption("nanfuzz_examples"),
                         **options)
+        if config.getoption("--hypothesis-show-statistics", default=False):
+            self._request.node.user_properties.append(("nanfuzz_campaign", _campaign_record(campaign)))
         if campaign.failed:
             paths = write_repro(kernel.name, campaign.failing_case, campaign.failure, self.repro_dir, self.device)
             self._request.node.user_properties.append(("nanfuzz_repro", str(paths[0])))
@@ -152,6 +240,14 @@ def nanfuzz(request, nanfuzz_device) -> Nanfuzz:
     return Nanfuzz(request, nanfuzz_device)
 
 
+def _campaign_record(campaign) -> dict:
+    """Plain data (it crosses from an xdist worker in the test report)."""
+    statistics = getattr(campaign, "statistics", None)
+    return {"kernel": campaign.kernel, "device": campaign.device, "examples": campaign.examples,
+            "verdicts": dict(campaign.verdicts), "elapsed": campaign.elapsed,
+            "statistics": str(statistics) if statistics else ""}
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -159,3 +255,20 @@ def pytest_runtest_makereport(item, call):
     repros = [value for key, value in item.user_properties if key == "nanfuzz_repro"]
     if report.failed and repros:
         report.sections.append(("nanfuzz repro", "\n".join(repros)))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not terminalreporter.config.getoption("--hypothesis-show-statistics", default=False):
+        return
+    campaigns = [(report.nodeid, value) for reports in terminalreporter.stats.values() for report in reports
+                 if getattr(report, "when", None) == "call"
+                 for key, value in getattr(report, "user_properties", ()) if key == "nanfuzz_campaign"]
+    if not campaigns:
+        return
+    terminalreporter.section("nanfuzz campaign statistics")
+    for nodeid, c in campaigns:
+        verdicts = ", ".join(f"{count} {verdict}" for verdict, count in sorted(c["verdicts"].items())) or "none"
+        terminalreporter.write_line(f"{nodeid}: {c['kernel']} on {c['device']}: {c['examples']} examples "
+                                    f"({verdicts}) in {c['elapsed']:.2f} s")
+        for line in c["statistics"].splitlines():
+            terminalreporter.write_line(f"    {line}")

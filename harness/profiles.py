@@ -1,18 +1,19 @@
 """Campaign profiles: how many examples, how long, how reproducible.
 
-They are also registered as Hypothesis profiles of the same names, so a
-user's own ``@given`` tests can load them (``--hypothesis-profile=pr-gate``).
-Registering our own ``ci`` replaces Hypothesis's built-in one, which would
-otherwise be loaded under ``CI=true``.
+A campaign builds its own Hypothesis settings from its profile.  The same
+profiles exist as Hypothesis profiles prefixed ``nanfuzz-`` (``nanfuzz-dev``,
+``nanfuzz-ci``, ``nanfuzz-pr-gate``, ``nanfuzz-nightly``) for a user's own
+``@given`` tests, registered only on request: importing this module registers
+nothing and loads nothing, so a user's ``dev`` or ``ci`` profile stays theirs.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, settings
-
 from nanfuzz.reference.errors import NanfuzzError
+
+HYPOTHESIS_PREFIX = "nanfuzz-"
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,21 @@ PROFILES = {
     )
 }
 
-_QUIET_CHECKS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-                 HealthCheck.large_base_example]
 
-for _p in PROFILES.values():
-    settings.register_profile(
-        _p.name, max_examples=min(_p.max_examples, 10_000), derandomize=_p.derandomize,
-        deadline=None, suppress_health_check=_QUIET_CHECKS, print_blob=True,
-        **({} if _p.use_database else {"database": None}))
+def register_hypothesis_profiles() -> list[str]:
+    """Register ``nanfuzz-<profile>`` with Hypothesis (none is loaded); returns their names."""
+    from hypothesis import HealthCheck, settings
+
+    quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+             HealthCheck.large_base_example]
+    names = []
+    for p in PROFILES.values():
+        names.append(HYPOTHESIS_PREFIX + p.name)
+        settings.register_profile(
+            names[-1], max_examples=min(p.max_examples, 10_000), derandomize=p.derandomize,
+            deadline=None, suppress_health_check=quiet, print_blob=True,
+            **({} if p.use_database else {"database": None}))
+    return names
 
 
 def default_profile_name() -> str:

@@ -1,25 +1,55 @@
-"""Shared fixtures of the project's tests."""
+"""Shared fixtures of the project's tests, and which of them are slow."""
 import os
 
 import pytest
 
 VLLM_VERSION = "0.33.0"
+OFFLINE_VAR = "NANFUZZ_OFFLINE"
+
+# Tests that run long campaigns (hundreds of examples under Triton's
+# interpreter, or whole gate runs): `-m "not slow"` leaves them out.
+SLOW_TESTS = {
+    "test_fuzz.py": ("test_old_variants_are_caught_within_200_examples", "test_fixed_variants_pass_300_examples",
+                     "test_window_bug_shrinks_to_a_minimal_repro"),
+    "test_parallel.py": ("test_the_first_failure_stops_the_other_job_and_is_shrunk",
+                         "test_a_job_killed_by_its_kernel_leaves_its_case_as_a_crash"),
+    "test_specialisations.py": ("test_a_campaign_with_a_pool_stays_inside_it_and_still_catches_a_bug",),
+    "test_ci_gate.py": ("test_two_worker_gate_with_an_old_and_a_dying_kernel",),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if getattr(item, "originalname", item.name) in SLOW_TESTS.get(item.path.name, ()):
+            item.add_marker(pytest.mark.slow)
+
+
+def vllm_tree(version: str = VLLM_VERSION):
+    """vLLM ``version``'s kernel tree, fetched once with pip into nanfuzz's cache.
+
+    A failed fetch fails the test, in CI and elsewhere; with NANFUZZ_OFFLINE=1
+    nothing is fetched and the test is skipped unless the tree is cached.
+    """
+    from nanfuzz.harness.adapters.vllm_fetch import FetchError, cache_dir, cached_vllm_source, ensure_vllm_source
+
+    if os.environ.get(OFFLINE_VAR) == "1":
+        path = cached_vllm_source(version)
+        if path is None:
+            pytest.skip(f"{OFFLINE_VAR}=1: vllm=={version} is not cached in {cache_dir(version)} and is not fetched")
+        return path
+    try:
+        return ensure_vllm_source(version)
+    except FetchError as exc:
+        pytest.fail(f"{exc}; set {OFFLINE_VAR}=1 to skip the tests that need it", pytrace=False)
 
 
 @pytest.fixture(scope="session")
 def vllm_source():
-    """vLLM 0.33.0's kernel tree, fetched once with pip into the cache; skipped only
-    when it is not cached and no package index is reachable."""
+    """vLLM 0.33.0's kernel tree (see ``vllm_tree``), set as the source of the vllm:* kernels."""
     from nanfuzz.harness.adapters import vllm as vllm_adapters
     from nanfuzz.harness.adapters import vllm_loader
-    from nanfuzz.harness.adapters.vllm_fetch import FetchError, ensure_vllm_source
 
-    try:
-        path = ensure_vllm_source(VLLM_VERSION)
-    except FetchError as exc:
-        if exc.network:
-            pytest.skip(f"vllm=={VLLM_VERSION} is not cached and no package index is reachable: {exc}")
-        raise
+    path = vllm_tree()
     previous = os.environ.get(vllm_loader.ENV_VAR)
     vllm_adapters.set_vllm_source(path)
     yield path

