@@ -30,12 +30,11 @@ def picture(case: Case) -> str:
         f"{'causal' if case.causal else 'non-causal'}, {window}{', sinks' if case.sinks else ''}, seed {case.data_seed}",
         LEGEND.format(value=case.poison.value, tensors=case.poison.tensors.upper()),
     ]
+    live_blocks = [seq.live_blocks(case.sliding_window, bs) for seq in case.sequences]
     owners: dict[int, list[int]] = {}
     for s, seq in enumerate(case.sequences):
-        lo, hi = live_key_range(case, seq)
-        for j in range(-(-seq.seq_len // bs)):
-            if max(lo, j * bs) < min(hi, (j + 1) * bs):
-                owners.setdefault(seq.block_table[j], []).append(s)
+        for j in live_blocks[s]:
+            owners.setdefault(seq.block_table[j], []).append(s)
     for s, seq in enumerate(case.sequences):
         lo, hi = live_key_range(case, seq)
         lines.append(f"seq {s}: {_kind(seq)}, query_len {seq.query_len}, seq_len {seq.seq_len}, "
@@ -67,7 +66,7 @@ def picture(case: Case) -> str:
             if others:
                 live_here = s in owners.get(block, [])
                 notes.append(("shared with" if live_here else "reused by") + " seq " + ",".join(map(str, others)))
-            elif j < used and not any(lo <= k < hi for k in range(j * bs, min((j + 1) * bs, seq.seq_len))):
+            elif j < used and j not in live_blocks[s]:
                 if block != NULL_BLOCK:
                     notes.append("freed (expired)")
             lines.append(f"  logical {j:>2} -> block {block:>3} [{''.join(cells)}] {'; '.join(notes)}".rstrip())

@@ -80,8 +80,7 @@ def case_features(case: Case) -> set[str]:
         found.add("mixed")
     users: dict[int, int] = {}
     for seq in case.sequences:
-        lo, hi = live_key_range(case, seq)
-        for j in {k // bs for k in range(lo, hi)}:
+        for j in seq.live_blocks(case.sliding_window, bs):
             users[seq.block_table[j]] = users.get(seq.block_table[j], 0) + 1
     if any(n > 1 for n in users.values()):
         found.add("shared-block")
