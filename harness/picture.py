@@ -2,7 +2,7 @@
 tail, freed, reused or poisoned.  It goes into repros and failure messages."""
 from __future__ import annotations
 
-from nanfuzz.reference.case import NULL_BLOCK, Case
+from nanfuzz.reference.case import CHUNKED_PREFILL, NULL_BLOCK, PADDING, Case, Sequence
 from nanfuzz.reference.features import poisoned_slots
 from nanfuzz.reference.semantics import live_key_range, slot_liveness
 
@@ -10,12 +10,10 @@ LEGEND = ("slots: o live  x expired (out of window)  t tail past seq_len  p padd
           "r dead here, live for another sequence;  UPPER CASE = poisoned ({value} in {tensors})")
 
 
-def _kind(seq) -> str:
-    if seq.query_len == 0:
-        return "padding" if seq.seq_len == 0 else "no query"
-    if seq.query_len == 1 and seq.seq_len > 1:
-        return "decode"
-    return "prefill" if seq.context_len == 0 else "chunked prefill"
+def _kind(seq: Sequence) -> str:
+    if seq.kind == PADDING and seq.seq_len:
+        return "no query"  # keys in the cache, but no query this step
+    return {PADDING: "padding", CHUNKED_PREFILL: "chunked prefill"}.get(seq.kind, seq.kind)
 
 
 def picture(case: Case) -> str:

@@ -20,6 +20,9 @@ DTYPES = ("float16", "bfloat16", "float32")
 POISON_VALUES = ("nan", "inf", "-inf", "max", "garbage", "bits")
 POISON_TENSORS = ("v", "k", "kv")
 NULL_BLOCK = 0
+# What a sequence does in this step (``Sequence.kind``).
+DECODE, PREFILL, CHUNKED_PREFILL, PADDING = "decode", "prefill", "chunked-prefill", "padding-sequence"
+SEQUENCE_KINDS = (DECODE, PREFILL, CHUNKED_PREFILL, PADDING)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,16 @@ class Sequence:
     @property
     def context_len(self) -> int:
         return self.seq_len - self.query_len
+
+    @property
+    def kind(self) -> str:
+        """DECODE: one new token after earlier keys; PREFILL: every key new;
+        CHUNKED_PREFILL: new tokens after a context; PADDING: no query."""
+        if self.query_len == 0:
+            return PADDING
+        if self.query_len == 1 and self.seq_len > 1:
+            return DECODE
+        return PREFILL if self.context_len == 0 else CHUNKED_PREFILL
 
     def live_range(self, window: int) -> tuple[int, int]:
         """The keys some query of this sequence may read under a ``window`` (0 = none),

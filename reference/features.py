@@ -1,7 +1,7 @@
 """Named situations a case exercises: for coverage tallies and repro summaries."""
 from __future__ import annotations
 
-from nanfuzz.reference.case import NULL_BLOCK, Case
+from nanfuzz.reference.case import NULL_BLOCK, PADDING, Case
 from nanfuzz.reference.semantics import Dead, live_key_range, slot_liveness, slot_reasons
 
 POISON_CLASSES = {
@@ -52,14 +52,7 @@ def case_features(case: Case) -> set[str]:
     live = slot_liveness(case)
     kinds = set()
     for seq in case.sequences:
-        if seq.query_len == 0:
-            kinds.add("padding-sequence")
-        elif seq.query_len == 1 and seq.seq_len > 1:
-            kinds.add("decode")
-        elif seq.context_len == 0:
-            kinds.add("prefill")
-        else:
-            kinds.add("chunked-prefill")
+        kinds.add(seq.kind)
         if seq.seq_len % bs:
             found.add("partial-last-block")
         lo, hi = live_key_range(case, seq)
@@ -76,7 +69,7 @@ def case_features(case: Case) -> set[str]:
                 elif any(live[block]):
                     found.add("reused-block")
     found |= kinds
-    if len(kinds - {"padding-sequence"}) > 1:
+    if len(kinds - {PADDING}) > 1:
         found.add("mixed")
     users: dict[int, int] = {}
     for seq in case.sequences:
