@@ -4,13 +4,16 @@ from __future__ import annotations
 from nanfuzz.reference.case import NULL_BLOCK, PADDING, Case
 from nanfuzz.reference.semantics import Dead, live_key_range, slot_liveness, slot_reasons
 
-POISON_CLASSES = {
-    Dead.TAIL: "poison:tail",
-    Dead.OUT_OF_WINDOW: "poison:out-of-window",
-    Dead.NULL_BLOCK: "poison:null-block",
-    Dead.PADDING: "poison:padding",
-    Dead.UNREFERENCED: "poison:unreferenced",
+# The dead-slot classes a campaign can aim its poison at, by name; a case that
+# poisons a slot of class NAME has the feature "poison:NAME".
+POISON_CLASS_FLAGS = {
+    "tail": Dead.TAIL,
+    "out-of-window": Dead.OUT_OF_WINDOW,
+    "null-block": Dead.NULL_BLOCK,
+    "padding": Dead.PADDING,
+    "unreferenced": Dead.UNREFERENCED,
 }
+POISON_CLASS_NAMES = tuple(POISON_CLASS_FLAGS)
 
 
 def poisoned_slots(case: Case) -> list[tuple[int, int]]:
@@ -42,9 +45,9 @@ def case_features(case: Case) -> set[str]:
         found.add("sinks")
     reasons = slot_reasons(case)
     for b, o in poisoned_slots(case):
-        for flag, name in POISON_CLASSES.items():
+        for name, flag in POISON_CLASS_FLAGS.items():
             if reasons[b][o] & flag:
-                found.add(name)
+                found.add("poison:" + name)
     found.add("poison-value:" + case.poison.value)
     found.add("poison-tensors:" + case.poison.tensors)
     if case.poison.sites is not None and len(poisoned_slots(case)) == 1:
