@@ -9,14 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanfuzz.harness.backend import interpreted
-from nanfuzz.harness.kernels.paged_decode import KERNELS, paged_decode
+from nanfuzz.harness.kernels._common import INTERPRETED
+from nanfuzz.harness.kernels.paged_decode import CAPABILITIES, KERNELS, paged_decode
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from nanfuzz.reference.materialize import materialize
 from nanfuzz.reference.oracle import oracle
 
-ON_GPU = torch.cuda.is_available() and not interpreted()
-BF16 = pytest.param("bfloat16", marks=pytest.mark.skipif(not ON_GPU, reason="the Triton interpreter has no bfloat16 arithmetic"))
+ON_GPU = torch.cuda.is_available() and not INTERPRETED
+BF16 = pytest.param("bfloat16", marks=pytest.mark.skipif("bfloat16" not in CAPABILITIES.runnable_dtypes(not ON_GPU),
+                                                         reason="bfloat16 does not run under Triton's interpreter"))
 
 # |out| < 1 (a convex combination of V rows in [-1, 1)).  The kernel rounds
 # each weight p to the cache dtype before p @ V (error <= u * |out|, u the

@@ -7,9 +7,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from nanfuzz.harness.backend import interpreted
 from nanfuzz.harness.kernels import prefix_prefill as pp
-from nanfuzz.harness.kernels._common import dot_rows
+from nanfuzz.harness.kernels._common import INTERPRETED, dot_rows
 from nanfuzz.reference.case import Case, Poison, PoisonSite
 from nanfuzz.reference.materialize import materialize
 from nanfuzz.reference.oracle import oracle
@@ -34,7 +33,7 @@ ATOL = {
 
 @pytest.fixture
 def device() -> str:
-    return "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
+    return "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 
 
 def make_case(seqs, *, dtype="float32", **options) -> Case:
@@ -44,7 +43,7 @@ def make_case(seqs, *, dtype="float32", **options) -> Case:
 
 def run(kernel, case: Case, device: str, *, poisoned: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's output and the oracle's, for one materialisation of ``case``."""
-    reason = kernel.capabilities.unsupported(case, interpreter=interpreted())
+    reason = kernel.capabilities.unsupported(case, interpreter=INTERPRETED)
     if reason:
         pytest.skip(f"{kernel.name} does not take {reason}")
     batch = materialize(case, device, poisoned=poisoned)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from nanfuzz.harness.backend import interpreted
+from nanfuzz.harness.kernels._common import INTERPRETED
 from nanfuzz.harness.kernels.unified import CAPABILITIES, KERNELS, RUNTIME_INTS, TILE_SIZE, _unified_attention, specialisation
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from nanfuzz.reference.materialize import materialize
@@ -31,7 +31,7 @@ ATOL = {"float16": 4 * 2.0**-11, "bfloat16": 4 * 2.0**-8, "float32": 2e-5}
 
 @pytest.fixture
 def device() -> str:
-    return "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
+    return "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 
 
 def make_case(seqs, *, num_q_heads=2, num_kv_heads=1, head_size=32, block_size=16, dtype="float32",
@@ -64,8 +64,8 @@ def make_case(seqs, *, num_q_heads=2, num_kv_heads=1, head_size=32, block_size=1
 
 def run(kernel: str, case: Case, device: str, *, poisoned: bool):
     """Run ``kernel``; fail if it wrote past the last token's row."""
-    if case.geometry.dtype == "bfloat16" and device == "cpu":
-        pytest.skip("Triton's interpreter has no bfloat16 arithmetic")
+    if case.geometry.dtype not in CAPABILITIES.runnable_dtypes(interpreter=device == "cpu"):
+        pytest.skip(f"{case.geometry.dtype} does not run under Triton's interpreter")
     g = case.geometry
     batch = materialize(case, device, poisoned=poisoned)
     rows = case.num_tokens

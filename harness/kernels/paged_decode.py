@@ -209,7 +209,6 @@ def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
 # For decode (p = seq_len - 1) the symmetric non-causal window allows the same keys.
 CAPABILITIES = Capabilities(
     max_query_len=1, causal=True, non_causal=True, sliding_window=True, sinks=True,
-    interpreter_dtypes=("float16", "float32"),
 )
 
 KERNELS = [

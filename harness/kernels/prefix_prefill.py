@@ -285,7 +285,6 @@ def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, mask_dead_slots: boo
 
 CAPABILITIES = Capabilities(
     causal=True, non_causal=True, sliding_window=True, sinks=True,
-    interpreter_dtypes=("float16", "float32"),
 )
 
 KERNELS = [

@@ -281,7 +281,6 @@ def _unit_stride_heads(*tensors: torch.Tensor) -> bool:
 
 CAPABILITIES = Capabilities(
     causal=True, non_causal=True, sliding_window=True, sinks=True,
-    interpreter_dtypes=("float16", "float32"),
 )
 
 KERNELS = [
