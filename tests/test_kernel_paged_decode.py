@@ -173,7 +173,7 @@ def test_registered_variants():
     assert {k.name: k.expect for k in KERNELS} == {
         "paged_decode@unmasked": "caught", "paged_decode@tail-masked": "caught", "paged_decode@masked": "pass"}
     for kernel in KERNELS:
-        assert kernel.capabilities.decode_only and kernel.summary
+        assert kernel.capabilities.decode_only
 
 
 def test_compiled_specialisations_are_bounded():
@@ -192,8 +192,7 @@ def test_compiled_specialisations_are_bounded():
               suppress_health_check=list(HealthCheck))
     @given(paged_cases(CAPABILITIES))
     def collect(case):
-        batch = materialize(case)
-        keys.add((case.geometry.dtype, tuple(sorted(specialisation(batch).items()))))
+        keys.add((case.geometry.dtype, tuple(sorted(specialisation(case, "masked").items()))))
 
     collect()
     assert len(keys) <= 3 * 3 * 5 * 2 * 2, sorted(keys)

@@ -8,7 +8,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from nanfuzz.harness.kernels._common import INTERPRETED
-from nanfuzz.harness.kernels.unified import CAPABILITIES, KERNELS, RUNTIME_INTS, TILE_SIZE, _unified_attention, specialisation
+from nanfuzz.harness.kernels.unified import (CAPABILITIES, DO_NOT_SPECIALIZE, KERNELS, TILE_SIZE, VARIANTS,
+                                            _unified_attention, specialisation)
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from nanfuzz.reference.materialize import materialize
 from nanfuzz.reference.oracle import oracle
@@ -186,10 +187,10 @@ def test_specialisations_stay_bounded():
 
     collect()
     assert {c.geometry.dtype for c in cases} == {"float16", "bfloat16", "float32"}
-    for overshoot in (False, True):
-        seen = {specialisation(c, overshoot=overshoot) for c in cases}
+    for variant, switches in VARIANTS.items():
+        seen = {(c.geometry.dtype, *sorted(specialisation(c, variant).items())) for c in cases}
         assert len(seen) <= MAX_SPECIALISATIONS, f"{len(seen)} specialisations over {len(cases)} cases"
-        assert all(s[-1] == overshoot for s in seen)
+        assert all(switches.items() <= set(s[1:]) for s in seen)
 
 
 def test_no_integer_argument_is_specialised():
@@ -198,4 +199,4 @@ def test_no_integer_argument_is_specialised():
     params = inspect.signature(fn).parameters.values()
     runtime = {p.name for p in params if "constexpr" not in str(p.annotation)}
     pointers = {name for name in runtime if name[0].isupper()}
-    assert runtime - pointers - {"scale"} == set(RUNTIME_INTS)
+    assert runtime - pointers - {"scale"} == set(DO_NOT_SPECIALIZE)

@@ -193,18 +193,15 @@ def kernel(name: str) -> Kernel:
     a configuration error now rather than a crash of the first case.
     """
     if name == "vllm:rocm_attn":
-        source = vllm_loader.load("rocm_attn").source
-        return Kernel(name=name, run=run_rocm_attn, capabilities=ROCM_ATTN_CAPABILITIES,
-                      summary=f"ROCM_ATTN Triton path: prefix_prefill + kernel_paged_attention_2d; {source}")
+        vllm_loader.load("rocm_attn")
+        return Kernel(name=name, run=run_rocm_attn, capabilities=ROCM_ATTN_CAPABILITIES)
     base, _, path = name.partition("@")
     if base == "vllm:triton_attn" and path in ("", *UNIFIED_PATHS):
-        source = vllm_loader.load("triton_attn").source
+        vllm_loader.load("triton_attn")
 
         def run(batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
             return run_triton_attn(batch, out, path=path or None)
 
-        which = f"{path.upper()} path" if path else "2D/3D by data_seed parity"
-        return Kernel(name=name, run=run, capabilities=TRITON_ATTN_CAPABILITIES,
-                      summary=f"TRITON_ATTN: unified_attention, {which}; {source}")
+        return Kernel(name=name, run=run, capabilities=TRITON_ATTN_CAPABILITIES)
     known = ", ".join((*KERNEL_NAMES, "vllm:triton_attn@2d", "vllm:triton_attn@3d"))
     raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {known}")
