@@ -25,10 +25,8 @@ class Capabilities:
     non_causal_window: bool = True    # a window on non-causal attention (|p - k| < W)
     sinks: bool = False
     max_q_heads: int = 16
-    devices: tuple[str, ...] = ("cpu", "cuda")
     # dtypes this kernel runs under Triton's interpreter (see runnable_dtypes)
     interpreter_dtypes: tuple[str, ...] = INTERPRETER_DTYPES
-    notes: str = ""
     # Kernels that compile one program per window width, head count, head and
     # block size fuzz a pool of this many such combinations per campaign on
     # the GPU (see strategies.specialisations); None = draw them freely.

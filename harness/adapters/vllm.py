@@ -54,9 +54,9 @@ SOFTMAX_SEGMENTS = 16
 
 
 # What both backends' Triton kernels take: every mode, windows, sinks (only
-# ROCm's HIP decode kernel lacks them), fp16/bf16/fp32.
+# ROCm's HIP decode kernel lacks them), fp16/bf16/fp32 (the default dtypes).
+# Their fp32 dots use TF32 on NVIDIA GPUs.
 BOTH_BACKENDS = Capabilities(
-    dtypes=("float16", "bfloat16", "float32"),
     block_sizes=BLOCK_SIZES,
     causal=True,
     non_causal=True,
@@ -72,7 +72,6 @@ ROCM_ATTN_CAPABILITIES = BOTH_BACKENDS.restrict(
     # ROCM_ATTN sends windowed non-causal (encoder) layers to a separate, non-paged
     # kernel; its paged path windows only keys before the query (p - k < W).
     non_causal_window=False,
-    notes="vLLM ROCM_ATTN Triton path (chunked_prefill_paged_decode); fp32 dots use TF32 on NVIDIA GPUs",
 )
 
 
@@ -128,10 +127,7 @@ def run_rocm_attn(batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
 
 # -- vllm:triton_attn -------------------------------------------------------------
 
-TRITON_ATTN_CAPABILITIES = BOTH_BACKENDS.restrict(
-    notes="vLLM TRITON_ATTN unified_attention, 2D and 3D (split-K) paths by data_seed parity; "
-          "fp32 dots use TF32 on NVIDIA GPUs",
-)
+TRITON_ATTN_CAPABILITIES = BOTH_BACKENDS
 
 
 def offers_split_k(case: Case, path: str | None = None) -> bool:
