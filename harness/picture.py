@@ -37,7 +37,7 @@ def picture(case: Case) -> str:
         lo, hi = live_key_range(case, seq)
         lines.append(f"seq {s}: {_kind(seq)}, query_len {seq.query_len}, seq_len {seq.seq_len}, "
                      f"context {seq.context_len}, live keys [{lo}, {hi})")
-        used = -(-seq.seq_len // bs)
+        used = seq.used_blocks(bs)
         for j, block in enumerate(seq.block_table):
             cells = []
             for offset in range(bs):

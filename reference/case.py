@@ -65,6 +65,10 @@ class Sequence:
             return DECODE
         return PREFILL if self.context_len == 0 else CHUNKED_PREFILL
 
+    def used_blocks(self, block_size: int) -> int:
+        """Table entries that map keys (``ceil(seq_len / block_size)``); the rest are padding."""
+        return -(-self.seq_len // block_size)
+
     def live_range(self, window: int) -> tuple[int, int]:
         """The keys some query of this sequence may read under a ``window`` (0 = none),
         as a half-open range ``[lo, hi)``; empty for a sequence without a query.
@@ -238,7 +242,7 @@ class Case:
                    f"sequence {i}: query_len={s.query_len} must lie in 0..seq_len={s.seq_len}")
             _check(len(s.block_table) == width,
                    f"sequence {i}: block table has {len(s.block_table)} entries, sequence 0 has {width}")
-            used = -(-s.seq_len // g.block_size)
+            used = s.used_blocks(g.block_size)
             _check(used <= width, f"sequence {i}: seq_len={s.seq_len} needs {used} blocks, table has {width}")
             live_blocks = s.live_blocks(self.sliding_window, g.block_size)
             for j, b in enumerate(s.block_table):

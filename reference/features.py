@@ -59,7 +59,7 @@ def case_features(case: Case) -> set[str]:
         if seq.seq_len % bs:
             found.add("partial-last-block")
         lo, hi = live_key_range(case, seq)
-        used = -(-seq.seq_len // bs)
+        used = seq.used_blocks(bs)
         for j in range(used):
             start, end = j * bs, min((j + 1) * bs, seq.seq_len)
             block = seq.block_table[j]

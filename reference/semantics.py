@@ -1,7 +1,9 @@
 """Which keys a query may read, and which cache slots no query may read.
 
 This module is the specification of the allowed-key set (see the design
-notes); the oracle, the poisoner and the repro picture all ask it.
+notes); the oracle, the poisoner and the repro picture all ask it.  The
+union of one sequence's allowed sets (``Sequence.live_range`` and
+``live_blocks``) lives in the case model, whose validity rules need it.
 """
 from __future__ import annotations
 
@@ -105,7 +107,7 @@ def _reason_bits(num_blocks: int, block_size: int, sequences: tuple[Sequence, ..
             row[start:end] = [r | why for r in row[start:end]]
 
     for seq in sequences:
-        used = -(-seq.seq_len // bs)
+        used = seq.used_blocks(bs)
         lo, _ = seq.live_range(window)
         for j in range(used):
             block = seq.block_table[j]
@@ -117,7 +119,7 @@ def _reason_bits(num_blocks: int, block_size: int, sequences: tuple[Sequence, ..
                 mark(block, 0, keys, _NO_QUERY)
             else:  # keys below the live range [lo, seq_len) expired
                 mark(block, 0, min(keys, lo - j * bs), _OUT_OF_WINDOW)
-    padded = any(len(s.block_table) > -(-s.seq_len // bs) for s in sequences)
+    padded = any(len(s.block_table) > s.used_blocks(bs) for s in sequences)
     for block in range(num_blocks):
         extra = 0
         if block == NULL_BLOCK:
