@@ -21,7 +21,6 @@ import torch
 class Specialisations:
     keys: set = field(default_factory=set)  # interpreter: the JIT keys seen
     compiles: int = 0                       # GPU: compiles Triton reported
-    launches: int = 0                       # interpreter: launches seen
     counted: bool = True                    # False where this Triton has no compile hook
 
     @property
@@ -76,7 +75,6 @@ def count_specialisations(interpreter: bool) -> Iterator[Specialisations]:
         original = InterpretedFunction.run
 
         def run(self, *args, grid, warmup, **kwargs):
-            seen.launches += 1
             seen.keys.add(launch_key(self.fn, args, kwargs, self.kwargs.get("do_not_specialize")))
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 

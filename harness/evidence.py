@@ -6,8 +6,8 @@ import bisect
 import torch
 
 from nanfuzz.reference.case import Case
-from nanfuzz.reference.features import POISON_CLASSES, poisoned_slots
-from nanfuzz.reference.semantics import Dead, slot_reasons
+from nanfuzz.reference.features import POISON_CLASS_FLAGS, poisoned_slots
+from nanfuzz.reference.semantics import slot_reasons
 
 MAX_LISTED = 12
 
@@ -28,9 +28,9 @@ def reachable_poison(case: Case, seq_index: int) -> dict[str, list[list[int]]]:
     for block, offset in poisoned_slots(case):
         if block not in blocks:
             continue
-        for flag, name in POISON_CLASSES.items():
+        for name, flag in POISON_CLASS_FLAGS.items():
             if reasons[block][offset] & flag:
-                runs = found.setdefault(name.removeprefix("poison:"), [])
+                runs = found.setdefault(name, [])
                 if runs and runs[-1][0] == block and runs[-1][2] == offset - 1:
                     runs[-1][2] = offset
                 else:
@@ -70,6 +70,3 @@ def span(xs: list[int]) -> str:
 def classes_line(evidence: dict) -> str:
     classes = sorted({c for per_seq in evidence["reachable_poison"].values() for c in per_seq})
     return ", ".join(classes) if classes else "no poisoned slot in its table (check unreferenced blocks)"
-
-
-_ = Dead  # re-exported flags are documented in reference.semantics

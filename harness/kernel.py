@@ -27,7 +27,6 @@ class Kernel:
     run: RunFn
     capabilities: Capabilities
     expect: str = "pass"           # built-ins: "pass" (fixed) or "caught" (old, buggy)
-    summary: str = ""
     prepare: PrepareFn | None = None  # None: a launch is ``run(batch, out)`` (see harness.perf)
     spec: str = ""                 # what resolve() was given, so another process can resolve it again
 

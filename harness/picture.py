@@ -2,7 +2,7 @@
 tail, freed, reused or poisoned.  It goes into repros and failure messages."""
 from __future__ import annotations
 
-from nanfuzz.reference.case import NULL_BLOCK, Case
+from nanfuzz.reference.case import CHUNKED_PREFILL, NULL_BLOCK, PADDING, Case, Sequence
 from nanfuzz.reference.features import poisoned_slots
 from nanfuzz.reference.semantics import live_key_range, slot_liveness
 
@@ -10,12 +10,10 @@ LEGEND = ("slots: o live  x expired (out of window)  t tail past seq_len  p padd
           "r dead here, live for another sequence;  UPPER CASE = poisoned ({value} in {tensors})")
 
 
-def _kind(seq) -> str:
-    if seq.query_len == 0:
-        return "padding" if seq.seq_len == 0 else "no query"
-    if seq.query_len == 1 and seq.seq_len > 1:
-        return "decode"
-    return "prefill" if seq.context_len == 0 else "chunked prefill"
+def _kind(seq: Sequence) -> str:
+    if seq.kind == PADDING and seq.seq_len:
+        return "no query"  # keys in the cache, but no query this step
+    return {PADDING: "padding", CHUNKED_PREFILL: "chunked prefill"}.get(seq.kind, seq.kind)
 
 
 def picture(case: Case) -> str:
@@ -30,17 +28,16 @@ def picture(case: Case) -> str:
         f"{'causal' if case.causal else 'non-causal'}, {window}{', sinks' if case.sinks else ''}, seed {case.data_seed}",
         LEGEND.format(value=case.poison.value, tensors=case.poison.tensors.upper()),
     ]
+    live_blocks = [seq.live_blocks(case.sliding_window, bs) for seq in case.sequences]
     owners: dict[int, list[int]] = {}
     for s, seq in enumerate(case.sequences):
-        lo, hi = live_key_range(case, seq)
-        for j in range(-(-seq.seq_len // bs)):
-            if max(lo, j * bs) < min(hi, (j + 1) * bs):
-                owners.setdefault(seq.block_table[j], []).append(s)
+        for j in live_blocks[s]:
+            owners.setdefault(seq.block_table[j], []).append(s)
     for s, seq in enumerate(case.sequences):
         lo, hi = live_key_range(case, seq)
         lines.append(f"seq {s}: {_kind(seq)}, query_len {seq.query_len}, seq_len {seq.seq_len}, "
                      f"context {seq.context_len}, live keys [{lo}, {hi})")
-        used = -(-seq.seq_len // bs)
+        used = seq.used_blocks(bs)
         for j, block in enumerate(seq.block_table):
             cells = []
             for offset in range(bs):
@@ -67,7 +64,7 @@ def picture(case: Case) -> str:
             if others:
                 live_here = s in owners.get(block, [])
                 notes.append(("shared with" if live_here else "reused by") + " seq " + ",".join(map(str, others)))
-            elif j < used and not any(lo <= k < hi for k in range(j * bs, min((j + 1) * bs, seq.seq_len))):
+            elif j < used and j not in live_blocks[s]:
                 if block != NULL_BLOCK:
                     notes.append("freed (expired)")
             lines.append(f"  logical {j:>2} -> block {block:>3} [{''.join(cells)}] {'; '.join(notes)}".rstrip())

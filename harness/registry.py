@@ -1,9 +1,7 @@
-"""Kernels under test: built-ins, vLLM's, and users' own ``module:callable``.
+"""Kernels under test by name: built-ins, vLLM's, and users' own ``module:callable``.
 
-A kernel is a callable ``run(batch, out) -> Tensor`` plus its capabilities.
-``out`` is a ``[num_tokens, num_q_heads, head_size]`` buffer pre-filled with
-NaN; the callable writes into it (or returns a tensor of that shape).
-Built-in kernel modules are imported lazily, so the caller can decide on
+What a kernel is lives in ``harness.kernel``.  Built-in kernel modules and
+the vLLM adapters are imported lazily, so the caller can decide on
 ``TRITON_INTERPRET`` before any ``@triton.jit`` is defined.
 """
 from __future__ import annotations
@@ -42,7 +40,10 @@ def _resolve(name: str) -> Kernel:
     if "@" in name or ":" not in name:
         known = builtin_kernels()
         if name not in known:
-            raise NanfuzzError(f"unknown kernel {name!r}; known: {', '.join(sorted(known))}, vllm:rocm_attn, vllm:triton_attn, or package.module:callable")
+            from nanfuzz.harness.adapters.vllm import KERNEL_NAMES
+
+            raise NanfuzzError(f"unknown kernel {name!r}; known: {', '.join(sorted(known))}, "
+                               f"{', '.join(KERNEL_NAMES)}, or package.module:callable")
         return known[name]
     return _user_kernel(name)
 

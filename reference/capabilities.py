@@ -5,6 +5,8 @@ from dataclasses import dataclass, replace
 
 from nanfuzz.reference.case import DTYPES, Case
 
+# Triton's interpreter has no bfloat16 arithmetic.
+INTERPRETER_DTYPES = ("float16", "float32")
 DEFAULT_HEAD_SIZES = (32, 64, 80, 96, 128)
 # 48 stands for the non-power-of-two block sizes hybrid (mamba) models use.
 DEFAULT_BLOCK_SIZES = (16, 8, 32, 64, 48)
@@ -23,10 +25,8 @@ class Capabilities:
     non_causal_window: bool = True    # a window on non-causal attention (|p - k| < W)
     sinks: bool = False
     max_q_heads: int = 16
-    devices: tuple[str, ...] = ("cpu", "cuda")
-    # dtypes the Triton interpreter cannot run for this kernel (no bf16 arithmetic there)
-    interpreter_dtypes: tuple[str, ...] = ("float16", "float32")
-    notes: str = ""
+    # dtypes this kernel runs under Triton's interpreter (see runnable_dtypes)
+    interpreter_dtypes: tuple[str, ...] = INTERPRETER_DTYPES
     # Kernels that compile one program per window width, head count, head and
     # block size fuzz a pool of this many such combinations per campaign on
     # the GPU (see strategies.specialisations); None = draw them freely.
@@ -43,6 +43,13 @@ class Capabilities:
         """May a case in this mode have a sliding window?"""
         return self.sliding_window and (causal or self.non_causal_window)
 
+    def runnable_dtypes(self, interpreter: bool) -> tuple[str, ...]:
+        """The dtypes this kernel takes where it runs: every one of ``dtypes`` on a
+        GPU; under Triton's interpreter, those also in ``interpreter_dtypes``."""
+        if not interpreter:
+            return self.dtypes
+        return tuple(d for d in self.dtypes if d in self.interpreter_dtypes)
+
     def modes(self) -> list[bool]:
         """The causal flags this kernel accepts, causal first."""
         return [flag for flag, ok in ((True, self.causal), (False, self.non_causal)) if ok]
@@ -53,7 +60,7 @@ class Capabilities:
     def unsupported(self, case: Case, *, interpreter: bool = False) -> str | None:
         """Why this kernel cannot take ``case``, or None when it can."""
         g = case.geometry
-        dtypes = tuple(d for d in self.dtypes if d in self.interpreter_dtypes) if interpreter else self.dtypes
+        dtypes = self.runnable_dtypes(interpreter)
         if g.dtype not in dtypes:
             where = " under the interpreter" if interpreter else ""
             return f"dtype {g.dtype} (supported{where}: {', '.join(dtypes)})"

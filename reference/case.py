@@ -20,6 +20,9 @@ DTYPES = ("float16", "bfloat16", "float32")
 POISON_VALUES = ("nan", "inf", "-inf", "max", "garbage", "bits")
 POISON_TENSORS = ("v", "k", "kv")
 NULL_BLOCK = 0
+# What a sequence does in this step (``Sequence.kind``).
+DECODE, PREFILL, CHUNKED_PREFILL, PADDING = "decode", "prefill", "chunked-prefill", "padding-sequence"
+SEQUENCE_KINDS = (DECODE, PREFILL, CHUNKED_PREFILL, PADDING)
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,39 @@ class Sequence:
     @property
     def context_len(self) -> int:
         return self.seq_len - self.query_len
+
+    @property
+    def kind(self) -> str:
+        """DECODE: one new token after earlier keys; PREFILL: every key new;
+        CHUNKED_PREFILL: new tokens after a context; PADDING: no query."""
+        if self.query_len == 0:
+            return PADDING
+        if self.query_len == 1 and self.seq_len > 1:
+            return DECODE
+        return PREFILL if self.context_len == 0 else CHUNKED_PREFILL
+
+    def used_blocks(self, block_size: int) -> int:
+        """Table entries that map keys (``ceil(seq_len / block_size)``); the rest are padding."""
+        return -(-self.seq_len // block_size)
+
+    def live_range(self, window: int) -> tuple[int, int]:
+        """The keys some query of this sequence may read under a ``window`` (0 = none),
+        as a half-open range ``[lo, hi)``; empty for a sequence without a query.
+
+        The union of the queries' allowed sets is contiguous: every query reads
+        its own position, and the window reaches back from the first query.
+        """
+        if self.query_len == 0:
+            return 0, 0
+        lo = max(0, self.context_len - window + 1) if window > 0 else 0
+        return lo, self.seq_len
+
+    def live_blocks(self, window: int, block_size: int) -> dict[int, range]:
+        """Logical block j -> the offsets in it that hold keys of ``live_range``;
+        blocks holding none are absent."""
+        lo, hi = self.live_range(window)
+        return {j: range(max(lo, j * block_size) - j * block_size, min(hi, (j + 1) * block_size) - j * block_size)
+                for j in range(lo // block_size, -(-hi // block_size))}
 
 
 @dataclass(frozen=True)
@@ -189,8 +225,6 @@ class Case:
     # -- validity --------------------------------------------------------------
     def validate(self) -> "Case":
         """Raise CaseError naming the first rule this case breaks."""
-        from nanfuzz.reference.semantics import live_key_range  # semantics imports this module
-
         g = self.geometry
         _check(g.dtype in DTYPES, f"dtype={g.dtype!r} is not one of {DTYPES}")
         for name in ("num_q_heads", "num_kv_heads", "head_size", "block_size", "num_blocks"):
@@ -202,26 +236,24 @@ class Case:
         _check(0 <= self.padding_block < g.num_blocks,
                f"padding_block={self.padding_block} is outside 0..{g.num_blocks - 1}")
         width = self.table_width
+        live: dict[int, list[range]] = {}  # physical block -> offsets that hold live keys
         for i, s in enumerate(self.sequences):
             _check(0 <= s.query_len <= s.seq_len,
                    f"sequence {i}: query_len={s.query_len} must lie in 0..seq_len={s.seq_len}")
             _check(len(s.block_table) == width,
                    f"sequence {i}: block table has {len(s.block_table)} entries, sequence 0 has {width}")
-            used = -(-s.seq_len // g.block_size)
+            used = s.used_blocks(g.block_size)
             _check(used <= width, f"sequence {i}: seq_len={s.seq_len} needs {used} blocks, table has {width}")
-            lo, hi = live_key_range(self, s)
+            live_blocks = s.live_blocks(self.sliding_window, g.block_size)
             for j, b in enumerate(s.block_table):
                 _check(0 <= b < g.num_blocks, f"sequence {i}: block_table[{j}]={b} is outside 0..{g.num_blocks - 1}")
                 if j >= used:
                     _check(b == self.padding_block,
                            f"sequence {i}: padding entry block_table[{j}]={b} must point at padding_block={self.padding_block}")
-                holds_live = max(lo, j * g.block_size) < min(hi, (j + 1) * g.block_size)
-                if holds_live:
+                if j in live_blocks:
                     _check(b != NULL_BLOCK, f"sequence {i}: block_table[{j}] holds live keys but points at the null block 0")
-        from nanfuzz.reference.semantics import slot_liveness
-
-        live = slot_liveness(self)
-        _check(not any(live[self.padding_block]),
+                    live.setdefault(b, []).append(live_blocks[j])
+        _check(self.padding_block not in live,
                f"padding_block={self.padding_block} holds live keys; padding must point at a dead block")
         p = self.poison
         _check(p.value in POISON_VALUES, f"poison value={p.value!r} is not one of {POISON_VALUES}")
@@ -230,13 +262,12 @@ class Case:
             for site in p.sites:
                 _check(0 <= site.block < g.num_blocks, f"poison site block={site.block} is outside the cache")
                 if site.offset is None:
-                    _check(not any(live[site.block]), f"poison site block {site.block} holds live keys; only dead slots may be poisoned")
+                    _check(site.block not in live, f"poison site block {site.block} holds live keys; only dead slots may be poisoned")
                 else:
                     _check(0 <= site.offset < g.block_size, f"poison site offset={site.offset} is outside 0..{g.block_size - 1}")
-                    _check(not live[site.block][site.offset],
+                    _check(not any(site.offset in offsets for offsets in live.get(site.block, ())),
                            f"poison site ({site.block}, {site.offset}) is live; only dead slots may be poisoned")
         return self
-
 
 def _check(ok: bool, message: str) -> None:
     if not ok:

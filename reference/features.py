@@ -1,16 +1,19 @@
 """Named situations a case exercises: for coverage tallies and repro summaries."""
 from __future__ import annotations
 
-from nanfuzz.reference.case import NULL_BLOCK, Case
+from nanfuzz.reference.case import NULL_BLOCK, PADDING, Case
 from nanfuzz.reference.semantics import Dead, live_key_range, slot_liveness, slot_reasons
 
-POISON_CLASSES = {
-    Dead.TAIL: "poison:tail",
-    Dead.OUT_OF_WINDOW: "poison:out-of-window",
-    Dead.NULL_BLOCK: "poison:null-block",
-    Dead.PADDING: "poison:padding",
-    Dead.UNREFERENCED: "poison:unreferenced",
+# The dead-slot classes a campaign can aim its poison at, by name; a case that
+# poisons a slot of class NAME has the feature "poison:NAME".
+POISON_CLASS_FLAGS = {
+    "tail": Dead.TAIL,
+    "out-of-window": Dead.OUT_OF_WINDOW,
+    "null-block": Dead.NULL_BLOCK,
+    "padding": Dead.PADDING,
+    "unreferenced": Dead.UNREFERENCED,
 }
+POISON_CLASS_NAMES = tuple(POISON_CLASS_FLAGS)
 
 
 def poisoned_slots(case: Case) -> list[tuple[int, int]]:
@@ -42,9 +45,9 @@ def case_features(case: Case) -> set[str]:
         found.add("sinks")
     reasons = slot_reasons(case)
     for b, o in poisoned_slots(case):
-        for flag, name in POISON_CLASSES.items():
+        for name, flag in POISON_CLASS_FLAGS.items():
             if reasons[b][o] & flag:
-                found.add(name)
+                found.add("poison:" + name)
     found.add("poison-value:" + case.poison.value)
     found.add("poison-tensors:" + case.poison.tensors)
     if case.poison.sites is not None and len(poisoned_slots(case)) == 1:
@@ -52,18 +55,11 @@ def case_features(case: Case) -> set[str]:
     live = slot_liveness(case)
     kinds = set()
     for seq in case.sequences:
-        if seq.query_len == 0:
-            kinds.add("padding-sequence")
-        elif seq.query_len == 1 and seq.seq_len > 1:
-            kinds.add("decode")
-        elif seq.context_len == 0:
-            kinds.add("prefill")
-        else:
-            kinds.add("chunked-prefill")
+        kinds.add(seq.kind)
         if seq.seq_len % bs:
             found.add("partial-last-block")
         lo, hi = live_key_range(case, seq)
-        used = -(-seq.seq_len // bs)
+        used = seq.used_blocks(bs)
         for j in range(used):
             start, end = j * bs, min((j + 1) * bs, seq.seq_len)
             block = seq.block_table[j]
@@ -76,12 +72,11 @@ def case_features(case: Case) -> set[str]:
                 elif any(live[block]):
                     found.add("reused-block")
     found |= kinds
-    if len(kinds - {"padding-sequence"}) > 1:
+    if len(kinds - {PADDING}) > 1:
         found.add("mixed")
     users: dict[int, int] = {}
     for seq in case.sequences:
-        lo, hi = live_key_range(case, seq)
-        for j in {k // bs for k in range(lo, hi)}:
+        for j in seq.live_blocks(case.sliding_window, bs):
             users[seq.block_table[j]] = users.get(seq.block_table[j], 0) + 1
     if any(n > 1 for n in users.values()):
         found.add("shared-block")

@@ -1,7 +1,9 @@
 """Which keys a query may read, and which cache slots no query may read.
 
 This module is the specification of the allowed-key set (see the design
-notes); the oracle, the poisoner and the repro picture all ask it.
+notes); the oracle, the poisoner and the repro picture all ask it.  The
+union of one sequence's allowed sets (``Sequence.live_range`` and
+``live_blocks``) lives in the case model, whose validity rules need it.
 """
 from __future__ import annotations
 
@@ -25,21 +27,9 @@ def allowed(position: int, key: int, seq_len: int, window: int, causal: bool) ->
 
 
 def live_key_range(case: Case, seq: Sequence) -> tuple[int, int]:
-    """The keys some query of ``seq`` may read, as a half-open range ``[lo, hi)``.
-
-    The union of the queries' allowed sets is contiguous: every query reads
-    its own position, and the window reaches back from the first query.
-    """
-    return _live_range(seq, case.sliding_window)
-
-
-def _live_range(seq: Sequence, window: int) -> tuple[int, int]:
-    if seq.query_len == 0:
-        return 0, 0
-    lo = 0
-    if window > 0:
-        lo = max(0, seq.context_len - window + 1)
-    return lo, seq.seq_len
+    """The keys some query of ``seq`` may read, as a half-open range ``[lo, hi)``
+    (see ``Sequence.live_range``)."""
+    return seq.live_range(case.sliding_window)
 
 
 class Dead(enum.IntFlag):
@@ -91,11 +81,8 @@ def _liveness(num_blocks: int, block_size: int, sequences: tuple[Sequence, ...],
               padding_block: int) -> tuple[tuple[bool, ...], ...]:
     live = [[False] * block_size for _ in range(num_blocks)]
     for seq in sequences:
-        lo, hi = _live_range(seq, window)
-        # block by block: the keys [start, end) of logical block j are live
-        for j in range(lo // block_size, -(-hi // block_size)):
-            start, end = max(lo, j * block_size) - j * block_size, min(hi, (j + 1) * block_size) - j * block_size
-            live[seq.block_table[j]][start:end] = [True] * (end - start)
+        for j, offsets in seq.live_blocks(window, block_size).items():
+            live[seq.block_table[j]][offsets.start:offsets.stop] = [True] * len(offsets)
     return tuple(tuple(row) for row in live)
 
 
@@ -120,8 +107,8 @@ def _reason_bits(num_blocks: int, block_size: int, sequences: tuple[Sequence, ..
             row[start:end] = [r | why for r in row[start:end]]
 
     for seq in sequences:
-        used = -(-seq.seq_len // bs)
-        lo, _ = _live_range(seq, window)
+        used = seq.used_blocks(bs)
+        lo, _ = seq.live_range(window)
         for j in range(used):
             block = seq.block_table[j]
             referenced[block] = True
@@ -132,7 +119,7 @@ def _reason_bits(num_blocks: int, block_size: int, sequences: tuple[Sequence, ..
                 mark(block, 0, keys, _NO_QUERY)
             else:  # keys below the live range [lo, seq_len) expired
                 mark(block, 0, min(keys, lo - j * bs), _OUT_OF_WINDOW)
-    padded = any(len(s.block_table) > -(-s.seq_len // bs) for s in sequences)
+    padded = any(len(s.block_table) > s.used_blocks(bs) for s in sequences)
     for block in range(num_blocks):
         extra = 0
         if block == NULL_BLOCK:

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from nanfuzz.reference.capabilities import Capabilities
-
-KINDS = ("decode", "prefill", "chunked", "padding")
+from nanfuzz.reference.case import CHUNKED_PREFILL, DECODE, PADDING, PREFILL
 
 
 @dataclass(frozen=True)
@@ -19,11 +18,11 @@ class Lengths:
 def _allowed_kinds(caps: Capabilities, padding: bool) -> list[str]:
     kinds = []
     if caps.min_query_len <= 1:
-        kinds.append("decode")
+        kinds.append(DECODE)
     if caps.max_query_len is None or caps.max_query_len > 1:
-        kinds += ["prefill", "chunked"]
+        kinds += [PREFILL, CHUNKED_PREFILL]
     if padding:
-        kinds.append("padding")
+        kinds.append(PADDING)
     return kinds
 
 
@@ -33,12 +32,12 @@ def sequence_lengths(draw, caps: Capabilities, max_len: int, max_query: int, pad
     kind = draw(st.sampled_from(_allowed_kinds(caps, padding)))
     q_lo = max(1, caps.min_query_len)
     q_hi = max_query if caps.max_query_len is None else min(max_query, caps.max_query_len)
-    if kind == "decode":
+    if kind == DECODE:
         return Lengths(1, draw(st.integers(1, max_len)))
-    if kind == "padding":
+    if kind == PADDING:
         return Lengths(0, 0)
     q = draw(st.integers(q_lo, max(q_lo, q_hi)))
-    if kind == "prefill":
+    if kind == PREFILL:
         return Lengths(q, q)
     context = draw(st.integers(1, max(1, max_len - q)))
     return Lengths(q, context + q)

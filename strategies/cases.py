@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
-from nanfuzz.reference.semantics import live_key_range
 from nanfuzz.strategies.batches import causal_flags, sequence_lengths, windows
 from nanfuzz.strategies.geometry import shapes
 from nanfuzz.strategies.poison import poisons
@@ -81,13 +80,10 @@ def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
         window = draw(windows(caps, longest, bs, causal))
         sinks = draw(st.booleans()) if caps.sinks else False
 
-    # Placeholder tables fix the live ranges; the real tables depend on them.
-    placeholder = Case(
-        geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, bs, 1, shape.dtype),
-        sequences=tuple(Sequence(x.query_len, x.seq_len, ()) for x in lengths),
-        sliding_window=window, causal=causal)
-    live_ranges = [live_key_range(placeholder, s) for s in placeholder.sequences]
-    tables = draw(block_tables(lengths, live_ranges, bs))
+    # Which logical blocks hold live keys follows from the lengths and the
+    # window alone; the real tables depend on it.
+    live_blocks = [Sequence(x.query_len, x.seq_len, ()).live_blocks(window, bs) for x in lengths]
+    tables = draw(block_tables(lengths, live_blocks, bs))
 
     unpoisoned = Case(
         geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, bs,

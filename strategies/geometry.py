@@ -20,7 +20,7 @@ class Shape:
 @st.composite
 def shapes(draw, caps: Capabilities, *, interpreter: bool = False, max_kv_heads: int = 4) -> Shape:
     """Shrinks toward the first dtype, one KV head, MHA, the smallest head size, the first block size."""
-    dtypes = [d for d in caps.dtypes if not interpreter or d in caps.interpreter_dtypes]
+    dtypes = caps.runnable_dtypes(interpreter)
     dtype = draw(st.sampled_from(dtypes))
     num_kv_heads = draw(st.integers(1, min(max_kv_heads, caps.max_q_heads)))
     # Query heads per KV head: any integer, so 5/1 and 6/2 (non-powers of two) occur.

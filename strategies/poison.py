@@ -4,15 +4,8 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from nanfuzz.reference.case import POISON_TENSORS, POISON_VALUES, Case, Poison, PoisonSite
+from nanfuzz.reference.features import POISON_CLASS_FLAGS
 from nanfuzz.reference.semantics import Dead, dead_slots, slot_liveness, slot_reasons
-
-CLASS_FLAGS = {
-    "tail": Dead.TAIL,
-    "out-of-window": Dead.OUT_OF_WINDOW,
-    "null-block": Dead.NULL_BLOCK,
-    "padding": Dead.PADDING,
-    "unreferenced": Dead.UNREFERENCED,
-}
 
 # One slot first: shrinking moves toward the simplest repro.
 SCOPES = ("slot", "slots", "blocks", "all")
@@ -22,8 +15,9 @@ SCOPES = ("slot", "slots", "blocks", "all")
 def poisons(draw, case: Case, classes: tuple[str, ...] | None = None) -> Poison:
     """Shrinks toward NaN in V of one dead slot, the one a kernel likeliest reads.
 
-    ``classes`` (names of ``CLASS_FLAGS``) limits the poison to those dead-slot
-    classes; every other dead slot keeps finite garbage.
+    ``classes`` (names of ``reference.features.POISON_CLASS_FLAGS``) limits
+    the poison to those dead-slot classes; every other dead slot keeps
+    finite garbage.
     """
     value = draw(st.sampled_from(POISON_VALUES))
     tensors = draw(st.sampled_from(POISON_TENSORS))
@@ -31,7 +25,7 @@ def poisons(draw, case: Case, classes: tuple[str, ...] | None = None) -> Poison:
     if classes is not None:
         wanted = Dead(0)
         for name in classes:
-            wanted |= CLASS_FLAGS[name]
+            wanted |= POISON_CLASS_FLAGS[name]
         reasons = slot_reasons(case)
         dead = [(b, o) for b, o in dead if reasons[b][o] & wanted]
         if not dead:

@@ -55,7 +55,7 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
     if size < 1:
         raise ValueError(f"a specialisation pool needs at least one entry, not {size}")
     rng = random.Random(f"nanfuzz-pool:{seed}")
-    dtypes = [d for d in caps.dtypes if not interpreter or d in caps.interpreter_dtypes]
+    dtypes = caps.runnable_dtypes(interpreter)
     kv_cap = min(max_kv_heads, caps.max_q_heads)
     smallest = Shape(dtypes[0], 1, 1, min(caps.head_sizes), caps.block_sizes[0])
     pool: dict[Specialisation, None] = {}

@@ -20,17 +20,18 @@ class Tables:
 
 
 @st.composite
-def block_tables(draw, lengths, live_ranges, block_size: int) -> Tables:
+def block_tables(draw, lengths, live_blocks, block_size: int) -> Tables:
     """Physical blocks for every sequence.
 
-    ``live_ranges[s]`` is the ``[lo, hi)`` range of keys some query of s may
-    read.  Shrinks toward identity placement: fresh blocks in order, no
-    sharing, no reuse, no padding beyond what lengths need.
+    ``live_blocks[s]`` holds the logical blocks of sequence s that hold keys
+    some query of s may read (``Sequence.live_blocks``).  Shrinks toward
+    identity placement: fresh blocks in order, no sharing, no reuse, no
+    padding beyond what lengths need.
     """
     next_id = 1  # block 0 is the null block
     rows: list[list[int]] = []
-    live_blocks: list[tuple[int, int]] = []  # (sequence, physical block) holding live keys
-    for s, (length, (lo, hi)) in enumerate(zip(lengths, live_ranges)):
+    holding_live: list[tuple[int, int]] = []  # (sequence, physical block) holding live keys
+    for s, (length, live) in enumerate(zip(lengths, live_blocks)):
         used = -(-length.seq_len // block_size)
         row: list[int] = []
         # Prefix caching: the first full, live blocks may be another sequence's.
@@ -41,8 +42,7 @@ def block_tables(draw, lengths, live_ranges, block_size: int) -> Tables:
             shareable = min(len(donor), length.seq_len // block_size)
             shared = draw(st.integers(0, shareable)) if shareable else 0
         for j in range(used):
-            start, end = j * block_size, min((j + 1) * block_size, length.seq_len)
-            holds_live = max(lo, start) < min(hi, end)
+            holds_live = j in live
             if holds_live and j < shared and rows[shared_from][j] != NULL_BLOCK:
                 row.append(rows[shared_from][j])
             elif holds_live:
@@ -50,7 +50,7 @@ def block_tables(draw, lengths, live_ranges, block_size: int) -> Tables:
                 next_id += 1
             else:
                 target = draw(st.sampled_from(EXPIRED_TARGETS))
-                others = [b for owner, b in live_blocks if owner != s]
+                others = [b for owner, b in holding_live if owner != s]
                 if target == "null":
                     row.append(NULL_BLOCK)
                 elif target == "reused" and others:
@@ -59,7 +59,7 @@ def block_tables(draw, lengths, live_ranges, block_size: int) -> Tables:
                     row.append(next_id)
                     next_id += 1
             if holds_live:
-                live_blocks.append((s, row[-1]))
+                holding_live.append((s, row[-1]))
         rows.append(row)
 
     unreferenced = draw(st.integers(0, 2))

@@ -18,8 +18,7 @@ def _four_launches(batch, out):
 
 
 # Resolved by perf as tests.test_bench_perf:slow_masked: the fixed kernel, four times the work.
-slow_masked = Kernel("tests.test_bench_perf:slow_masked", _four_launches, MASKED.capabilities,
-                     summary="paged_decode@masked launched four times")
+slow_masked = Kernel("tests.test_bench_perf:slow_masked", _four_launches, MASKED.capabilities)
 
 
 @pytest.fixture(autouse=True)

@@ -7,8 +7,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from nanfuzz.harness.backend import interpreted
-from nanfuzz.harness.kernels.unified import CAPABILITIES, KERNELS, RUNTIME_INTS, TILE_SIZE, _unified_attention, specialisation
+from nanfuzz.harness.kernels._common import INTERPRETED
+from nanfuzz.harness.kernels.unified import (CAPABILITIES, DO_NOT_SPECIALIZE, KERNELS, TILE_SIZE, VARIANTS,
+                                            _unified_attention, specialisation)
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from nanfuzz.reference.materialize import materialize
 from nanfuzz.reference.oracle import oracle
@@ -31,7 +32,7 @@ ATOL = {"float16": 4 * 2.0**-11, "bfloat16": 4 * 2.0**-8, "float32": 2e-5}
 
 @pytest.fixture
 def device() -> str:
-    return "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
+    return "cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu"
 
 
 def make_case(seqs, *, num_q_heads=2, num_kv_heads=1, head_size=32, block_size=16, dtype="float32",
@@ -64,8 +65,8 @@ def make_case(seqs, *, num_q_heads=2, num_kv_heads=1, head_size=32, block_size=1
 
 def run(kernel: str, case: Case, device: str, *, poisoned: bool):
     """Run ``kernel``; fail if it wrote past the last token's row."""
-    if case.geometry.dtype == "bfloat16" and device == "cpu":
-        pytest.skip("Triton's interpreter has no bfloat16 arithmetic")
+    if case.geometry.dtype not in CAPABILITIES.runnable_dtypes(interpreter=device == "cpu"):
+        pytest.skip(f"{case.geometry.dtype} does not run under Triton's interpreter")
     g = case.geometry
     batch = materialize(case, device, poisoned=poisoned)
     rows = case.num_tokens
@@ -186,10 +187,10 @@ def test_specialisations_stay_bounded():
 
     collect()
     assert {c.geometry.dtype for c in cases} == {"float16", "bfloat16", "float32"}
-    for overshoot in (False, True):
-        seen = {specialisation(c, overshoot=overshoot) for c in cases}
+    for variant, switches in VARIANTS.items():
+        seen = {(c.geometry.dtype, *sorted(specialisation(c, variant).items())) for c in cases}
         assert len(seen) <= MAX_SPECIALISATIONS, f"{len(seen)} specialisations over {len(cases)} cases"
-        assert all(s[-1] == overshoot for s in seen)
+        assert all(switches.items() <= set(s[1:]) for s in seen)
 
 
 def test_no_integer_argument_is_specialised():
@@ -198,4 +199,4 @@ def test_no_integer_argument_is_specialised():
     params = inspect.signature(fn).parameters.values()
     runtime = {p.name for p in params if "constexpr" not in str(p.annotation)}
     pointers = {name for name in runtime if name[0].isupper()}
-    assert runtime - pointers - {"scale"} == set(RUNTIME_INTS)
+    assert runtime - pointers - {"scale"} == set(DO_NOT_SPECIALIZE)

@@ -15,7 +15,7 @@ import torch
 
 from nanfuzz.harness.adapters import vllm as vllm_adapters
 from nanfuzz.harness.adapters import vllm_loader
-from nanfuzz.harness.backend import interpreted
+from nanfuzz.harness.kernels._common import INTERPRETED
 from nanfuzz.harness.registry import resolve
 from nanfuzz.reference.case import Case, Poison, PoisonSite
 from nanfuzz.reference.errors import NanfuzzError
@@ -24,13 +24,13 @@ from nanfuzz.reference.oracle import oracle
 from tests.cases import consecutive_case
 
 VLLM_VERSION = "0.33.0"
-DEVICE = "cpu" if interpreted() else "cuda"
+DEVICE = "cpu" if INTERPRETED else "cuda"
 
 # Largest |kernel - float64 oracle| on live data (|q| < 3, |k|, |v| < 1):
 # fp16 output and the fp16 cast of P before P @ V each round at 2**-11
 # relative, a few units of that over a row; fp32 is exact-ish under the
 # interpreter (true fp32 dots) but uses TF32 (10-bit mantissa) on a GPU.
-TOLERANCE = {"float16": 2e-3, "float32": 1e-5 if interpreted() else 2e-3}
+TOLERANCE = {"float16": 2e-3, "float32": 1e-5 if INTERPRETED else 2e-3}
 
 # The interpreter evaluates exp(-inf - -inf) on masked lanes before the
 # kernels discard them; numpy's warning about it is noise.

@@ -54,9 +54,9 @@ SOFTMAX_SEGMENTS = 16
 
 
 # What both backends' Triton kernels take: every mode, windows, sinks (only
-# ROCm's HIP decode kernel lacks them), fp16/bf16/fp32.
+# ROCm's HIP decode kernel lacks them), fp16/bf16/fp32 (the default dtypes).
+# Their fp32 dots use TF32 on NVIDIA GPUs.
 BOTH_BACKENDS = Capabilities(
-    dtypes=("float16", "bfloat16", "float32"),
     block_sizes=BLOCK_SIZES,
     causal=True,
     non_causal=True,
@@ -72,7 +72,6 @@ ROCM_ATTN_CAPABILITIES = BOTH_BACKENDS.restrict(
     # ROCM_ATTN sends windowed non-causal (encoder) layers to a separate, non-paged
     # kernel; its paged path windows only keys before the query (p - k < W).
     non_causal_window=False,
-    notes="vLLM ROCM_ATTN Triton path (chunked_prefill_paged_decode); fp32 dots use TF32 on NVIDIA GPUs",
 )
 
 
@@ -128,10 +127,7 @@ def run_rocm_attn(batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
 
 # -- vllm:triton_attn -------------------------------------------------------------
 
-TRITON_ATTN_CAPABILITIES = BOTH_BACKENDS.restrict(
-    notes="vLLM TRITON_ATTN unified_attention, 2D and 3D (split-K) paths by data_seed parity; "
-          "fp32 dots use TF32 on NVIDIA GPUs",
-)
+TRITON_ATTN_CAPABILITIES = BOTH_BACKENDS
 
 
 def offers_split_k(case: Case, path: str | None = None) -> bool:
@@ -193,18 +189,15 @@ def kernel(name: str) -> Kernel:
     a configuration error now rather than a crash of the first case.
     """
     if name == "vllm:rocm_attn":
-        source = vllm_loader.load("rocm_attn").source
-        return Kernel(name=name, run=run_rocm_attn, capabilities=ROCM_ATTN_CAPABILITIES,
-                      summary=f"ROCM_ATTN Triton path: prefix_prefill + kernel_paged_attention_2d; {source}")
+        vllm_loader.load("rocm_attn")
+        return Kernel(name=name, run=run_rocm_attn, capabilities=ROCM_ATTN_CAPABILITIES)
     base, _, path = name.partition("@")
     if base == "vllm:triton_attn" and path in ("", *UNIFIED_PATHS):
-        source = vllm_loader.load("triton_attn").source
+        vllm_loader.load("triton_attn")
 
         def run(batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
             return run_triton_attn(batch, out, path=path or None)
 
-        which = f"{path.upper()} path" if path else "2D/3D by data_seed parity"
-        return Kernel(name=name, run=run, capabilities=TRITON_ATTN_CAPABILITIES,
-                      summary=f"TRITON_ATTN: unified_attention, {which}; {source}")
+        return Kernel(name=name, run=run, capabilities=TRITON_ATTN_CAPABILITIES)
     known = ", ".join((*KERNEL_NAMES, "vllm:triton_attn@2d", "vllm:triton_attn@3d"))
     raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {known}")

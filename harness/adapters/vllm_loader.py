@@ -115,17 +115,6 @@ def load(group: str) -> LoadedKernels:
     return _cache[key]
 
 
-def describe_source() -> str:
-    """One line saying where the vLLM kernels would come from now (for ``nanfuzz list``)."""
-    explicit = os.environ.get(ENV_VAR)
-    if explicit:
-        return f"vLLM source {explicit} ({ENV_VAR})"
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return f"no vLLM found: pip install vllm, or pass --vllm-src DIR ({ENV_VAR})"
-    return f"installed vllm at {list(spec.submodule_search_locations)[0]}"
-
-
 # -- finding a tree -------------------------------------------------------------
 
 def _package_dir(path: str) -> Path:

@@ -1,16 +1,36 @@
-"""Pieces the built-in kernel families share.
+"""Pieces the built-in kernel families share, and the interface each family module offers.
 
 ``softmax_step`` is the online-softmax update every family's tile loop calls;
 ``dot_rows`` pads a row count to what ``tl.dot`` accepts; ``INTERPRETED``
 says whether Triton's interpreter runs them; ``device_function`` marks the
-helpers kernels call.
+helpers kernels call; ``sinks_argument`` fills the sinks pointer of a batch
+without sinks; ``family_kernels`` registers a family's variants.
+
+Every family module (``harness.kernels.<family>``) defines
+
+- ``VARIANTS``: variant name -> the constexpr switches that make it;
+- ``DO_NOT_SPECIALIZE``: the integer arguments its ``@triton.jit`` leaves
+  unspecialised (Triton would otherwise compile once more for each being 1 or
+  a multiple of 16);
+- ``specialisation(case, variant) -> dict``: the constexpr arguments of a
+  launch on ``case``'s batch, variant switches included.  With the case's
+  dtype (and the launch options) they are what Triton keys a compile on
+  (see ``harness.compiles``), so batches with equal values share a compile;
+- ``CAPABILITIES`` and ``KERNELS``.
 """
 from __future__ import annotations
 
+import functools
 import os
+from typing import Callable
 
+import torch
 import triton
 import triton.language as tl
+
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.capabilities import Capabilities
 
 # tl.dot wants at least 16 along each dimension on current GPUs.
 MIN_DOT_SIZE = 16
@@ -37,6 +57,24 @@ def device_function(fn):
 def dot_rows(n: int) -> int:
     """``n`` rounded up to a power of two, and to at least ``MIN_DOT_SIZE``."""
     return max(MIN_DOT_SIZE, triton.next_power_of_2(n))
+
+
+@functools.cache
+def _no_sinks(device: torch.device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.float32, device=device)
+
+
+def sinks_argument(batch: PagedBatch) -> torch.Tensor:
+    """``batch.sinks``, or without sinks a float32 stand-in the kernel never reads:
+    the presence of sinks is then a runtime flag, not a compile of its own."""
+    return _no_sinks(batch.q.device) if batch.sinks is None else batch.sinks
+
+
+def family_kernels(family: str, launch: Callable, capabilities: Capabilities, expect: dict[str, str]) -> list[Kernel]:
+    """``family@variant`` for each variant in ``expect`` ("caught": an old, buggy
+    variant; "pass": a fixed one), each launching ``launch(batch, out, variant=...)``."""
+    return [Kernel(f"{family}@{variant}", functools.partial(launch, variant=variant), capabilities, expect=verdict)
+            for variant, verdict in expect.items()]
 
 
 @device_function

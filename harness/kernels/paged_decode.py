@@ -18,22 +18,19 @@ at once, padded to a ``tl.dot``-friendly row count.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from nanfuzz.harness.kernels._common import device_function, dot_rows, softmax_step
-from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.kernels._common import device_function, dot_rows, family_kernels, softmax_step
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case
 
-# variant -> (MASK_TAIL, MASK_WINDOW)
 VARIANTS = {
-    "unmasked": (False, False),
-    "tail-masked": (True, False),
-    "masked": (True, True),
+    "unmasked": dict(MASK_TAIL=False, MASK_WINDOW=False),
+    "tail-masked": dict(MASK_TAIL=True, MASK_WINDOW=False),
+    "masked": dict(MASK_TAIL=True, MASK_WINDOW=True),
 }
 # Keys per loop step; independent of the physical block size.
 DEFAULT_TILE_SIZE = 32
@@ -75,10 +72,10 @@ def _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len,
 # The head size and the strides stay specialised: unspecialised, the head
 # size alone made this kernel 2.7x slower on an H200 (masked loads along it
 # lose their vector width).
-_RUNTIME_VALUES = ["window", "queries_per_kv", "table_width"]
+DO_NOT_SPECIALIZE = ["window", "queries_per_kv", "table_width"]
 
 
-@triton.jit(do_not_specialize=_RUNTIME_VALUES)
+@triton.jit(do_not_specialize=DO_NOT_SPECIALIZE)
 def _paged_decode_kernel(
     Out, Q, KCache, VCache, Sinks, BlockTable, SeqLens, QueryStartLoc,
     scale, window, head_size, queries_per_kv, table_width,
@@ -164,19 +161,17 @@ def _paged_decode_kernel(
     tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def specialisation(batch: PagedBatch, variant: str = "masked", tile_size: int = DEFAULT_TILE_SIZE) -> dict:
-    """The constexpr arguments a launch compiles for (with q's dtype, the kernel's cache key).
+def specialisation(case: Case, variant: str) -> dict:
+    """The constexpr arguments of a launch on ``case``'s batch (see ``_common``).
 
     The block size stays a constexpr on purpose: as a run-time divisor it made
     the decode kernel several times slower on an H200 (integer division per key
     instead of a shift), and the shipped fix must be as fast as the old kernel.
     """
-    g = batch.case.geometry
-    mask_tail, mask_window = VARIANTS[variant]
-    return dict(TILE_SIZE=tile_size, BLOCK_SIZE=g.block_size,
+    g = case.geometry
+    return dict(TILE_SIZE=DEFAULT_TILE_SIZE, BLOCK_SIZE=g.block_size,
                 HEAD_PAD=triton.next_power_of_2(g.head_size), QUERY_ROWS=dot_rows(g.queries_per_kv),
-                HAS_WINDOW=batch.sliding_window > 0, HAS_SINKS=batch.sinks is not None,
-                MASK_TAIL=mask_tail, MASK_WINDOW=mask_window)
+                HAS_WINDOW=case.sliding_window > 0, HAS_SINKS=case.sinks, **VARIANTS[variant])
 
 
 def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked",
@@ -200,26 +195,14 @@ def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         table.stride(0),
-        **specialisation(batch, variant, tile_size),
+        **{**specialisation(batch.case, variant), "TILE_SIZE": tile_size},
         **launch,  # num_warps / num_stages, for tuning
     )
     return out
 
 
 # For decode (p = seq_len - 1) the symmetric non-causal window allows the same keys.
-CAPABILITIES = Capabilities(
-    max_query_len=1, causal=True, non_causal=True, sliding_window=True, sinks=True,
-    interpreter_dtypes=("float16", "float32"),
-)
+CAPABILITIES = Capabilities(max_query_len=1, causal=True, non_causal=True, sliding_window=True, sinks=True)
 
-KERNELS = [
-    Kernel("paged_decode@unmasked", functools.partial(paged_decode, variant="unmasked"),
-           CAPABILITIES, expect="caught",
-           summary="score-masks dead keys but loads K/V of every tile unmasked: tail and freed-block V reach p@V"),
-    Kernel("paged_decode@tail-masked", functools.partial(paged_decode, variant="tail-masked"),
-           CAPABILITIES, expect="caught",
-           summary="load-masks slots past seq_len but still loads tiles below the sliding window"),
-    Kernel("paged_decode@masked", functools.partial(paged_decode, variant="masked"),
-           CAPABILITIES, expect="pass",
-           summary="skips tiles below the window, load-masks only the edge tiles: no dead slot reaches arithmetic"),
-]
+KERNELS = family_kernels("paged_decode", paged_decode, CAPABILITIES,
+                         {"unmasked": "caught", "tail-masked": "caught", "masked": "pass"})

@@ -28,17 +28,17 @@ one kernel per dtype x padded head size x variant (``specialisation``).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from nanfuzz.harness.kernels._common import INTERPRETED, device_function, dot_rows, softmax_step
-from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.kernels._common import (INTERPRETED, device_function, dot_rows, family_kernels, sinks_argument,
+                                             softmax_step)
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
-from nanfuzz.reference.case import Case, Geometry
+from nanfuzz.reference.case import Case
+
+VARIANTS = {"unmasked": dict(MASK_DEAD_SLOTS=False), "masked": dict(MASK_DEAD_SLOTS=True)}
 
 # Keys per tile in both phases.  Not tied to the block size on purpose: with
 # blocks of 8 a tile spans four blocks, with 48 or 64 tiles split blocks.
@@ -93,7 +93,7 @@ def _allowed(pos, keys, key_end, window, causal):
 
 # Every integer argument: Triton would otherwise key a compile on each being 1
 # or a multiple of 16.
-_RUNTIME_INTS = [
+DO_NOT_SPECIALIZE = [
     "block_size", "head_size", "window", "causal", "has_sinks", "group", "tokens_per_tile", "table_width",
     "stride_q_tok", "stride_q_head", "stride_k_tok", "stride_k_head", "stride_v_tok", "stride_v_head",
     "stride_kc_block", "stride_kc_slot", "stride_kc_head", "stride_vc_block", "stride_vc_slot", "stride_vc_head",
@@ -101,7 +101,7 @@ _RUNTIME_INTS = [
 ]
 
 
-@triton.jit(do_not_specialize=_RUNTIME_INTS)
+@triton.jit(do_not_specialize=DO_NOT_SPECIALIZE)
 def _prefix_prefill_fwd(
     Q, K, V, Key_cache, Value_cache, Block_table, Seq_lens, Query_start_loc, Sinks, Out,
     scale, block_size, head_size, window, causal, has_sinks, group, tokens_per_tile, table_width,
@@ -220,33 +220,17 @@ def _prefix_prefill_fwd(
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def _constexprs(geometry: Geometry) -> dict[str, int]:
-    """The kernel's constexprs for a batch of ``geometry``, bar the variant switch."""
+def specialisation(case: Case, variant: str) -> dict:
+    """The constexpr arguments of a launch on ``case``'s batch (see ``_common``)."""
+    g = case.geometry
     # GQA groups above BLOCK_M (none within CAPABILITIES) get a larger tile
     query_tile = BLOCK_M_INTERPRETED if INTERPRETED else BLOCK_M
-    return dict(BLOCK_M=max(query_tile, dot_rows(geometry.queries_per_kv)),
+    return dict(BLOCK_M=max(query_tile, dot_rows(g.queries_per_kv)),
                 BLOCK_N=BLOCK_N_INTERPRETED if INTERPRETED else BLOCK_N,
-                D_PAD=dot_rows(geometry.head_size))
+                D_PAD=dot_rows(g.head_size), **VARIANTS[variant])
 
 
-def case_specialisation(case: Case) -> tuple:
-    """What a launch on ``case``'s batch compiles for, per variant: the tensors'
-    dtype and the constexprs.  Batches with equal values share one compile."""
-    return (case.geometry.dtype,) + tuple(sorted(_constexprs(case.geometry).items()))
-
-
-def specialisation(batch: PagedBatch) -> tuple:
-    """``case_specialisation`` with the dtype the launcher meets in ``batch``."""
-    return (str(batch.q.dtype).removeprefix("torch."),) + case_specialisation(batch.case)[1:]
-
-
-@functools.lru_cache(maxsize=None)
-def _no_sinks(device: torch.device) -> torch.Tensor:
-    # stands in for the sinks pointer when there are none; the kernel never reads it
-    return torch.zeros(1, dtype=torch.float32, device=device)
-
-
-def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, mask_dead_slots: bool) -> torch.Tensor:
+def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> torch.Tensor:
     """Attention of every query token of ``batch`` into ``out`` ``[num_tokens, Hq, D]``."""
     case = batch.case
     g = case.geometry
@@ -255,13 +239,13 @@ def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, mask_dead_slots: boo
         assert t.stride(-1) == 1, f"{name} must be contiguous in the head dimension"
     assert batch.block_table.stride(1) == 1, "block_table rows must be contiguous"
     # one sinks dtype, or each would be a compile of its own
-    sinks = _no_sinks(batch.q.device) if batch.sinks is None else batch.sinks
+    sinks = sinks_argument(batch)
     assert sinks.dtype == torch.float32, "sinks must be float32"
     max_query_len = case.max_query_len
     if max_query_len == 0:
         return out  # padding only: no output rows exist
     group = g.queries_per_kv
-    constexprs = _constexprs(g)
+    constexprs = specialisation(case, variant)
     tokens_per_tile = constexprs["BLOCK_M"] // group
     grid = (len(case.sequences), g.num_kv_heads, triton.cdiv(max_query_len, tokens_per_tile))
     kc, vc = batch.key_cache, batch.value_cache
@@ -277,22 +261,12 @@ def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, mask_dead_slots: boo
         vc.stride(0), vc.stride(1), vc.stride(2),
         batch.block_table.stride(0),
         out.stride(0), out.stride(1),
-        MASK_DEAD_SLOTS=mask_dead_slots, **constexprs,
+        **constexprs,
         num_warps=4,
     )
     return out
 
 
-CAPABILITIES = Capabilities(
-    causal=True, non_causal=True, sliding_window=True, sinks=True,
-    interpreter_dtypes=("float16", "float32"),
-)
+CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True)
 
-KERNELS = [
-    Kernel("prefix_prefill@unmasked", functools.partial(prefix_prefill, mask_dead_slots=False),
-           CAPABILITIES, expect="caught",
-           summary="context tiles load K/V unmasked from key 0; only scores are masked"),
-    Kernel("prefix_prefill@masked", functools.partial(prefix_prefill, mask_dead_slots=True),
-           CAPABILITIES, expect="pass",
-           summary="context tiles below the window skipped, edge tiles load through a slot mask"),
-]
+KERNELS = family_kernels("prefix_prefill", prefix_prefill, CAPABILITIES, {"unmasked": "caught", "masked": "pass"})

@@ -29,17 +29,17 @@ dummy tensor when absent), and no integer argument is specialised on being
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from nanfuzz.harness.kernels._common import INTERPRETED, MIN_DOT_SIZE, device_function, dot_rows, softmax_step
-from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.kernels._common import (INTERPRETED, MIN_DOT_SIZE, device_function, dot_rows, family_kernels,
+                                             sinks_argument, softmax_step)
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
+
+VARIANTS = {"overshoot": dict(OVERSHOOT=True), "masked": dict(OVERSHOOT=False)}
 
 # Keys per tile.  Deliberately unrelated to the block size (8 .. 64, and 48).
 TILE_SIZE = 32
@@ -141,7 +141,7 @@ def _attend_tiles(acc, l_i, m_i, q,
 
 
 # Integer arguments Triton would otherwise specialise on being 1 or a multiple of 16.
-RUNTIME_INTS = [
+DO_NOT_SPECIALIZE = [
     "window", "causal", "has_sinks", "num_seqs", "table_width", "block_size", "head_size",
     "queries_per_kv", "block_q",
     "stride_qt", "stride_qh", "stride_ot", "stride_oh",
@@ -149,7 +149,7 @@ RUNTIME_INTS = [
 ]
 
 
-@triton.jit(do_not_specialize=RUNTIME_INTS)
+@triton.jit(do_not_specialize=DO_NOT_SPECIALIZE)
 def _unified_attention(
     Out, Q, K_cache, V_cache, Block_table, Seq_lens, Query_start_loc, Sinks,
     scale, window, causal, has_sinks, num_seqs, table_width, block_size, head_size,
@@ -231,37 +231,27 @@ def _rows(case: Case) -> int:
     return max(rows, dot_rows(case.geometry.queries_per_kv))
 
 
-def specialisation(batch: PagedBatch | Case, *, overshoot: bool = False) -> tuple:
-    """The compile a launch for ``batch`` uses: its dtype and the constexpr values.
-
-    Only the case is read, so a ``Case`` serves as well as its batch.
-    """
-    case = batch if isinstance(batch, Case) else batch.case
-    tile_size = TILE_SIZE_INTERPRETED if INTERPRETED else TILE_SIZE
-    return (case.geometry.dtype, _rows(case), tile_size, triton.next_power_of_2(case.geometry.head_size), overshoot)
+def specialisation(case: Case, variant: str) -> dict:
+    """The constexpr arguments of a launch on ``case``'s batch (see ``_common``)."""
+    return dict(BLOCK_M=_rows(case), TILE_SIZE=TILE_SIZE_INTERPRETED if INTERPRETED else TILE_SIZE,
+                HEAD_PAD=triton.next_power_of_2(case.geometry.head_size), **VARIANTS[variant])
 
 
-@functools.cache
-def _no_sinks(device: torch.device) -> torch.Tensor:
-    """Stands in for absent sinks, so that presence is a runtime flag and not a second compile."""
-    return torch.zeros(1, dtype=torch.float32, device=device)
-
-
-def unified_attention(batch: PagedBatch, out: torch.Tensor, *, overshoot: bool) -> torch.Tensor:
+def unified_attention(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> torch.Tensor:
     """Write attention for every query token of ``batch`` into ``out`` ``[T, Hq, D]``."""
     case = batch.case
     g = case.geometry
     if case.num_tokens == 0:
         return out
-    dtype, block_m, tile_size, head_pad, overshoot = specialisation(case, overshoot=overshoot)
-    assert str(batch.q.dtype).removeprefix("torch.") == dtype and head_pad >= g.head_size
+    constexprs = specialisation(case, variant)
+    assert str(batch.q.dtype).removeprefix("torch.") == g.dtype and constexprs["HEAD_PAD"] >= g.head_size
     qpk = g.queries_per_kv
-    block_q = 1 if case.max_query_len <= 1 else block_m // qpk
+    block_q = 1 if case.max_query_len <= 1 else constexprs["BLOCK_M"] // qpk
     # sum over sequences of ceil(query_len / block_q) <= num_tokens // block_q + num_seqs
     grid = (case.num_tokens // block_q + len(case.sequences), g.num_kv_heads)
     k_cache, v_cache = batch.key_cache, batch.value_cache
     assert _unit_stride_heads(batch.q, out, k_cache, v_cache)
-    sinks = batch.sinks if batch.sinks is not None else _no_sinks(batch.q.device)
+    sinks = sinks_argument(batch)
     _unified_attention[grid](
         out, batch.q, k_cache, v_cache, batch.block_table, batch.seq_lens, batch.query_start_loc, sinks,
         case.scale, case.sliding_window, int(case.causal), int(batch.sinks is not None),
@@ -269,7 +259,7 @@ def unified_attention(batch: PagedBatch, out: torch.Tensor, *, overshoot: bool) 
         batch.q.stride(0), batch.q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), batch.block_table.stride(0),
-        BLOCK_M=block_m, TILE_SIZE=tile_size, HEAD_PAD=head_pad, OVERSHOOT=overshoot,
+        **constexprs,
     )
     return out
 
@@ -279,16 +269,6 @@ def _unit_stride_heads(*tensors: torch.Tensor) -> bool:
     return all(t.stride(-1) == 1 for t in tensors)
 
 
-CAPABILITIES = Capabilities(
-    causal=True, non_causal=True, sliding_window=True, sinks=True,
-    interpreter_dtypes=("float16", "float32"),
-)
+CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True)
 
-KERNELS = [
-    Kernel("unified@overshoot", functools.partial(unified_attention, overshoot=True), CAPABILITIES,
-           expect="caught",
-           summary="non-causal tile loop runs to the block table's end, not seq_len: tail and padding V reach p @ V"),
-    Kernel("unified@masked", functools.partial(unified_attention, overshoot=False), CAPABILITIES,
-           expect="pass",
-           summary="tile loop clamped to seq_len and the window; per-key load masks on the edge tiles only"),
-]
+KERNELS = family_kernels("unified", unified_attention, CAPABILITIES, {"overshoot": "caught", "masked": "pass"})
