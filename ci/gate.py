@@ -111,7 +111,7 @@ def choose_kernels(names: list[str], device: str) -> list[str]:
     for name in dict.fromkeys(names):
         kernel = resolve(name)
         caps = kernel.capabilities
-        if device == "cpu" and not [d for d in caps.dtypes if d in caps.interpreter_dtypes]:
+        if device == "cpu" and not caps.runnable_dtypes(interpreter=True):
             raise GateUsageError(f"kernel {name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's "
                                  "interpreter; run the gate on a GPU runner or leave this kernel out")
         chosen.append(name)  # the name as given: the workers resolve it again

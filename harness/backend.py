@@ -42,10 +42,6 @@ def choose_backend(device: str | None = None) -> str:
     return device
 
 
-def interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def wrong_mode_kernels(device: str) -> list[str]:
     """``module.function`` of each imported Triton kernel built for the other mode.
 

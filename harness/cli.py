@@ -9,7 +9,9 @@ import time
 import warnings
 from pathlib import Path
 
+from nanfuzz.reference.case import DTYPES
 from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.features import POISON_CLASS_NAMES
 
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 
@@ -59,10 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-window", action="store_true")
     p.add_argument("--causal-only", action="store_true")
     p.add_argument("--non-causal-only", action="store_true")
-    p.add_argument("--dtype", choices=("float16", "bfloat16", "float32"))
+    p.add_argument("--dtype", choices=DTYPES)
     p.add_argument("--poison", action="append", metavar="CLASS",
-                   choices=("tail", "out-of-window", "null-block", "padding", "unreferenced"),
-                   help="poison only this dead-slot class (repeatable): tail, out-of-window, null-block, padding, unreferenced")
+                   choices=POISON_CLASS_NAMES,
+                   help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES))
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="campaigns at once on the device, one process each, sharing the examples (default 1)")
@@ -153,7 +155,7 @@ def _list(args, settings) -> int:
     rows = [("kernel", "expect", "runs on", "capabilities")]
     for kernel in builtin_kernels().values():
         caps = kernel.capabilities
-        where = "gpu, cpu-interpreter (" + "/".join(d.replace("float", "fp") for d in caps.interpreter_dtypes) + ")"
+        where = "gpu, cpu-interpreter (" + "/".join(d.replace("float", "fp") for d in caps.runnable_dtypes(True)) + ")"
         rows.append((kernel.name, kernel.expect, where, caps.describe()))
     for name in ("vllm:rocm_attn", "vllm:triton_attn"):
         try:

@@ -168,7 +168,7 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
     device = settings.device
     interpreter = device == "cpu"
     caps = settings.focus.apply(kernel.capabilities, kernel.name)
-    if interpreter and not [d for d in caps.dtypes if d in caps.interpreter_dtypes]:
+    if interpreter and not caps.runnable_dtypes(interpreter=True):
         raise NanfuzzError(f"kernel {kernel.name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's interpreter; "
                            "use --device cuda")
     max_examples = settings.max_examples or profile.max_examples

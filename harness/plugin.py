@@ -198,25 +198,32 @@ class Nanfuzz:
         The options are those of ``nanfuzz.fuzz``; ``--hypothesis-seed`` is the
         seed unless the call gives one.
         """
+        import io
+        from pathlib import Path
+
         from nanfuzz.harness.fuzz import fuzz
-        from nanfuzz.harness.picture import picture
-        from nanfuzz.harness.repro import write_repro
+        from nanfuzz.harness.report import report_failure
+        from nanfuzz.harness.settings import Settings
 
         kernel = self._kernel(kernel)
         config = self._request.config
-        options.setdefault("profile", config.getoption("nanfuzz_profile"))
-        options.setdefault("time_budget", config.getoption("nanfuzz_time_budget"))
-        if options.get("seed") is None:
-            options["seed"] = _hypothesis_seed(config)
-        campaign = fuzz(kernel, device=self.device, max_examples=max_examples or config.getoption("nanfuzz_examples"),
-                        **options)
+        seed = options.pop("seed", None)
+        # the plugin is an edge: the environment and the options become Settings here, once
+        settings = Settings.from_environment(
+            device=self.device, repro_dir=Path(self.repro_dir),
+            max_examples=max_examples or config.getoption("nanfuzz_examples"),
+            profile=options.pop("profile", None) or config.getoption("nanfuzz_profile"),
+            time_budget=options.pop("time_budget", None) or config.getoption("nanfuzz_time_budget"),
+            seed=seed if seed is not None else _hypothesis_seed(config))
+        campaign = fuzz(kernel, settings, **options)
         if config.getoption("--hypothesis-show-statistics", default=False):
             self._request.node.user_properties.append(("nanfuzz_campaign", _campaign_record(campaign)))
         if campaign.failed:
-            paths = write_repro(kernel.name, campaign.failing_case, campaign.failure, self.repro_dir, self.device)
-            self._request.node.user_properties.append(("nanfuzz_repro", str(paths[0])))
-            pytest.fail(f"{kernel.name}: {campaign.failure.summary}\n{picture(campaign.failing_case)}\n"
-                        f"repro: {paths[0]}\nreplay: nanfuzz replay {paths[0]}", pytrace=False)
+            shown = io.StringIO()
+            paths = report_failure(kernel, campaign, settings, stream=shown)
+            if paths:
+                self._request.node.user_properties.append(("nanfuzz_repro", paths[0]))
+            pytest.fail(shown.getvalue().strip(), pytrace=False)
         return campaign
 
     def check(self, kernel, case):

@@ -10,6 +10,15 @@ torch and Triton are not imported here.
 from __future__ import annotations
 
 import importlib
+import os
+
+# In a source checkout the subpackages are folders beside this one (pyproject.toml maps
+# them in an install).  When the checkout itself is on sys.path, as it is for tests run
+# from its root, this package is found first and must reach them too.
+_checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if all(os.path.isfile(os.path.join(_checkout, *parts)) for parts in
+       (("reference", "oracle.py"), ("strategies", "cases.py"), ("harness", "fuzz.py"))):
+    __path__.append(_checkout)
 
 __version__ = "0.2.0"
 

@@ -12,7 +12,7 @@ SLOW_TESTS = {
     "test_fuzz.py": ("test_old_variants_are_caught_within_200_examples", "test_fixed_variants_pass_300_examples",
                      "test_window_bug_shrinks_to_a_minimal_repro"),
     "test_parallel.py": ("test_the_first_failure_stops_the_other_job_and_is_shrunk",
-                         "test_a_job_killed_by_its_kernel_leaves_its_case_as_a_crash"),
+                         "test_a_kernel_that_kills_its_worker_is_a_crash_and_the_jobs_carry_on"),
     "test_specialisations.py": ("test_a_campaign_with_a_pool_stays_inside_it_and_still_catches_a_bug",),
     "test_ci_gate.py": ("test_two_worker_gate_with_an_old_and_a_dying_kernel",),
 }

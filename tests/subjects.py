@@ -51,10 +51,14 @@ def _hangs(batch, out):
     return attention(batch, out)
 
 
+_launches = [0]
+
+
 def _nondeterministic(batch, out):
     attention(batch, out)
+    _launches[0] += 1
     if _windowed(batch) and out.numel():
-        out.view(-1)[0] += float(torch.rand(())) * 1e-3  # below every tolerance, above every rounding
+        out.view(-1)[0] += (_launches[0] % 2) * 1e-3  # alternates between launches, below every tolerance
     return out
 
 

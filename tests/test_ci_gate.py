@@ -136,21 +136,17 @@ def check_each_failure_is_reported_once_and_none_is_lost(run):
 
 def check_a_dead_worker_becomes_a_crash_with_its_case(run):
     cwd, proc, summary = run
-    # pytest-xdist reports the dead worker ("crashed while running"), or, when the
-    # death races its scheduler, an INTERNALERROR; either way the gate must
-    # recover the case from the worker's pending file
-    assert "crashed while running" in proc.stdout or "INTERNALERROR" in proc.stdout
+    # the kernel kills the supervised worker process, not the xdist worker: each shard reports the
+    # CRASH itself, with the shrunk case, and carries on to its end
+    assert "crashed while running" not in proc.stdout and "INTERNALERROR" not in proc.stdout
     dying = _shards(summary, DYING)
     assert [s["verdict"] for s in dying] == ["CRASH", "CRASH"]
     crash = next(f for f in summary["failures"] if f["kernel"] == DYING)
     record = json.loads(Path(crash["repro"][0]).read_text())
-    assert record["verdict"] == "CRASH" and "worker process died" in record["summary"]
-    assert record["kernel"] == "dying" and record["environment"]["device_name"] == "cpu (Triton interpreter)"
-    # the repro names the kernel "dying"; the replay command says how to load it
-    replay = f"replay {Path(crash['repro'][0]).relative_to(cwd)} --kernel {DYING}"
-    assert replay in (cwd / "out" / "summary.md").read_text()
-    # the in-flight case was taken from the pending file, which is gone: the next run will not report it again
-    assert not list((cwd / "state" / "workers").glob("*/pending/*.json"))
+    assert record["verdict"] == "CRASH" and "worker process exited with status" in record["summary"]
+    assert record["environment"]["device_name"] == "cpu (Triton interpreter)"
+    # every shard's journal went with its campaign: the next run has nothing left over to replay
+    assert not list((cwd / "state" / "workers").glob("*/journal/*.json"))
 
 
 def test_fixed_kernel_alone_passes(tmp_path):

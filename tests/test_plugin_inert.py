@@ -170,7 +170,7 @@ CAMPAIGN_TESTS = """
         seeds = []
 
         def spy(*args, **options):
-            seeds.append(options.get("seed"))
+            seeds.append(args[1].seed if len(args) > 1 else options.get("seed"))
             return real(*args, **options)
 
         real = engine.fuzz
@@ -328,6 +328,8 @@ def test_the_project_s_own_kernels_match_the_mode_this_session_chose():
     from nanfuzz.harness.registry import builtin_kernels
 
     builtin_kernels()
-    here, other = ("cpu", "cuda") if backend.interpreted() else ("cuda", "cpu")
+    from nanfuzz.harness.kernels._common import INTERPRETED
+
+    here, other = ("cpu", "cuda") if INTERPRETED else ("cuda", "cpu")
     assert backend.wrong_mode_kernels(here) == []
     assert "nanfuzz.harness.kernels.paged_decode._paged_decode_kernel" in backend.wrong_mode_kernels(other)
