@@ -152,7 +152,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     outcome = _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings, events)
     if outcome.output_sha256 is None and digest_pass:  # only a PASS comes back without one
         outcome.output_sha256 = digest(result)
-    timings["verdict"] += time.perf_counter() - t0 - timings.pop("_leak_run")
+    timings["verdict"] += time.perf_counter() - t0 - timings.pop("_later_runs")
     outcome.timings = timings
     if explain and outcome.verdict in (Verdict.NONFINITE, Verdict.NONDETERMINISTIC, Verdict.LEAK):
         try:
@@ -173,11 +173,33 @@ def _differing(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return differs
 
 
+def _rerun(kernel, make_batch, device, events, timings, when) -> tuple[torch.Tensor | None, Outcome | None]:
+    """Build a batch and launch on it: (output, None), or (None, the CRASH).  Its times go to
+    their phases and to ``_later_runs`` (which the verdict phase must not count)."""
+    t0 = time.perf_counter()
+    batch = make_batch()
+    _sync(device)
+    t1 = time.perf_counter()
+    try:
+        output, _, _ = _launch(kernel, batch, device, events)
+    except BaseException as exc:
+        return None, _crash(exc, when)
+    t2 = time.perf_counter()
+    timings["materialize"] += t1 - t0
+    timings["kernel"] += t2 - t1
+    timings["_later_runs"] += t2 - t0
+    return output, None
+
+
+def _max_change(other: torch.Tensor, result64: torch.Tensor, where: torch.Tensor) -> float:
+    return float((other.double() - result64).abs().nan_to_num(float("inf"))[where].max())
+
+
 def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings, events) -> Outcome:
     """The first verdict that applies.  ``timings`` gets the later runs' materialisation
-    and launches under their own phases, and their sum under ``_leak_run``."""
+    and launches under their own phases, and their sum under ``_later_runs``."""
     g = case.geometry
-    timings["_leak_run"] = 0.0
+    timings["_later_runs"] = 0.0
     result64 = result.double()
     # -- NONFINITE -------------------------------------------------------------
     nonfinite = ~torch.isfinite(result64) & torch.isfinite(reference)
@@ -190,40 +212,24 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
                        f"poison they can reach: {classes_line(ev)}", ev, digest(result))
 
     # -- NONDETERMINISTIC: the same inputs again, bit-identical output ----------
-    t0 = time.perf_counter()
     if kernel.capabilities.deterministic:
-        again = snapshot.clone()
-        _sync(device)
-        t1 = time.perf_counter()
-        try:
-            repeat, _, _ = _launch(kernel, again, device, events)
-        except BaseException as exc:
-            return _crash(exc, "on the repeated run")
-        timings["materialize"] += t1 - t0
-        timings["kernel"] += time.perf_counter() - t1
+        repeat, crash = _rerun(kernel, snapshot.clone, device, events, timings, "on the repeated run")
+        if crash:
+            return crash
         unstable = _differing(repeat, result)
         if bool(unstable.any()):
             ev = describe_rows(case, unstable)
-            ev["max_change"] = float((repeat.double() - result64).abs().nan_to_num(float("inf"))[unstable].max())
-            timings["_leak_run"] = time.perf_counter() - t0
+            ev["max_change"] = _max_change(repeat, result64, unstable)
             return Outcome(Verdict.NONDETERMINISTIC,
                            f"NONDETERMINISTIC: {ev['bad_rows']}/{ev['total_rows']} output rows differ between two "
                            f"launches on identical inputs (max change {ev['max_change']:.3g}; tokens "
                            f"{span(ev['tokens'])}, heads {span(ev['heads'])})", ev, digest(result))
 
     # -- LEAK: different finite garbage in every dead slot, bit-identical output
-    t1 = time.perf_counter()
-    clean = refill_dead_slots(snapshot, garbage_seed=1)
-    _sync(device)
-    t2 = time.perf_counter()
-    try:
-        other, _, _ = _launch(kernel, clean, device, events)
-    except BaseException as exc:
-        return _crash(exc, "on the finite-garbage run")
-    t3 = time.perf_counter()
-    timings["materialize"] += t2 - t1
-    timings["kernel"] += t3 - t2
-    timings["_leak_run"] = t3 - t0
+    other, crash = _rerun(kernel, lambda: refill_dead_slots(snapshot, garbage_seed=1), device, events, timings,
+                          "on the finite-garbage run")
+    if crash:
+        return crash
     differs = _differing(other, result)
     if not kernel.capabilities.deterministic:
         # two launches of this kernel may differ anyway: only a change beyond the tolerance is a leak
@@ -245,8 +251,7 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
 
     if leaks:
         ev = describe_rows(case, differs)
-        delta = (other.double() - result64).abs()
-        ev["max_change"] = float(delta[differs].max())
+        ev["max_change"] = _max_change(other, result64, differs)
         return Outcome(Verdict.LEAK,
                        f"LEAK: {ev['bad_rows']}/{ev['total_rows']} output rows change when only dead slots change "
                        f"(max change {ev['max_change']:.3g}; tokens {span(ev['tokens'])}, heads {span(ev['heads'])})",

@@ -21,34 +21,24 @@ def _windowed(batch) -> bool:
     return batch.case.sliding_window > 0
 
 
-def _exits(batch, out):
-    if _windowed(batch):
-        os._exit(3)
-    return attention(batch, out)
+def _before_windowed_launches(act):
+    """The correct kernel, except that a windowed case first meets ``act()``."""
+    def run(batch, out):
+        if _windowed(batch):
+            act()
+        return attention(batch, out)
+    return run
 
 
-def _aborts(batch, out):
-    if _windowed(batch):
-        os.abort()
-    return attention(batch, out)
+def _raise_system_exit():
+    raise SystemExit("planted exit")
 
 
-def _raises_system_exit(batch, out):
-    if _windowed(batch):
-        raise SystemExit("planted exit")
-    return attention(batch, out)
-
-
-def _calls_sys_exit_zero(batch, out):
-    if _windowed(batch):
-        sys.exit(0)
-    return attention(batch, out)
-
-
-def _hangs(batch, out):
-    if _windowed(batch):
-        time.sleep(3600)
-    return attention(batch, out)
+_exits = _before_windowed_launches(lambda: os._exit(3))
+_aborts = _before_windowed_launches(os.abort)
+_raises_system_exit = _before_windowed_launches(_raise_system_exit)
+_calls_sys_exit_zero = _before_windowed_launches(lambda: sys.exit(0))
+_hangs = _before_windowed_launches(lambda: time.sleep(3600))
 
 
 _launches = [0]
