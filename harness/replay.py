@@ -38,6 +38,6 @@ def replay(path: str, *, kernel_name: str | None = None, device: str = "cpu") ->
     now_env = environment(device)
     same = all(recorded_env.get(k) == now_env.get(k) for k in ("device_name", "torch", "triton"))
     identical = None
-    if same and kernel.name == record["kernel"] and record.get("output_sha256"):
+    if same and kernel.resolvable == record["kernel"] and record.get("output_sha256"):
         identical = outcome.output_sha256 == record["output_sha256"]
     return Replay(kernel.name, record.get("verdict", "?"), outcome, same, identical)
