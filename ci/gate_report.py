@@ -106,7 +106,7 @@ def recover_dead_shard(plan: Plan, record: ShardRecord, *, stopped_at_deadline: 
                           f"{outcome.verdict.value}, so it is no finding")
         return record
     record.verdict, record.summary = outcome.verdict.value, f"{outcome.summary} ({why}; it repeats on replay)"
-    paths = write_repro(kernel.resolvable, case, outcome, plan.shard_repro_dir(record.slot), plan.device)
+    paths = write_repro(kernel, case, outcome, plan.shard_repro_dir(record.slot), plan.device)
     record.repro = [str(p) for p in paths]
     record.recovered_crash = True
     return record

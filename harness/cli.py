@@ -132,9 +132,6 @@ def _settings(args, device: str):
 
     if getattr(args, "launch_timeout", None) is not None and args.launch_timeout <= 0:
         raise NanfuzzError(f"--launch-timeout={args.launch_timeout} must be > 0 seconds")
-    # user kernels are imported from the current directory, as `python -m` does
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     options = dict(device=device, state_dir=_path(args.state_dir), vllm_src=args.vllm_src,
                    launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
     if args.command == "fuzz":

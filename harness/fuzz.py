@@ -114,17 +114,19 @@ def make_subject(kernel: Kernel, settings: Settings):
     """
     if not settings.isolation or not reachable_by_path(kernel):
         return InProcess(kernel, settings.device)
-    spec = WorkerSpec(kernel=kernel.resolvable, device=settings.device, vllm_src=settings.vllm_src,
+    from nanfuzz.harness.registry import import_path
+
+    spec = WorkerSpec(kernel=import_path(kernel), device=settings.device, vllm_src=settings.vllm_src,
                       cuda_index=settings.cuda_index)
     return Supervised(spec, launch_timeout=settings.timeout)
 
 
 def reachable_by_path(kernel: Kernel) -> bool:
     """Does resolving the kernel's import path in a fresh process give this very kernel?"""
-    from nanfuzz.harness.registry import resolve
+    from nanfuzz.harness.registry import import_path, resolve
 
     try:
-        return resolve(kernel.resolvable).run is kernel.run
+        return resolve(import_path(kernel)).run is kernel.run
     except NanfuzzError:
         return False
 

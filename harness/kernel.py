@@ -23,12 +23,14 @@ PrepareFn = Callable[[PagedBatch, torch.Tensor], Callable[[], object]]
 
 @dataclass(frozen=True)
 class Kernel:
-    name: str                      # family@variant, vllm:..., or module:callable
+    name: str                      # family@variant, vllm:..., or a user's own display name
     run: RunFn
     capabilities: Capabilities
     expect: str = "pass"           # built-ins: "pass" (fixed) or "caught" (old, buggy)
     prepare: PrepareFn | None = None  # None: a launch is ``run(batch, out)`` (see harness.perf)
-    spec: str = ""                 # what resolve() was given, so another process can resolve it again
+    # What resolve() was given (a user kernel's import path, package.module:attr),
+    # so another process, a repro and its replay command can resolve it again.
+    spec: str = ""
 
     @property
     def resolvable(self) -> str:

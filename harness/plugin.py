@@ -235,7 +235,7 @@ class Nanfuzz:
         kernel = self._kernel(kernel)
         outcome = check(kernel, case, self.device)
         if outcome.failed:
-            paths = write_repro(kernel.name, case, outcome, self.repro_dir, self.device)
+            paths = write_repro(kernel, case, outcome, self.repro_dir, self.device)
             self._request.node.user_properties.append(("nanfuzz_repro", str(paths[0])))
             pytest.fail(f"{kernel.name}: {outcome.summary}\n{picture(case)}\nrepro: {paths[0]}", pytrace=False)
         return outcome

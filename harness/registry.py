@@ -1,4 +1,4 @@
-"""Kernels under test by name: built-ins, vLLM's, and users' own ``module:callable``.
+"""Kernels under test by name: built-ins, vLLM's, and users' own ``package.module:attr``.
 
 What a kernel is lives in ``harness.kernel``.  Built-in kernel modules and
 the vLLM adapters are imported lazily, so the caller can decide on
@@ -7,8 +7,10 @@ the vLLM adapters are imported lazily, so the caller can decide on
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import replace
 
+from nanfuzz.harness.import_path import import_user_module
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.errors import NanfuzzError
@@ -27,9 +29,33 @@ def builtin_kernels() -> dict[str, Kernel]:
 
 
 def resolve(name: str) -> Kernel:
-    """Turn a kernel name from the command line or a repro into a Kernel."""
+    """Turn a kernel name from the command line or a repro into a Kernel.
+
+    The Kernel's ``spec`` is ``name``, so ``kernel.resolvable`` resolves it
+    again in another process (a job, a replay, a repro script).
+    """
+    if _is_user_spec(name):
+        return replace(_user_kernel(name), spec=name)
     kernel = _resolve(name)
     return kernel if kernel.spec else replace(kernel, spec=name)
+
+
+def import_path(kernel: Kernel) -> str:
+    """What resolves ``kernel`` again in another process: what a worker, a repro and a replay use.
+
+    A resolved Kernel carries it as ``spec``.  A Kernel object never resolved
+    from a name (a test that imported its adapter itself) is found at the
+    ``module:attr`` that holds that very object; built-in kernels go by name.
+    """
+    if kernel.spec:
+        return kernel.spec
+    if _is_builtin(kernel):
+        return kernel.name
+    return _find_in_modules(kernel) or kernel.name
+
+
+def _is_user_spec(name: str) -> bool:
+    return ":" in name and "@" not in name and not name.startswith("vllm:")
 
 
 def _resolve(name: str) -> Kernel:
@@ -37,38 +63,70 @@ def _resolve(name: str) -> Kernel:
         from nanfuzz.harness.adapters import vllm as vllm_adapters
 
         return vllm_adapters.kernel(name)
-    if "@" in name or ":" not in name:
-        known = builtin_kernels()
-        if name not in known:
-            from nanfuzz.harness.adapters.vllm import KERNEL_NAMES
+    known = builtin_kernels()
+    if name not in known:
+        from nanfuzz.harness.adapters.vllm import KERNEL_NAMES
 
-            raise NanfuzzError(f"unknown kernel {name!r}; known: {', '.join(sorted(known))}, "
-                               f"{', '.join(KERNEL_NAMES)}, or package.module:callable")
-        return known[name]
-    return _user_kernel(name)
+        raise NanfuzzError(f"unknown kernel {name!r}; known: {', '.join(sorted(known))}, "
+                           f"{', '.join(KERNEL_NAMES)}, or package.module:attr (a nanfuzz.Kernel in your adapter module)")
+    return known[name]
 
 
 def _user_kernel(spec: str) -> Kernel:
+    """The Kernel object at ``package.module:attr``, imported from the current directory.
+
+    Only a ``Kernel``, or a callable ``run(batch, out)`` carrying a
+    ``.capabilities`` attribute, is accepted; nothing found there is ever
+    called to obtain one.
+    """
     module_name, _, attr = spec.partition(":")
+    if not all(part.isidentifier() for part in module_name.split(".")) or not all(
+            part.isidentifier() for part in attr.split(".")):
+        raise NanfuzzError(f"kernel {spec!r} is not an import path; write package.module:attr "
+                           "(e.g. mykernels.nanfuzz_adapter:kernel)")
     try:
-        module = importlib.import_module(module_name)
+        module = import_user_module(module_name)
     except Exception as exc:  # a user's module may fail in any way while importing
-        raise NanfuzzError(f"kernel {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc})") from None
-    try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        raise NanfuzzError(f"kernel {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        top = module_name.split(".")[0]
+        hint = (f"; run nanfuzz from the folder that holds {top!r} (it imports from the current directory)"
+                if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")
+        raise NanfuzzError(f"kernel {spec!r}: cannot import module {module_name!r} ({message}){hint}") from None
+    where = f"module {module_name!r} ({getattr(module, '__file__', None) or 'built-in'})"
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise NanfuzzError(f"kernel {spec!r}: {where} has no attribute {attr!r}") from None
     if isinstance(obj, Kernel):
         return obj
     if callable(obj) and isinstance(getattr(obj, "capabilities", None), Capabilities):
         return Kernel(name=spec, run=obj, capabilities=obj.capabilities)
-    if callable(obj):
-        try:
-            made = obj()
-        except TypeError:
-            made = None
-        if isinstance(made, Kernel):
-            return made
+    found = " ".join(repr(obj).split())
+    found = found if len(found) <= 80 else found[:77] + "..."
     raise NanfuzzError(
-        f"kernel {spec!r} is neither a nanfuzz.Kernel, a factory returning one, "
-        "nor a callable with a .capabilities attribute")
+        f"kernel {spec!r}: {where} holds {attr} = {found}, a {type(obj).__name__}, not a nanfuzz Kernel "
+        "(nanfuzz never calls it to get one); name a Kernel object instead, e.g. "
+        "kernel = Kernel(name, run, Capabilities(...)) in your adapter module, with "
+        "from nanfuzz import Kernel, Capabilities")
+
+
+def _is_builtin(kernel: Kernel) -> bool:
+    families = (sys.modules.get(f"nanfuzz.harness.kernels.{family}") for family in BUILTIN_MODULES)
+    return any(kernel is k for module in families if module is not None for k in module.KERNELS)
+
+
+def _find_in_modules(kernel: Kernel) -> str | None:
+    """``module:attr`` of a loaded module that holds this very Kernel object, if any."""
+    for module_name, module in sorted(list(sys.modules.items()), key=lambda item: item[0]):
+        if module is None or module_name == "__main__":
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        for attr, value in list(namespace.items()):
+            if value is kernel:
+                return f"{module_name}:{attr}"
+    return None

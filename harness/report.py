@@ -16,11 +16,11 @@ def report_failure(kernel, campaign, settings, stream=None) -> list[str]:
     stream = stream or sys.stdout
     case, outcome = campaign.failing_case, campaign.failure
     try:
-        paths = [str(p) for p in write_repro(kernel.resolvable, case, outcome, settings.repro_dir, settings.device)]
+        paths = [str(p) for p in write_repro(kernel, case, outcome, settings.repro_dir, settings.device)]
     except OSError as exc:
         print(f"nanfuzz: cannot write the repro to {str(settings.repro_dir)!r} ({exc.strerror or exc}); "
               "the finding follows in full", file=sys.stderr, flush=True)
-        record = repro_record(kernel.resolvable, case, outcome, settings.device)
+        record = repro_record(kernel, case, outcome, settings.device)
         stream.write(f"\n{kernel.name}: {outcome.summary}\n{picture(case)}\n"
                      f"repro JSON (save it and run `nanfuzz replay FILE.json`):\n{json.dumps(record, indent=1)}\n\n")
         stream.flush()

@@ -5,9 +5,11 @@ import datetime
 import hashlib
 import json
 import platform
+import re
 from pathlib import Path
 
 from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.picture import picture
 from nanfuzz.reference.case import SCHEMA_VERSION, Case
 from nanfuzz.reference.errors import NanfuzzError
@@ -34,11 +36,22 @@ def case_id(case: Case) -> str:
     return hashlib.sha256(case.to_json().encode()).hexdigest()[:10]
 
 
-def repro_record(kernel_name: str, case: Case, outcome: Outcome, device: str) -> dict:
+def _names(kernel: Kernel | str) -> tuple[str, str]:
+    """(import path, display name) of a Kernel, or of a kernel known by its display name."""
+    from nanfuzz.harness.registry import import_path
+
+    return (import_path(kernel), kernel.name) if isinstance(kernel, Kernel) else (kernel, kernel)
+
+
+def repro_record(kernel: Kernel | str, case: Case, outcome: Outcome, device: str) -> dict:
+    """The JSON record.  ``kernel`` is what resolves the kernel again (its import path
+    for a user's own kernel), ``kernel_name`` the name it reports itself by."""
+    path, name = _names(kernel)
     return {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
-        "kernel": kernel_name,
+        "kernel": path,
+        "kernel_name": name,
         "case": case.to_dict(),
         **outcome.to_dict(),
         "environment": environment(device),
@@ -46,25 +59,36 @@ def repro_record(kernel_name: str, case: Case, outcome: Outcome, device: str) ->
     }
 
 
-def write_repro(kernel_name: str, case: Case, outcome: Outcome, directory: str | Path, device: str) -> list[Path]:
-    """Write ``<stem>.json``, ``<stem>.py`` and ``<stem>.txt``; return their paths."""
+def repro_stem(kernel_name: str, case: Case, outcome: Outcome) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", kernel_name.replace("@", "-")).strip("._")[:80] or "kernel"
+    return f"{name}-{outcome.verdict.value.lower()}-{case_id(case)}"
+
+
+def write_repro(kernel: Kernel | str, case: Case, outcome: Outcome, directory: str | Path, device: str) -> list[Path]:
+    """Write ``<stem>.json``, ``<stem>.py`` and ``<stem>.txt``; return their paths.
+
+    Pass the Kernel itself where there is one: a repro must record the import
+    path that resolves it, and a display name alone only finds one that was
+    resolved in this process.
+    """
+    _, name = _names(kernel)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    stem = f"{kernel_name.replace(':', '_').replace('@', '-').replace('/', '_')}-{outcome.verdict.value.lower()}-{case_id(case)}"
-    record = repro_record(kernel_name, case, outcome, device)
+    stem = repro_stem(name, case, outcome)
     json_path = directory / f"{stem}.json"
-    json_path.write_text(json.dumps(record, indent=1) + "\n")
+    json_path.write_text(json.dumps(repro_record(kernel, case, outcome, device), indent=1) + "\n", encoding="utf-8")
     txt_path = directory / f"{stem}.txt"
-    txt_path.write_text(f"{kernel_name}: {outcome.summary}\n\n{picture(case)}\n")
+    # a kernel's error message may hold anything, lone surrogates included
+    txt_path.write_text(f"{name}: {outcome.summary}\n\n{picture(case)}\n", encoding="utf-8", errors="backslashreplace")
     py_path = directory / f"{stem}.py"
-    py_path.write_text(standalone_script(kernel_name, case, outcome))
+    py_path.write_text(standalone_script(kernel, case, outcome), encoding="utf-8")
     return [json_path, py_path, txt_path]
 
 
 def load_repro(path: str | Path) -> dict:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise NanfuzzError(f"cannot read repro {str(path)!r}: {exc.strerror}") from None
     try:
@@ -79,54 +103,104 @@ def load_repro(path: str | Path) -> dict:
         raise NanfuzzError(f"{path}: repro lacks \"kernel\" or \"case\"")
     record["case"] = Case.from_dict(record["case"])
     record.setdefault("verdict", Verdict.PASS.value)
+    record.setdefault("kernel_name", record["kernel"])  # repros before kernel_name: one name for both
     return record
 
 
-_SCRIPT = '''\
-"""nanfuzz repro: {kernel} -> {verdict}
+# What each verdict means, for the repro script's last line.
+VERDICT_MEANINGS = {
+    Verdict.CRASH: "the kernel raised, or its launch failed",
+    Verdict.NONFINITE: "output rows hold NaN/Inf where the oracle is finite",
+    Verdict.LEAK: "the output changes when only dead-slot contents change",
+    Verdict.MISMATCH: "finite output is off the float64 oracle beyond tolerance",
+    Verdict.CLOBBER: "the kernel wrote outside its output rows or into its inputs",
+    Verdict.PASS: "output finite, within tolerance of the oracle, no dead slot read, nothing clobbered",
+}
 
-{summary}
-
-Run it with nanfuzz installed: `python {{this file}}` (GPU when present,
-Triton's interpreter otherwise).  It rebuilds the tensors from the case,
-runs the kernel and asserts the output is finite and matches the float64
-oracle; it exits non-zero while the bug is there.
-
-{picture}
-"""
-import os
+# Only static text here: every value from the run (names, summary, picture,
+# case) goes in below as a Python literal written by ascii(), so no text a
+# kernel produced can end a string early or be run as code.
+_SCRIPT_HEAD = '''\
+#!/usr/bin/env python3
+# A nanfuzz repro.  Run it from your repository root, with nanfuzz installed:
+#
+#     python path/to/this_file.py [--device cpu|cuda]
+#
+# It rebuilds the case's tensors, runs the kernel through the same verdict as
+# `nanfuzz replay`, prints the verdict and exits 1 while the bug is there, 0 once
+# the kernel passes (2: the kernel cannot be loaded or cannot take this case).
+# Without a GPU the kernel runs under Triton's interpreter.
+import argparse
 import sys
 
-import torch
+'''
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit import
+_SCRIPT_BODY = '''
 
-from nanfuzz.harness.registry import resolve
-from nanfuzz.harness.tolerance import allowed_error
-from nanfuzz.reference.case import Case
-from nanfuzz.reference.materialize import materialize
-from nanfuzz.reference.oracle import oracle
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Re-run a nanfuzz repro of " + KERNEL_NAME + ".")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: the GPU if present, else the interpreter")
+    args = parser.parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
-CASE = Case.from_json({case_json!r})
-KERNEL = {kernel!r}
+    from nanfuzz.harness.backend import choose_backend
+    from nanfuzz.reference.errors import NanfuzzError
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
-batch = materialize(CASE, device)
-g = CASE.geometry
-print("q", tuple(batch.q.shape), "key_cache", tuple(batch.key_cache.shape), "block_table", batch.block_table.tolist())
-out = torch.full((CASE.num_tokens, g.num_q_heads, g.head_size), float("nan"), dtype=batch.q.dtype, device=device)
-result = resolve(KERNEL)(batch, out)
-expected = oracle(batch)
-bad = ~torch.isfinite(result.double()) & torch.isfinite(expected)
-print("non-finite output rows:", bad.any(dim=-1).nonzero().tolist()[:16])
-assert not bad.any(), f"{{int(bad.any(-1).sum())}} output rows are NaN/Inf where the oracle is finite"
-error = (result.double() - expected).abs()
-assert (error <= allowed_error(expected, g.dtype)).all(), f"max abs error {{float(error.max()):.3g}} beyond tolerance"
-print("PASS: output finite and within tolerance of the oracle")
+    try:
+        device = choose_backend(args.device)  # sets TRITON_INTERPRET before any @triton.jit import
+        from nanfuzz.harness.check import check
+        from nanfuzz.harness.import_path import cwd_first_on_path
+        from nanfuzz.harness.registry import resolve
+        from nanfuzz.harness.repro import VERDICT_MEANINGS
+        from nanfuzz.reference.case import Case
+        from nanfuzz.reference.materialize import materialize
+
+        cwd_first_on_path()  # a user's adapter imports from the repository root, as under python -m
+        case = Case.from_json(CASE_JSON)
+        kernel = resolve(KERNEL)
+        print("recorded: " + KERNEL_NAME + ": " + SUMMARY)
+        print(PICTURE)
+        batch = materialize(case, device)
+        print("tensors: " + ", ".join(f"{name} {list(t.shape)} {str(t.dtype).replace('torch.', '')}"
+                                      for name, t in batch.inputs().items()))
+        outcome = check(kernel, case, device)
+    except NanfuzzError as exc:
+        print(f"nanfuzz: {exc}", file=sys.stderr)
+        return 2
+    print(f"now: {outcome.summary}")
+    meaning = VERDICT_MEANINGS.get(outcome.verdict, "")
+    if outcome.failed:
+        print(f"FAIL {outcome.verdict.value} (recorded {RECORDED_VERDICT}): {meaning}", file=sys.stderr)
+        return 1
+    print(f"PASS (recorded {RECORDED_VERDICT}): {meaning}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 '''
 
 
-def standalone_script(kernel_name: str, case: Case, outcome: Outcome) -> str:
-    return _SCRIPT.format(kernel=kernel_name, verdict=outcome.verdict.value, summary=outcome.summary,
-                          picture=picture(case), case_json=case.to_json())
+def _text_literal(text: str) -> str:
+    """``text`` as a Python expression: one ascii() literal a line, joined by newlines."""
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return ascii(text)
+    return '"\\n".join([\n' + "".join(f"    {ascii(line)},\n" for line in lines) + "])"
+
+
+def standalone_script(kernel: Kernel | str, case: Case, outcome: Outcome) -> str:
+    """A Python script that re-runs ``case`` on ``kernel`` and exits 1 while it fails."""
+    path, name = _names(kernel)
+    constants = [
+        ("KERNEL", ascii(path), "what resolves the kernel (from the current directory)"),
+        ("KERNEL_NAME", ascii(name), None),
+        ("RECORDED_VERDICT", ascii(outcome.verdict.value), None),
+        ("SUMMARY", _text_literal(outcome.summary), None),
+        ("PICTURE", _text_literal(picture(case)), None),
+        ("CASE_JSON", ascii(case.to_json()), None),
+    ]
+    lines = [f"{key} = {value}" + (f"  # {why}" if why else "") for key, value, why in constants]
+    return _SCRIPT_HEAD + "\n".join(lines) + "\n" + _SCRIPT_BODY

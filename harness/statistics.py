@@ -1,0 +1,129 @@
+"""What a campaign exercised: the share of examples in each situation.
+
+A :class:`Statistics` is fed every generated case (``add``) and tallies the
+situations :func:`~nanfuzz.reference.features.case_features` names (decode,
+chunked prefill, a window, a reused block, NaN in the tail...) plus the
+block and head size.  Jobs each keep their own and ``merge`` them; it
+pickles, and ``to_dict`` / ``from_dict`` carry it through JSON.
+
+    stats = Statistics()
+    for case in cases:
+        stats.add(case)
+    print(stats.table())
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from nanfuzz.reference.case import DTYPES, POISON_TENSORS, POISON_VALUES, Case
+from nanfuzz.reference.features import case_features
+
+# (title, situations always listed, prefixes of situations listed when seen)
+GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    ("kinds of sequence", ("decode", "prefill", "chunked-prefill", "padding-sequence", "mixed",
+                           "multi-sequence", "partial-last-block"), ()),
+    ("masks and windows", ("causal", "non-causal", "window", "window:1", "non-causal+window",
+                           "straddling-window"), ()),
+    ("poisoned dead slots", ("poison:tail", "poison:out-of-window", "poison:null-block", "poison:padding",
+                             "poison:unreferenced", "poison:single-slot"), ()),
+    ("blocks", ("expired-block", "expired-to-null", "reused-block", "shared-block"), ()),
+    ("heads", ("gqa", "sinks"), ()),
+    ("dtypes", (), ("dtype:",)),
+    ("block sizes", (), ("block:",)),
+    ("head sizes", (), ("head:",)),
+    ("poison values", (), ("poison-value:", "poison-tensors:")),
+)
+OTHER = "other"
+
+_ORDER = {f"dtype:{d}": i for i, d in enumerate(DTYPES)}
+_ORDER.update({f"poison-value:{v}": i for i, v in enumerate(POISON_VALUES)})
+_ORDER.update({f"poison-tensors:{t}": 100 + i for i, t in enumerate(POISON_TENSORS)})
+
+
+def features(case: Case) -> set[str]:
+    """``case_features(case)`` plus ``block:<block_size>`` and ``head:<head_size>``."""
+    g = case.geometry
+    return case_features(case) | {f"block:{g.block_size}", f"head:{g.head_size}"}
+
+
+def _sort_key(name: str) -> tuple:
+    tail = name.rpartition(":")[2]
+    return (_ORDER.get(name, 1000), int(tail) if tail.isdigit() else 0, name)
+
+
+@dataclass
+class Statistics:
+    """Counts of situations over ``examples`` cases; ``seconds`` is the time ``add`` took."""
+
+    examples: int = 0
+    counts: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def add(self, case: Case) -> None:
+        start = time.perf_counter()
+        self.counts.update(features(case))
+        self.examples += 1
+        self.seconds += time.perf_counter() - start
+
+    def merge(self, other: "Statistics") -> "Statistics":
+        """Add ``other``'s tallies to these (another job's); returns self."""
+        self.examples += other.examples
+        self.counts.update(other.counts)
+        self.seconds += other.seconds
+        return self
+
+    def share(self, name: str) -> float:
+        """The fraction of examples in situation ``name`` (0.0 before any example)."""
+        return self.counts[name] / self.examples if self.examples else 0.0
+
+    def groups(self) -> list[tuple[str, list[tuple[str, int]]]]:
+        """``[(title, [(situation, count), ...]), ...]`` in reporting order.
+
+        Each group's fixed situations are listed even when no example had
+        them (what the campaign never reached); sizes, dtypes and values
+        only as seen; situations no group names come last, under "other".
+        """
+        out = []
+        placed: set[str] = set()
+        for title, listed, prefixes in GROUPS:
+            seen = [n for n in self.counts if n not in listed and any(n.startswith(p) for p in prefixes)]
+            names = [*listed, *sorted(seen, key=_sort_key)]
+            placed.update(names)
+            if names:
+                out.append((title, [(n, self.counts[n]) for n in names]))
+        other = sorted(n for n in self.counts if n not in placed)
+        if other:
+            out.append((OTHER, [(n, self.counts[n]) for n in other]))
+        return out
+
+    def to_dict(self) -> dict:
+        """JSON-ready: ``{"examples", "seconds", "groups": {title: {situation: {"count", "share"}}}}``."""
+        return {
+            "examples": self.examples,
+            "seconds": round(self.seconds, 6),
+            "groups": {title: {name: {"count": count, "share": round(self.share(name), 6)} for name, count in rows}
+                       for title, rows in self.groups()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Statistics":
+        """The inverse of ``to_dict`` (situations with a count of 0 are dropped)."""
+        counts = Counter({name: entry["count"] for rows in data["groups"].values()
+                          for name, entry in rows.items() if entry["count"]})
+        return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0))
+
+    def table(self) -> str:
+        """An aligned text table: group, situation, examples, share."""
+        header = f"what the campaign exercised ({self.examples} example{'s' if self.examples != 1 else ''})"
+        if not self.examples:
+            return header
+        rows = [(title if i == 0 else "", name, str(count), f"{100 * self.share(name):.1f}%")
+                for title, entries in self.groups() for i, (name, count) in enumerate(entries)]
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        lines = [header]
+        for row in rows:
+            lines.append(f"  {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  "
+                         f"{row[3]:>{widths[3]}}".rstrip())
+        return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""A tiny kernel package, as a user's repository would hold one."""
