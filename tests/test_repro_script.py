@@ -109,7 +109,7 @@ def test_a_passing_kernels_script_prints_the_hostile_summary_and_exits_0(tmp_pat
     run = _run_script(paths[1])
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert not marker.exists()
-    assert "recorded: plain torch attention: " + payload.replace("\ud800", "\\ud800") in run.stdout
+    assert "recorded: torch@correct: " + payload.replace("\ud800", "\\ud800") in run.stdout
     assert "PASS (recorded NONFINITE)" in run.stdout
 
 
