@@ -93,6 +93,7 @@ class ShardRecord:
     repro: list[str] = field(default_factory=list)   # .json, .py, .txt
     examples_db: str = ""          # the database directory the campaign used, resolved
     environment: dict = field(default_factory=dict)  # device name and versions, for recovered crashes
+    statistics: dict = field(default_factory=dict)   # what the campaign exercised (Statistics.to_dict())
 
     @property
     def failed(self) -> bool:

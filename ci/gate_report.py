@@ -32,6 +32,7 @@ class Row:
     verdict: str             # PASS, CRASH, NONFINITE, ..., ERROR, NOT RUN
     summary: str
     failure: int | None = None   # number of the distinct failure this row found
+    statistics: dict | None = None  # what the shard's campaign exercised (Statistics.to_dict())
 
     @property
     def failed(self) -> bool:
@@ -155,7 +156,8 @@ def consolidate(plan: Plan, repro_dir: Path, *, stopped_at_deadline: bool, stop_
                 record.write(path)
             # a dead worker's counts stopped at its last record: unknown, not zero
             row = Row(kernel, shard, slot, record.worker, None if record.worker_died else record.examples,
-                      None if record.worker_died else record.elapsed, record.verdict, record.summary)
+                      None if record.worker_died else record.elapsed, record.verdict, record.summary,
+                      statistics=record.statistics or None)
             rows.append(row)
             if record.verdict == "PASS":
                 continue
@@ -231,13 +233,33 @@ def markdown(result: GateResult, plan: Plan, *, workers: str, budget: float, wal
     return "\n".join(lines) + "\n"
 
 
+def kernel_statistics(result: GateResult) -> dict:
+    """What each kernel's shards exercised together: shares of examples by situation."""
+    from nanfuzz.harness.statistics import Statistics
+
+    merged: dict[str, Statistics] = {}
+    for row in result.rows:
+        if row.statistics:
+            merged.setdefault(row.kernel, Statistics()).merge(Statistics.from_dict(row.statistics))
+    return {kernel: stats.to_dict() for kernel, stats in merged.items()}
+
+
+def _shares(statistics: dict | None) -> list[tuple[str, str]]:
+    """JUnit properties: ``share:<situation>`` = share of the shard's examples."""
+    if not statistics:
+        return []
+    return [(f"share:{name}", f"{entry['share']:.4f}")
+            for group in statistics["groups"].values() for name, entry in group.items()]
+
+
 def summary_json(result: GateResult, plan: Plan, *, exit_code: int, wall: float) -> dict:
     return {
         "passed": result.passed, "exit_code": exit_code, "device": plan.device, "profile": plan.profile,
         "wall_s": round(wall, 2), "slots": plan.slots,
         "shards": [{"kernel": r.kernel, "shard": r.shard, "slot": r.slot, "worker": r.worker, "examples": r.examples,
                     "elapsed_s": None if r.elapsed is None else round(r.elapsed, 3), "verdict": r.verdict,
-                    "summary": r.summary, "failure": r.failure} for r in result.rows],
+                    "summary": r.summary, "failure": r.failure, "statistics": r.statistics} for r in result.rows],
+        "statistics": kernel_statistics(result),
         "failures": [{"number": f.number, "kernel": f.kernel, "verdict": f.verdict, "summary": f.summary,
                       "repro": [str(p) for p in f.repro], "shards": f.shards} for f in result.failures],
         "problems": result.problems,
@@ -262,7 +284,8 @@ def junit_xml(result: GateResult, plan: Plan, *, replay_prefix: str) -> bytes:
         case = ET.SubElement(suite, "testcase", classname=f"nanfuzz.{row.kernel}", name=f"shard{row.shard}",
                              time=f"{row.elapsed or 0.0:.3f}")
         case_props = ET.SubElement(case, "properties")
-        for name, value in (("slot", row.slot), ("worker", row.worker), ("examples", row.examples)):
+        for name, value in (("slot", row.slot), ("worker", row.worker), ("examples", row.examples),
+                            *_shares(row.statistics)):
             ET.SubElement(case_props, "property", name=name, value="-" if value is None else str(value))
         if not row.failed:
             continue

@@ -50,6 +50,7 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
     record.time_to_first_failure = campaign.time_to_first_failure
     record.examples_to_first_failure = campaign.examples_to_first_failure
     record.shrink_time = campaign.shrink_time
+    record.statistics = campaign.statistics.to_dict()
     record.elapsed = time.perf_counter() - start
     record.status = "done"
     if not campaign.failed and record.examples == 0:

@@ -65,7 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--poison", action="append", metavar="CLASS",
                    choices=POISON_CLASS_NAMES,
                    help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES))
-    p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
+    p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON (with the statistics)")
+    p.add_argument("--show-statistics", action="store_true",
+                   help="after each kernel, the share of examples that exercised each situation (decode, windows, "
+                        "each poison class a launch could reach, reused blocks, GQA, dtypes, block sizes, ...)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="campaigns at once on the device, one process each, sharing the examples (default 1)")
     p.add_argument("--pool", type=int, metavar="N",
@@ -188,6 +191,7 @@ def _fuzz(args, settings) -> int:
     from nanfuzz.harness.fuzz import fuzz
     from nanfuzz.harness.parallel import fuzz_parallel
     from nanfuzz.harness.profiles import get_profile
+    from nanfuzz.harness.progress import Progress
     from nanfuzz.harness.registry import builtin_kernels, resolve
     from nanfuzz.harness.report import print_notes, report_failure
 
@@ -212,8 +216,20 @@ def _fuzz(args, settings) -> int:
         if settings.jobs > 1:
             campaign = fuzz_parallel(kernel, settings)
         else:
-            campaign = fuzz(kernel, settings, on_example=_progress_printer())
+            progress = Progress(kernel.name, target_examples=settings.max_examples or profile.max_examples,
+                                time_budget=settings.time_budget if settings.time_budget is not None
+                                else profile.time_budget)
+
+            def show(c) -> None:
+                progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
+
+            try:
+                campaign = fuzz(kernel, settings, on_example=show)
+            finally:
+                progress.finish()
         print_notes(campaign)
+        if args.show_statistics:
+            print(f"\n{kernel.name}: {campaign.statistics.table()}", flush=True)
         verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
         if campaign.failed:
             any_failure = True
@@ -233,6 +249,7 @@ def _fuzz(args, settings) -> int:
                         "summary": campaign.failure.summary if campaign.failed else "PASS",
                         "evidence": campaign.failure.evidence if campaign.failed else {},
                         "notes": campaign.notes, "worker_restarts": campaign.worker_restarts,
+                        "statistics": campaign.statistics.to_dict(),
                         "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()}})
         if campaign.interrupted:
             interrupted = True
@@ -254,24 +271,6 @@ def _fuzz(args, settings) -> int:
                                   else "UNEXPECTED results above"))
         return 0 if all_good else 1
     return 1 if any_failure else 0
-
-
-def _progress_printer(stream=sys.stderr, every: float = 2.0):
-    """A progress line on long runs: examples, rate, first failure."""
-    started = last = time.perf_counter()
-
-    def show(c) -> None:
-        nonlocal last
-        now = time.perf_counter()
-        if now - last < every:
-            return
-        last = now
-        rate = c.examples / max(now - started, 1e-9)
-        state = "shrinking" if c.time_to_first_failure is not None else "searching"
-        stream.write(f"  {c.kernel}: {c.examples} examples, {rate:.1f}/s, {state}\n")
-        stream.flush()
-
-    return show
 
 
 def _replay(args, settings) -> int:

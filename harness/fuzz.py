@@ -26,6 +26,7 @@ from nanfuzz.harness.journal import Journal, leftovers
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.profiles import Profile, get_profile
 from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.statistics import Statistics
 from nanfuzz.harness.worker import InProcess, Supervised, WorkerSpec
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
@@ -92,6 +93,7 @@ class Campaign:
     recovered_crash: bool = False
     busy_seconds: float | None = None  # jobs' campaigns: the sum of their own elapsed times
     notes: list[str] = field(default_factory=list)  # one line each, for the user
+    statistics: Statistics = field(default_factory=Statistics)  # what the generated cases exercised
     interrupted: bool = False
     worker_restarts: int = 0
 
@@ -154,16 +156,14 @@ def recover_leftovers(kernel: Kernel, settings: Settings, subject) -> tuple[Camp
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callable[[Campaign], None] | None = None,
          should_stop: Callable[[], bool] | None = None, interrupted: Callable[[], bool] | None = None,
          pool_seed: int | None = None, subject=None, check_leftovers: bool = True,
-         shrink_budget: float = DEFAULT_SHRINK_BUDGET, on_case: Callable[[Case], None] | None = None,
-         **overrides) -> Campaign:
+         shrink_budget: float = DEFAULT_SHRINK_BUDGET, **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
 
     ``settings`` fields may be overridden by keyword (``device=``, ``max_examples=``, ...).
     ``should_stop`` is asked before each example while no failure is found
     (a sibling job found one); ``interrupted`` before every example, shrinking
     included (stop now, keep the smallest failure so far).  ``pool_seed``
-    picks the specialisation pool (default: the seed, else 0).  ``on_case``
-    sees every generated case (statistics).
+    picks the specialisation pool (default: the seed, else 0).
     """
     settings = (settings or Settings()).replace(**overrides) if overrides else (settings or Settings())
     profile = get_profile(settings.profile) if not isinstance(settings.profile, Profile) else settings.profile
@@ -191,7 +191,7 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
             if journal.note:
                 campaign.notes.append(journal.note)
             _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
-                    use_database, pool_seed, on_example, should_stop, interrupted, shrink_budget, on_case)
+                    use_database, pool_seed, on_example, should_stop, interrupted, shrink_budget)
         if campaign.failed and settings.replays and not campaign.interrupted:
             _replay_found(campaign, subject, settings.replays)
     finally:
@@ -205,7 +205,7 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
 
 
 def _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
-            use_database, pool_seed, on_example, should_stop, interrupted, shrink_budget, on_case) -> None:
+            use_database, pool_seed, on_example, should_stop, interrupted, shrink_budget) -> None:
     """Hypothesis runs until the examples or the time are spent, or a failure is shrunk."""
     device = settings.device
     interpreter = device == "cpu"
@@ -227,8 +227,7 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
             raise _Aborted(exc) from None
         journal.clear()
         campaign.count(outcome)
-        if on_case is not None:
-            on_case(case)
+        campaign.statistics.add(case)
         if outcome.failed:
             if "first" not in seen:
                 campaign.time_to_first_failure = time.perf_counter() - start

@@ -192,6 +192,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.examples += campaign.examples
         merged.notes += campaign.notes
         merged.worker_restarts += campaign.worker_restarts
+        merged.statistics.merge(campaign.statistics)
         for verdict, n in campaign.verdicts.items():
             merged.verdicts[verdict] = merged.verdicts.get(verdict, 0) + n
         for phase, seconds in campaign.phase_times.items():

@@ -249,10 +249,9 @@ def nanfuzz(request, nanfuzz_device) -> Nanfuzz:
 
 def _campaign_record(campaign) -> dict:
     """Plain data (it crosses from an xdist worker in the test report)."""
-    statistics = getattr(campaign, "statistics", None)
     return {"kernel": campaign.kernel, "device": campaign.device, "examples": campaign.examples,
             "verdicts": dict(campaign.verdicts), "elapsed": campaign.elapsed,
-            "statistics": str(statistics) if statistics else ""}
+            "statistics": campaign.statistics.table() if campaign.statistics.examples else ""}
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -318,9 +318,14 @@ def test_a_campaign_s_statistics_reach_the_summary_when_it_has_them():
 
     campaign = Campaign(kernel="k", device="cpu", examples=4, verdicts={"PASS": 3, "NONFINITE": 1}, elapsed=1.5)
     assert _campaign_record(campaign)["statistics"] == ""
-    campaign.statistics = "phase   examples\ngenerate 4"
+    from collections import Counter
+
+    from nanfuzz.harness.statistics import Statistics
+
+    campaign.statistics = Statistics(examples=4, counts=Counter({"decode": 4, "window": 1}))
     record = _campaign_record(campaign)
-    assert record["statistics"] == "phase   examples\ngenerate 4" and record["verdicts"] == {"PASS": 3, "NONFINITE": 1}
+    assert record["statistics"] == campaign.statistics.table() and "decode" in record["statistics"]
+    assert record["verdicts"] == {"PASS": 3, "NONFINITE": 1}
 
 
 def test_the_project_s_own_kernels_match_the_mode_this_session_chose():
