@@ -7,8 +7,9 @@ between examples; when it dies (a signal, ``abort``, ``os._exit``, a ROCm
 memory-access fault) or reports a device context that a sticky CUDA/HIP error
 has killed, the case it was running is a CRASH and a fresh worker carries
 on.  A launch that does not return within the launch timeout is a HANG: the
-worker is killed.  Time Triton spends compiling is not counted: the worker
-says when a compile starts and ends.
+worker is killed.  The worker marks each launch, and each Triton compile,
+on a clock in shared memory (``LaunchClock``), so the watchdog costs no
+message per launch and compile time does not count.
 
 ``InProcess`` runs the same checks in the campaign's own process
 (``--no-isolation``, for debugging with pdb or prints).
@@ -42,6 +43,44 @@ class WorkerSpec:
     device: str                 # "cuda" or "cpu" (Triton's interpreter)
     vllm_src: str | None = None
     cuda_index: int | None = None
+
+
+class LaunchClock:
+    """When the worker's current launch started, and whether Triton is compiling, in shared memory.
+
+    The worker writes it around every launch; the supervisor reads it only
+    when it wakes up to look, so a launch costs no message.  Both sides read
+    CLOCK_MONOTONIC, which is one clock for every process of the machine.
+    """
+
+    def __init__(self, context):
+        self._cells = context.RawArray("d", 2)  # [launch start or 0, compiling 0/1]
+
+    def event(self, name: str) -> None:
+        if name == "launch":
+            self._cells[0] = time.monotonic()
+        elif name == "returned":
+            self._cells[0] = 0.0
+        elif name == "compile":
+            self._cells[1] = 1.0
+        elif name == "compiled":
+            self._cells[1] = 0.0
+            if self._cells[0]:
+                self._cells[0] = time.monotonic()  # the launch's clock starts after its compile
+
+    @property
+    def in_launch(self) -> bool:
+        return self._cells[0] != 0.0
+
+    @property
+    def compiling(self) -> bool:
+        return self._cells[1] != 0.0
+
+    def launch_seconds(self, now: float) -> float:
+        """How long the current launch has run, compiles excluded (0 outside a launch)."""
+        if not self.in_launch or self.compiling:
+            return 0.0
+        return now - self._cells[0]
 
 
 class InProcess:
@@ -91,8 +130,9 @@ class Supervised:
         fd, self._log = tempfile.mkstemp(prefix="nanfuzz-worker-", suffix=".log")
         os.close(fd)
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=_serve, args=(child, self.spec, self._log), daemon=True,
-                                              name="nanfuzz-worker")
+        self._clock = LaunchClock(self._context)
+        self._process = self._context.Process(target=_serve, args=(child, self.spec, self._log, self._clock),
+                                              daemon=True, name="nanfuzz-worker")
         self._process.start()
         child.close()
         self._conn = parent
@@ -152,30 +192,15 @@ class Supervised:
             self._conn.send(("check", case, digest, explain))
         except (BrokenPipeError, OSError):
             return self._died(None)
-        launch_deadline = None
-        compiling = False
         host_deadline = time.monotonic() + _HOST_WORK_TIMEOUT
+        poll = min(1.0, self.launch_timeout / 4)
         while True:
-            now = time.monotonic()
-            limit = host_deadline if launch_deadline is None or compiling else launch_deadline
-            ready = wait([self._conn, self._process.sentinel], timeout=max(0.0, limit - now))
+            ready = wait([self._conn, self._process.sentinel], timeout=poll)
             if self._conn in ready:
                 message = self._receive()
                 if message is None:
-                    return self._died(launch_deadline is not None)
+                    return self._died(self._clock.in_launch)
                 kind, payload = message
-                if kind == "event":
-                    if payload == "launch":
-                        launch_deadline = time.monotonic() + self.launch_timeout
-                    elif payload == "returned":
-                        launch_deadline = None
-                    elif payload == "compile":
-                        compiling = True
-                    elif payload == "compiled":
-                        compiling = False
-                        if launch_deadline is not None:  # the launch's clock starts after its compile
-                            launch_deadline = time.monotonic() + self.launch_timeout
-                    continue
                 if kind == "error":
                     raise NanfuzzError(payload)
                 assert kind == "outcome", kind
@@ -185,8 +210,12 @@ class Supervised:
                     self._restart()
                 return payload
             if ready:
-                return self._died(launch_deadline is not None)
-            return self._hung(launch_deadline is not None and not compiling)
+                return self._died(self._clock.in_launch)
+            now = time.monotonic()
+            if self._clock.launch_seconds(now) > self.launch_timeout:
+                return self._hung(True)
+            if now > host_deadline and not self._clock.compiling:
+                return self._hung(False)
 
     def _receive(self):
         try:
@@ -252,7 +281,7 @@ def _context():
 
 # -- the worker process ------------------------------------------------------------
 
-def _serve(conn, spec: WorkerSpec, log_path: str) -> None:
+def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
     """The worker's main: build the subject, then judge cases until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when its workers stop
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
@@ -281,9 +310,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str) -> None:
         conn.send(("error", f"kernel {spec.kernel}: the worker could not load it ({type(exc).__name__}: {exc})"))
         return
 
-    def event(name: str) -> None:
-        conn.send(("event", name))
-
+    event = clock.event
     _report_compiles(event)
     _exit_with_parent()
     conn.send(("ready", None))
