@@ -75,6 +75,36 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
+# A check holds the batch, its pristine copy and two more copies for the later runs.
+_COPIES_HELD = 5
+
+
+def case_bytes(case: Case) -> int:
+    """About what one copy of a case's tensors (redzones included) takes."""
+    from nanfuzz.reference.materialize import TORCH_DTYPES
+    from nanfuzz.reference.redzones import CACHE_BLOCKS_AFTER, CACHE_BLOCKS_BEFORE
+
+    g = case.geometry
+    element = torch.empty((), dtype=TORCH_DTYPES[g.dtype]).element_size()
+    caches = 2 * (g.num_blocks + CACHE_BLOCKS_BEFORE + CACHE_BLOCKS_AFTER) * g.block_size * g.num_kv_heads
+    tokens = (case.num_tokens + 2) * (g.num_q_heads + 2 * g.num_kv_heads)
+    return (caches + tokens) * g.head_size * element
+
+
+def refuse_if_too_large(case: Case, device: torch.device) -> None:
+    """A usage error, before anything is allocated, for a case the device's free memory cannot hold."""
+    needed = _COPIES_HELD * case_bytes(case)
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        import os
+
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if needed > free:
+        raise NanfuzzError(f"this case needs about {needed / 2**30:.1f} GiB of {device.type} memory and "
+                           f"{free / 2**30:.1f} GiB are free; refusing it before allocating anything")
+
+
 def _no_events(event: str) -> None:
     pass
 
@@ -120,6 +150,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     device = torch.device(device)
     if interpreter is None:
         interpreter = device.type == "cpu"
+    refuse_if_too_large(case, device)
     reason = kernel.capabilities.unsupported(case, interpreter=interpreter)
     if reason:
         raise NanfuzzError(f"kernel {kernel.name} does not support this case: {reason}")

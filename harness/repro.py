@@ -91,6 +91,8 @@ def load_repro(path: str | Path) -> dict:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise NanfuzzError(f"cannot read repro {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise NanfuzzError(f"{path}: not UTF-8 text (byte {exc.start}); a repro is the .json nanfuzz wrote") from None
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -99,8 +101,8 @@ def load_repro(path: str | Path) -> dict:
         raise NanfuzzError(f"{path}: not a nanfuzz repro (missing \"schema\": \"{SCHEMA}\")")
     if record.get("schema_version") != SCHEMA_VERSION:
         raise NanfuzzError(f"{path}: repro schema version {record.get('schema_version')!r}; this nanfuzz reads {SCHEMA_VERSION}")
-    if "kernel" not in record or "case" not in record:
-        raise NanfuzzError(f"{path}: repro lacks \"kernel\" or \"case\"")
+    if not isinstance(record.get("kernel"), str) or "case" not in record:
+        raise NanfuzzError(f"{path}: repro lacks \"kernel\" (a string) or \"case\"")
     record["case"] = Case.from_dict(record["case"])
     record.setdefault("verdict", Verdict.PASS.value)
     record.setdefault("kernel_name", record["kernel"])  # repros before kernel_name: one name for both

@@ -20,6 +20,13 @@ DTYPES = ("float16", "bfloat16", "float32")
 POISON_VALUES = ("nan", "inf", "-inf", "max", "garbage", "bits")
 POISON_TENSORS = ("v", "k", "kv")
 NULL_BLOCK = 0
+
+# Bounds far above any case the strategies generate (and any realistic repro), checked
+# before anything is computed or allocated, so a hand-edited repro cannot hang or exhaust memory.
+LIMITS = {"num_q_heads": 1024, "num_kv_heads": 1024, "head_size": 1024, "block_size": 4096, "num_blocks": 1 << 20}
+MAX_SLOTS = 1 << 22
+MAX_SEQUENCES = 1 << 12
+MAX_TABLE_WIDTH = 1 << 16
 # What a sequence does in this step (``Sequence.kind``).
 DECODE, PREFILL, CHUNKED_PREFILL, PADDING = "decode", "prefill", "chunked-prefill", "padding-sequence"
 SEQUENCE_KINDS = (DECODE, PREFILL, CHUNKED_PREFILL, PADDING)
@@ -184,28 +191,31 @@ class Case:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Case":
-        try:
-            poison = data["poison"]
-            sites = poison["sites"]
-            case = cls(
-                geometry=Geometry(**data["geometry"]),
-                sequences=tuple(
-                    Sequence(int(s["query_len"]), int(s["seq_len"]), tuple(int(b) for b in s["block_table"]))
-                    for s in data["sequences"]
-                ),
-                sliding_window=int(data["sliding_window"]),
-                causal=bool(data["causal"]),
-                sinks=bool(data["sinks"]),
-                padding_block=int(data["padding_block"]),
-                poison=Poison(
-                    value=poison["value"],
-                    tensors=poison["tensors"],
-                    sites=None if sites is None else tuple(PoisonSite(int(b), None if o is None else int(o)) for b, o in sites),
-                ),
-                data_seed=int(data["data_seed"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CaseError(f"case JSON is malformed ({type(exc).__name__}: {exc}); expected the fields of Case.to_dict()") from None
+        """The case a ``to_dict()`` record describes; CaseError (one line, naming the field) for anything else."""
+        data = _object(data, "case")
+        poison = _object(_field(data, "poison"), "poison")
+        geometry = _object(_field(data, "geometry"), "geometry")
+        unknown = set(geometry) - {f.name for f in dataclasses.fields(Geometry)}
+        _check(not unknown, f"geometry has unknown fields {sorted(unknown)}")
+        sites = _field(poison, "sites", "poison.")
+        _check(sites is None or isinstance(sites, list), f"poison.sites={sites!r} must be null or a list")
+        sequences = _field(data, "sequences")
+        _check(isinstance(sequences, list), f"sequences={sequences!r} must be a list")
+        case = cls(
+            geometry=Geometry(**{name: _typed(geometry, name, str if name == "dtype" else int, "geometry.")
+                                 for name in (f.name for f in dataclasses.fields(Geometry))}),
+            sequences=tuple(_sequence(s, i) for i, s in enumerate(sequences)),
+            sliding_window=_typed(data, "sliding_window", int),
+            causal=_typed(data, "causal", bool),
+            sinks=_typed(data, "sinks", bool),
+            padding_block=_typed(data, "padding_block", int),
+            poison=Poison(
+                value=_typed(poison, "value", str, "poison."),
+                tensors=_typed(poison, "tensors", str, "poison."),
+                sites=None if sites is None else tuple(_site(site, i) for i, site in enumerate(sites)),
+            ),
+            data_seed=_typed(data, "data_seed", int),
+        )
         case.validate()
         return case
 
@@ -229,6 +239,12 @@ class Case:
         _check(g.dtype in DTYPES, f"dtype={g.dtype!r} is not one of {DTYPES}")
         for name in ("num_q_heads", "num_kv_heads", "head_size", "block_size", "num_blocks"):
             _check(getattr(g, name) >= 1, f"{name}={getattr(g, name)} must be >= 1")
+            _check(getattr(g, name) <= LIMITS[name], f"{name}={getattr(g, name)} is beyond nanfuzz's bound of "
+                                                       f"{LIMITS[name]} (a case is a small batch)")
+        _check(g.num_blocks * g.block_size <= MAX_SLOTS,
+               f"num_blocks x block_size = {g.num_blocks * g.block_size} slots is beyond nanfuzz's bound of {MAX_SLOTS}")
+        _check(len(self.sequences) <= MAX_SEQUENCES,
+               f"{len(self.sequences)} sequences is beyond nanfuzz's bound of {MAX_SEQUENCES}")
         _check(g.num_q_heads % g.num_kv_heads == 0,
                f"num_q_heads={g.num_q_heads} is not a multiple of num_kv_heads={g.num_kv_heads}")
         _check(len(self.sequences) >= 1, "a case needs at least one sequence")
@@ -268,6 +284,41 @@ class Case:
                     _check(not any(site.offset in offsets for offsets in live.get(site.block, ())),
                            f"poison site ({site.block}, {site.offset}) is live; only dead slots may be poisoned")
         return self
+
+def _object(value: Any, what: str) -> dict:
+    _check(isinstance(value, dict), f"{what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _field(data: dict, name: str, where: str = "") -> Any:
+    _check(name in data, f"case JSON lacks {where}{name} (expected the fields of Case.to_dict())")
+    return data[name]
+
+
+def _typed(data: dict, name: str, kind: type, where: str = "") -> Any:
+    """``data[name]``, which must be exactly of ``kind`` (JSON's true is no integer, "false" no boolean)."""
+    value = _field(data, name, where)
+    names = {int: "an integer", bool: "true or false", str: "a string"}
+    _check(type(value) is kind, f"{where}{name}={value!r} must be {names[kind]}")
+    return value
+
+
+def _sequence(data: Any, index: int) -> Sequence:
+    data = _object(data, f"sequences[{index}]")
+    where = f"sequences[{index}]."
+    table = _field(data, "block_table", where)
+    _check(isinstance(table, list), f"{where}block_table must be a list")
+    _check(len(table) <= MAX_TABLE_WIDTH, f"{where}block_table has {len(table)} entries; at most {MAX_TABLE_WIDTH}")
+    return Sequence(_typed(data, "query_len", int, where), _typed(data, "seq_len", int, where),
+                    tuple(_typed({"block_table entry": b}, "block_table entry", int, where) for b in table))
+
+
+def _site(value: Any, index: int) -> PoisonSite:
+    ok = isinstance(value, list) and len(value) == 2 and type(value[0]) is int and (
+        value[1] is None or type(value[1]) is int)
+    _check(ok, f"poison.sites[{index}]={value!r} must be [block, offset or null]")
+    return PoisonSite(value[0], value[1])
+
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
