@@ -109,7 +109,7 @@ def choose_kernels(names: list[str], device: str) -> list[str]:
             names += list(VLLM_KERNELS)
     chosen = []
     for name in dict.fromkeys(names):
-        kernel = resolve(name)
+        kernel = resolve(name, vllm_src=os.environ.get("NANFUZZ_VLLM_SRC"))
         caps = kernel.capabilities
         if device == "cpu" and not caps.runnable_dtypes(interpreter=True):
             raise GateUsageError(f"kernel {name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's "

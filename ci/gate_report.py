@@ -94,8 +94,9 @@ def recover_dead_shard(plan: Plan, record: ShardRecord, *, stopped_at_deadline: 
                           else f"CRASH: {why} outside a kernel launch (no in-flight case to recover)")
         return record
     case = cases[0]
-    kernel = resolve(record.kernel)
-    subject = make_subject(kernel, Settings(device=plan.device, state_dir=plan.slot_state_dir(record.slot)))
+    settings = Settings.from_environment(device=plan.device, state_dir=plan.slot_state_dir(record.slot))
+    kernel = resolve(record.kernel, settings.vllm_src)
+    subject = make_subject(kernel, settings)
     try:
         outcome = subject.check(case, digest=True)
     finally:

@@ -116,10 +116,6 @@ def main(argv: list[str] | None = None) -> int:
         # The interpreter evaluates poisoned lanes in numpy; its NaN warnings are the point, not news.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         settings = _settings(args, device)
-        if settings.vllm_src:
-            from nanfuzz.harness.adapters.vllm_loader import set_vllm_source
-
-            set_vllm_source(settings.vllm_src)
         return {"list": _list, "fuzz": _fuzz, "replay": _replay, "bench": _bench, "perf": _perf}[args.command](args, settings)
     except NanfuzzError as exc:
         print(f"nanfuzz: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
@@ -161,7 +157,7 @@ def _list(args, settings) -> int:
         try:
             from nanfuzz.harness.registry import resolve
 
-            caps = resolve(name).capabilities
+            caps = resolve(name, vllm_src=settings.vllm_src).capabilities
             rows.append((name, "-", "gpu, cpu-interpreter", caps.describe()))
         except NanfuzzError as exc:
             rows.append((name, "-", "unavailable", str(exc)[:100]))
@@ -202,7 +198,7 @@ def _fuzz(args, settings) -> int:
     if args.pool is not None and args.pool < 0:
         raise NanfuzzError(f"--pool={args.pool} must be >= 0")
     profile = get_profile(settings.profile)
-    kernels = [resolve(args.kernel)] if args.kernel else list(builtin_kernels().values())
+    kernels = [resolve(args.kernel, settings.vllm_src)] if args.kernel else list(builtin_kernels().values())
     self_check = args.kernel is None
     mode = "GPU" if settings.device == "cuda" else "CPU, Triton interpreter"
     isolation = "supervised worker" if settings.isolation else "in-process launches"
@@ -295,7 +291,7 @@ def _bench(args, settings) -> int:
                                ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0), ("--jobs", args.jobs, 1)):
         if value < least:
             raise NanfuzzError(f"{flag}={value} must be >= {least}")
-    kernels = [resolve(name) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
+    kernels = [resolve(name, settings.vllm_src) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
     started = machine()
     mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
     print(f"nanfuzz bench: {len(kernels)} kernel(s), {args.examples} examples each, {args.seeds} seed(s) per "
@@ -322,7 +318,7 @@ def _perf(args, settings) -> int:
     from nanfuzz.harness.perf import perf, table_rows
     from nanfuzz.harness.registry import resolve
 
-    kernel, baseline = resolve(args.kernel), resolve(args.baseline)
+    kernel, baseline = resolve(args.kernel, settings.vllm_src), resolve(args.baseline, settings.vllm_src)
     mode = "GPU, triton.testing.do_bench" if device == "cuda" else "CPU, Triton interpreter, tiny shapes, wall clock"
     print(f"nanfuzz perf: {kernel.name} against {baseline.name}, {args.runs} interleaved rounds, {mode}", flush=True)
     result = perf(kernel, baseline, device=device, which=args.shape, threshold=args.threshold, runs=args.runs,

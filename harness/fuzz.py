@@ -118,19 +118,26 @@ def make_subject(kernel: Kernel, settings: Settings):
         return InProcess(kernel, settings.device)
     from nanfuzz.harness.registry import import_path
 
-    spec = WorkerSpec(kernel=import_path(kernel), device=settings.device, vllm_src=settings.vllm_src,
+    spec = WorkerSpec(kernel=import_path(kernel), device=settings.device, vllm_src=kernel.source or settings.vllm_src,
                       cuda_index=settings.cuda_index)
     return Supervised(spec, launch_timeout=settings.timeout)
 
 
 def reachable_by_path(kernel: Kernel) -> bool:
-    """Does resolving the kernel's import path in a fresh process give this very kernel?"""
+    """Does resolving the kernel's import path in a fresh process give this kernel's code?"""
     from nanfuzz.harness.registry import import_path, resolve
 
     try:
-        return resolve(import_path(kernel)).run is kernel.run
+        again = resolve(import_path(kernel), vllm_src=kernel.source)
     except NanfuzzError:
         return False
+    return again.name == kernel.name and _code(again.run) == _code(kernel.run)
+
+
+def _code(run) -> tuple:
+    """What a run function is, across two resolutions (each may build its own partial or closure)."""
+    run = getattr(run, "func", run)  # functools.partial
+    return getattr(run, "__module__", None), getattr(run, "__qualname__", None), getattr(run, "__code__", None)
 
 
 def recover_leftovers(kernel: Kernel, settings: Settings, subject) -> tuple[Campaign | None, list[str]]:

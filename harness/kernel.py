@@ -31,6 +31,9 @@ class Kernel:
     # What resolve() was given (a user kernel's import path, package.module:attr),
     # so another process, a repro and its replay command can resolve it again.
     spec: str = ""
+    # The source tree its code was loaded from (vllm:* kernels' --vllm-src), so that
+    # another process loads the same code; None: the installed package.
+    source: str | None = None
 
     @property
     def resolvable(self) -> str:

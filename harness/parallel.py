@@ -47,7 +47,7 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
         from nanfuzz.harness.fuzz import fuzz, make_subject
         from nanfuzz.harness.registry import resolve
 
-        kernel = resolve(kernel_spec)
+        kernel = resolve(kernel_spec, vllm_src=settings.vllm_src)
         subject = make_subject(kernel, settings)
         try:
             if warmup:
@@ -93,6 +93,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     """
     from nanfuzz.harness.fuzz import Campaign, make_subject, recover_leftovers
     from nanfuzz.harness.profiles import get_profile
+    from nanfuzz.harness.registry import import_path
 
     settings = (settings or Settings()).replace(**overrides)
     jobs = settings.jobs
@@ -123,9 +124,10 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     processes = []
     for i, examples in enumerate(split(max_examples, jobs)):
         job_seed = None if seed is None else seed + i
-        job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed)
+        job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed,
+                                        vllm_src=kernel.source or settings.vllm_src)
         processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}", args=(
-            i, kernel.resolvable, job_settings, i if job_seed is None else job_seed, warmup,
+            i, import_path(kernel), job_settings, i if job_seed is None else job_seed, warmup,
             stop_event, interrupt_event, results, ready)))
         processes[-1].start()
     done: dict[int, tuple] = {}

@@ -161,8 +161,10 @@ def nanfuzz_kernel(request, nanfuzz_device):
         pytest.skip("no --nanfuzz-kernel given")
     from nanfuzz.harness.registry import resolve
 
+    from nanfuzz.harness.settings import Settings
+
     try:
-        return resolve(name)
+        return resolve(name, Settings.from_environment().vllm_src)
     except NanfuzzError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -190,7 +192,9 @@ class Nanfuzz:
         from nanfuzz.harness.kernel import Kernel
         from nanfuzz.harness.registry import resolve
 
-        return kernel if isinstance(kernel, Kernel) else resolve(kernel)
+        from nanfuzz.harness.settings import Settings
+
+        return kernel if isinstance(kernel, Kernel) else resolve(kernel, Settings.from_environment().vllm_src)
 
     def fuzz(self, kernel, *, max_examples: int | None = None, **options):
         """Run a campaign; on a failure write the repro and fail the test with its picture.

@@ -28,15 +28,18 @@ def builtin_kernels() -> dict[str, Kernel]:
     return kernels
 
 
-def resolve(name: str) -> Kernel:
+def resolve(name: str, vllm_src: str | None = None) -> Kernel:
     """Turn a kernel name from the command line or a repro into a Kernel.
+
+    ``vllm_src``: where ``vllm:*`` kernels load vLLM's kernel files from (None:
+    the installed vllm).
 
     The Kernel's ``spec`` is ``name``, so ``kernel.resolvable`` resolves it
     again in another process (a job, a replay, a repro script).
     """
     if _is_user_spec(name):
         return replace(_user_kernel(name), spec=name)
-    kernel = _resolve(name)
+    kernel = _resolve(name, vllm_src)
     return kernel if kernel.spec else replace(kernel, spec=name)
 
 
@@ -58,11 +61,11 @@ def _is_user_spec(name: str) -> bool:
     return ":" in name and "@" not in name and not name.startswith("vllm:")
 
 
-def _resolve(name: str) -> Kernel:
+def _resolve(name: str, vllm_src: str | None) -> Kernel:
     if name.startswith("vllm:"):
         from nanfuzz.harness.adapters import vllm as vllm_adapters
 
-        return vllm_adapters.kernel(name)
+        return vllm_adapters.kernel(name, vllm_src)
     known = builtin_kernels()
     if name not in known:
         from nanfuzz.harness.adapters.vllm import KERNEL_NAMES

@@ -133,6 +133,7 @@ _SCRIPT_HEAD = '''\
 # the kernel passes (2: the kernel cannot be loaded or cannot take this case).
 # Without a GPU the kernel runs under Triton's interpreter.
 import argparse
+import os
 import sys
 
 '''
@@ -161,7 +162,7 @@ def main(argv=None):
 
         cwd_first_on_path()  # a user's adapter imports from the repository root, as under python -m
         case = Case.from_json(CASE_JSON)
-        kernel = resolve(KERNEL)
+        kernel = resolve(KERNEL, vllm_src=os.environ.get("NANFUZZ_VLLM_SRC"))  # vllm:* kernels' source
         print("recorded: " + KERNEL_NAME + ": " + SUMMARY)
         print(PICTURE)
         batch = materialize(case, device)

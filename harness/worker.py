@@ -294,15 +294,11 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
         from nanfuzz.harness.check import check
         from nanfuzz.harness.registry import resolve
 
-        if spec.vllm_src:
-            from nanfuzz.harness.adapters.vllm_loader import set_vllm_source
-
-            set_vllm_source(spec.vllm_src)
         if spec.device == "cuda" and spec.cuda_index is not None:
             import torch
 
             torch.cuda.set_device(spec.cuda_index)
-        kernel = resolve(spec.kernel)
+        kernel = resolve(spec.kernel, vllm_src=spec.vllm_src)
     except NanfuzzError as exc:
         conn.send(("error", str(exc)))
         return

@@ -45,12 +45,5 @@ def vllm_tree(version: str = VLLM_VERSION):
 
 @pytest.fixture(scope="session")
 def vllm_source():
-    """vLLM 0.33.0's kernel tree (see ``vllm_tree``), set as the source of the vllm:* kernels."""
-    from nanfuzz.harness.adapters import vllm as vllm_adapters
-    from nanfuzz.harness.adapters import vllm_loader
-
-    path = vllm_tree()
-    previous = os.environ.get(vllm_loader.ENV_VAR)
-    vllm_adapters.set_vllm_source(path)
-    yield path
-    vllm_adapters.set_vllm_source(previous)
+    """vLLM 0.33.0's kernel tree (see ``vllm_tree``): pass it as ``resolve(name, vllm_src=...)``."""
+    return vllm_tree()

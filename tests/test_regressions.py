@@ -21,14 +21,13 @@ def _fixed_sibling(name: str) -> str | None:
 @pytest.mark.parametrize("path", REPROS, ids=[p.stem for p in REPROS])
 def test_regression_keeps_its_verdict(path, nanfuzz_device, request):
     record = load_repro(path)
-    if record["kernel"].startswith("vllm:"):
-        request.getfixturevalue("vllm_source")
-    kernel = resolve(record["kernel"])
+    source = str(request.getfixturevalue("vllm_source")) if record["kernel"].startswith("vllm:") else None
+    kernel = resolve(record["kernel"], vllm_src=source)
     outcome = check(kernel, record["case"], nanfuzz_device)
     assert outcome.verdict.value == record["verdict"], outcome.summary
     sibling = _fixed_sibling(record["kernel"])
     if sibling:
-        fixed = check(resolve(sibling), record["case"], nanfuzz_device)
+        fixed = check(resolve(sibling, vllm_src=source), record["case"], nanfuzz_device)
         assert not fixed.failed, f"{sibling}: {fixed.summary}"
 
 

@@ -37,8 +37,12 @@ TOLERANCE = {"float16": 2e-3, "float32": 1e-5 if INTERPRETED else 2e-3}
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 
+SOURCE: list = []  # the fetched kernel tree, for the helpers below
+
+
 @pytest.fixture(autouse=True)
-def _vllm(vllm_source):  # tests/conftest.py fetches and installs the kernel tree
+def _vllm(vllm_source):  # tests/conftest.py fetches the kernel tree
+    SOURCE[:] = [str(vllm_source)]
     return vllm_source
 
 
@@ -51,7 +55,7 @@ def run(name: str, case: Case, *, poisoned: bool = False) -> torch.Tensor:
     batch = materialize(case, DEVICE, poisoned=poisoned)
     g = case.geometry
     out = torch.full((case.num_tokens, g.num_q_heads, g.head_size), float("nan"), dtype=batch.q.dtype, device=DEVICE)
-    return resolve(name)(batch, out)
+    return resolve(name, vllm_src=SOURCE[0])(batch, out)
 
 
 def max_error(name: str, case: Case) -> float:
@@ -79,7 +83,7 @@ class LaunchSpy:
 @pytest.fixture
 def unified_spy(monkeypatch):
     """Records launches of unified_attention's main kernel and of its 3D merge."""
-    module = vllm_loader.load("triton_attn")["triton_unified_attention"]
+    module = vllm_loader.load("triton_attn", SOURCE[0])["triton_unified_attention"]
     spies = {name: LaunchSpy(getattr(module, name)) for name in ("kernel_unified_attention", "reduce_segments")}
     for name, spy in spies.items():
         monkeypatch.setattr(module, name, spy)
@@ -205,22 +209,20 @@ def test_stand_ins_do_not_stay_in_sys_modules():
     assert not [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]
 
 
-def one_line_error(group: str) -> str:
+def one_line_error(group: str, source) -> str:
     with pytest.raises(NanfuzzError) as info:
-        vllm_loader.load(group)
+        vllm_loader.load(group, source)
     message = str(info.value)
     assert "\n" not in message
     return message
 
 
 def test_bogus_source_is_one_clear_line(tmp_path, monkeypatch):
-    monkeypatch.setenv(vllm_loader.ENV_VAR, str(tmp_path / "nowhere"))
-    message = one_line_error("rocm_attn")
+    message = one_line_error("rocm_attn", tmp_path / "nowhere")
     assert str(tmp_path / "nowhere") in message and "not a directory" in message and "--vllm-src" in message
     with pytest.raises(NanfuzzError, match="not a directory"):
-        resolve("vllm:triton_attn")  # at resolution, before any case runs
-    monkeypatch.setenv(vllm_loader.ENV_VAR, str(tmp_path))
-    message = one_line_error("triton_attn")
+        resolve("vllm:triton_attn", vllm_src=str(tmp_path / "nowhere"))  # at resolution, before any case runs
+    message = one_line_error("triton_attn", tmp_path)
     assert "vllm/v1/attention/ops" in message and "unpacked vllm wheel" in message
 
 
@@ -229,17 +231,15 @@ def test_missing_module_and_function_are_named(tmp_path, monkeypatch, vllm_sourc
     shutil.copytree(vllm_source / "vllm", tree)
     ops = tree / "v1" / "attention" / "ops"
     (ops / "triton_unified_attention.py").unlink()
-    monkeypatch.setenv(vllm_loader.ENV_VAR, str(tmp_path))
-    message = one_line_error("triton_attn")
+    message = one_line_error("triton_attn", tmp_path)
     assert "lacks vllm/v1/attention/ops/triton_unified_attention.py" in message and str(tree) in message
     chunked = ops / "chunked_prefill_paged_decode.py"
     chunked.write_text(chunked.read_text().replace("def chunked_prefill_paged_decode(", "def renamed_entry("))
-    message = one_line_error("rocm_attn")
+    message = one_line_error("rocm_attn", tmp_path)
     assert "has no chunked_prefill_paged_decode()" in message and str(chunked) in message
 
 
 def test_installed_package_without_runtime_is_found(monkeypatch, vllm_source):
-    monkeypatch.delenv(vllm_loader.ENV_VAR)
     monkeypatch.syspath_prepend(str(vllm_source))
     vllm_loader._cache.clear()
     loaded = vllm_loader.load("rocm_attn")

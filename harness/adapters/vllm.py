@@ -29,10 +29,11 @@ non-causal, ``(-1, -1)`` for none.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from nanfuzz.harness.adapters import vllm_loader
-from nanfuzz.harness.adapters.vllm_loader import set_vllm_source  # noqa: F401 - the CLI's entry point
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
@@ -89,9 +90,9 @@ def rocm_value_cache(value_cache: torch.Tensor) -> torch.Tensor:
     return value_cache.permute(0, 2, 3, 1).contiguous()
 
 
-def run_rocm_attn(batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
+def run_rocm_attn(batch: PagedBatch, out: torch.Tensor, source: str | None = None) -> torch.Tensor:
     case = batch.case
-    loaded = vllm_loader.load("rocm_attn")
+    loaded = vllm_loader.load("rocm_attn", source)
     entry = loaded["chunked_prefill_paged_decode"].chunked_prefill_paged_decode
     # vLLM schedules no sequence without a query token (its padding entries
     # have seq_len 0 and come last), and the decode kernel writes a row at
@@ -144,10 +145,11 @@ def unified_window(case: Case) -> tuple[int, int]:
     return (w - 1, 0) if case.causal else (w - 1, w - 1)
 
 
-def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = None) -> torch.Tensor:
+def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = None,
+                    source: str | None = None) -> torch.Tensor:
     case = batch.case
     g = case.geometry
-    loaded = vllm_loader.load("triton_attn")
+    loaded = vllm_loader.load("triton_attn", source)
     entry = loaded["triton_unified_attention"].unified_attention
     device = batch.q.device
     num_seqs = len(case.sequences)
@@ -182,22 +184,21 @@ def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
 
 # -- registry entry -----------------------------------------------------------------
 
-def kernel(name: str) -> Kernel:
-    """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` (or ``@2d`` / ``@3d``).
+def kernel(name: str, source: str | None = None) -> Kernel:
+    """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` (or ``@2d`` / ``@3d``), with vLLM's
+    kernel files from ``source`` (a source tree or unpacked wheel; None: the installed vllm).
 
     The kernel files are loaded here, so a missing or unusable vLLM source is
     a configuration error now rather than a crash of the first case.
     """
     if name == "vllm:rocm_attn":
-        vllm_loader.load("rocm_attn")
-        return Kernel(name=name, run=run_rocm_attn, capabilities=ROCM_ATTN_CAPABILITIES)
+        vllm_loader.load("rocm_attn", source)
+        return Kernel(name=name, run=functools.partial(run_rocm_attn, source=source),
+                      capabilities=ROCM_ATTN_CAPABILITIES, source=source)
     base, _, path = name.partition("@")
     if base == "vllm:triton_attn" and path in ("", *UNIFIED_PATHS):
-        vllm_loader.load("triton_attn")
-
-        def run(batch: PagedBatch, out: torch.Tensor) -> torch.Tensor:
-            return run_triton_attn(batch, out, path=path or None)
-
-        return Kernel(name=name, run=run, capabilities=TRITON_ATTN_CAPABILITIES)
+        vllm_loader.load("triton_attn", source)
+        return Kernel(name=name, run=functools.partial(run_triton_attn, path=path or None, source=source),
+                      capabilities=TRITON_ATTN_CAPABILITIES, source=source)
     known = ", ".join((*KERNEL_NAMES, "vllm:triton_attn@2d", "vllm:triton_attn@3d"))
     raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {known}")

@@ -96,19 +96,14 @@ class LoadedKernels:
 _cache: dict[tuple[str, str | None], LoadedKernels] = {}
 
 
-def set_vllm_source(path: str | os.PathLike | None) -> None:
-    """Take vLLM's kernels from ``path`` (a source tree or unpacked wheel); None: look again."""
-    if path is None:
-        os.environ.pop(ENV_VAR, None)
-    else:
-        os.environ[ENV_VAR] = os.fspath(path)
-    _cache.clear()
+def load(group: str, source: str | os.PathLike | None = None) -> LoadedKernels:
+    """The kernel modules of ``group`` ("rocm_attn" or "triton_attn"), loaded once per source.
 
-
-def load(group: str) -> LoadedKernels:
-    """The kernel modules of ``group`` ("rocm_attn" or "triton_attn"), loaded once per source."""
+    ``source`` is a vLLM source tree or unpacked wheel (``--vllm-src``, or
+    ``$NANFUZZ_VLLM_SRC`` read at the edge); None: the installed vllm.
+    """
     assert group in GROUPS, group
-    explicit = os.environ.get(ENV_VAR) or None
+    explicit = os.fspath(source) if source else None
     key = (group, explicit)
     if key not in _cache:
         _cache[key] = _load(group, explicit)
@@ -149,11 +144,11 @@ def _version(package: Path) -> str:
 
 def _load(group: str, explicit: str | None) -> LoadedKernels:
     if explicit is not None:
-        return _load_files(group, _package_dir(explicit), origin=f"{ENV_VAR}={explicit}")
+        return _load_files(group, _package_dir(explicit), origin=f"--vllm-src {explicit}")
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         raise NanfuzzError(
-            f"vllm:{group} needs vLLM's kernels: no vllm package is importable and {ENV_VAR} is unset; "
+            f"vllm:{group} needs vLLM's kernels: no vllm package is importable and no --vllm-src / {ENV_VAR} is given; "
             "pip install vllm, or pass --vllm-src DIR (a vLLM source checkout or unpacked wheel)")
     native = _import_native(group)
     if native is not None:
@@ -161,7 +156,7 @@ def _load(group: str, explicit: str | None) -> LoadedKernels:
     package = Path(list(spec.submodule_search_locations)[0]).resolve()
     if not (package / OPS_DIR).is_dir():
         raise NanfuzzError(
-            f"vllm:{group}: the installed vllm at {package} has no {OPS_DIR}/ folder and {ENV_VAR} is unset; "
+            f"vllm:{group}: the installed vllm at {package} has no {OPS_DIR}/ folder and no --vllm-src / {ENV_VAR} is given; "
             "pass --vllm-src DIR (a vLLM source checkout or unpacked wheel)")
     return _load_files(group, package, origin="installed vllm, runtime not importable")
 
