@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "omit to self-check every built-in kernel")
     p.add_argument("--max-examples", type=int, metavar="N", help="examples per kernel (default: from the profile)")
     p.add_argument("--seed", type=int, metavar="S", help="fix Hypothesis's seed")
-    p.add_argument("--repro-dir", metavar="D", help=f"where repros go (default {DEFAULT_REPRO_DIR})")
+    p.add_argument("--repro-dir", metavar="D", help=f"where repros go (default STATE/repros: {DEFAULT_REPRO_DIR})")
     p.add_argument("--profile", choices=("dev", "ci", "pr-gate", "nightly"), help="default: ci under CI=true, else dev")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="wall-time bound per kernel")
     p.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")

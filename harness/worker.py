@@ -141,6 +141,8 @@ class Supervised:
     def _await_ready(self) -> None:
         if self._ready:
             return
+        if self._process is None:
+            self._start()
         ready = wait([self._conn, self._process.sentinel], timeout=_START_TIMEOUT)
         message = self._receive() if self._conn in ready else None
         if message is None:
@@ -182,9 +184,8 @@ class Supervised:
         try:
             return self._check(case, digest, explain)
         except BaseException:
-            # interrupted mid-case (Ctrl-C): the worker's state is unknown, so it goes
+            # interrupted mid-case (Ctrl-C): the worker's state is unknown, so it goes (the next case starts another)
             self._stop()
-            self._start()
             raise
 
     def _check(self, case, digest: bool, explain: bool) -> Outcome:

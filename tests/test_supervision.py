@@ -126,3 +126,20 @@ def test_ctrl_c_with_two_jobs_stops_at_once_and_leaves_nothing_behind(tmp_path):
         again = _nanfuzz(*args, "--max-examples", "20", cwd=tmp_path)
         out, err = again.communicate(timeout=300)
         assert again.returncode == 0 and "CRASH" not in out, out + err
+
+
+def test_ctrl_c_while_shrinking_still_writes_the_failure_found(tmp_path):
+    proc = _nanfuzz("fuzz", "--kernel", "tests.subjects:hangs", "--device", "cpu", "--launch-timeout", "2",
+                    "--max-examples", "200", "--seed", "0", "--state-dir", str(tmp_path / "state"), cwd=tmp_path,
+                    start_new_session=True)
+    for line in proc.stderr:  # progress lines: wait until the campaign is shrinking a HANG it found
+        if "shrinking" in line:
+            break
+    else:
+        pytest.fail("the campaign never reported shrinking")
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out + err
+    assert "HANG" in out and "Traceback" not in err
+    (repro,) = (tmp_path / "state" / "repros").glob("*.json")  # repros live in the state folder
+    assert json.loads(repro.read_text())["verdict"] == "HANG"
