@@ -18,8 +18,7 @@ DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line and exit 2, like every other usage error
-        print(f"nanfuzz: {message} (see nanfuzz {self.prog.split()[-1] if ' ' in self.prog else ''} --help)".replace("  ", " "),
-              file=sys.stderr)
+        print(f"nanfuzz: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
 

@@ -91,3 +91,19 @@ def test_list(capsys):
     assert main(["list", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "paged_decode@masked" in out and "vllm:rocm_attn" in out
+
+
+def test_python_dash_m_nanfuzz_is_the_command_and_knows_its_version():
+    from nanfuzz import __version__
+
+    version = subprocess.run([sys.executable, "-m", "nanfuzz", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.strip() == f"nanfuzz {__version__}"
+    listing = subprocess.run([sys.executable, "-m", "nanfuzz", "list", "--device", "cpu"], capture_output=True,
+                             text=True, timeout=300)
+    assert listing.returncode == 0 and "paged_decode@masked" in listing.stdout, listing.stderr
+
+
+def test_a_usage_error_from_argparse_is_one_line_and_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "nanfuzz", "fuzz", "--no-such-flag"], capture_output=True, text=True)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "unrecognized arguments: --no-such-flag" in proc.stderr

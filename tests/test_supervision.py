@@ -143,3 +143,19 @@ def test_ctrl_c_while_shrinking_still_writes_the_failure_found(tmp_path):
     assert "HANG" in out and "Traceback" not in err
     (repro,) = (tmp_path / "state" / "repros").glob("*.json")  # repros live in the state folder
     assert json.loads(repro.read_text())["verdict"] == "HANG"
+
+
+def test_two_xdist_workers_fuzzing_one_kernel_on_one_state_folder_never_crash(tmp_path):
+    (tmp_path / "test_twice.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.parametrize('seed', [1, 2])\n"
+        "def test_correct(nanfuzz, seed):\n"
+        "    campaign = nanfuzz.fuzz('tests.torch_kernels:correct', max_examples=15, seed=seed)\n"
+        "    assert not campaign.failed\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NANFUZZ_STATE_DIR": str(tmp_path / "shared")}
+    env.pop("CI", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
+                           "--nanfuzz-device", "cpu", "test_twice.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not list((tmp_path / "shared" / "journal").glob("*.json")), "each worker's journal went with it"
