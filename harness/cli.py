@@ -187,7 +187,7 @@ def _fuzz(args, settings) -> int:
     from nanfuzz.harness.parallel import fuzz_parallel
     from nanfuzz.harness.profiles import get_profile
     from nanfuzz.harness.progress import Progress
-    from nanfuzz.harness.registry import builtin_kernels, resolve
+    from nanfuzz.harness.registry import builtin_kernels, import_path, resolve
     from nanfuzz.harness.report import print_notes, report_failure
 
     if args.max_examples is not None and args.max_examples < 1:
@@ -236,7 +236,7 @@ def _fuzz(args, settings) -> int:
         shrink = f"{campaign.shrink_time:.1f}s" if campaign.shrink_time is not None else "-"
         rows.append((kernel.name, kernel.expect if self_check else "-", verdict, campaign.examples, first, shrink,
                      f"{campaign.elapsed:.1f}s", result))
-        summary.append({"kernel": kernel.name, "import_path": kernel.resolvable, "expect": kernel.expect,
+        summary.append({"kernel": kernel.name, "import_path": import_path(kernel), "expect": kernel.expect,
                         "verdict": verdict, "examples": campaign.examples,
                         "elapsed_s": round(campaign.elapsed, 3), "time_to_first_failure_s": campaign.time_to_first_failure,
                         "examples_to_first_failure": campaign.examples_to_first_failure,
