@@ -4,7 +4,7 @@ Throughput: examples per second of fuzz campaigns (no shrinking, no example
 database), after a warm-up campaign that takes the first compiles, split
 into generation (Hypothesis's own time and the loop's bookkeeping: a
 campaign's time outside the measured phases), materialisation, kernel,
-oracle and verdict.  A known-bad kernel ends a campaign at its first
+oracle, reference (the same-precision yardstick of MISMATCH) and verdict.  A known-bad kernel ends a campaign at its first
 failure, so its campaigns repeat with new seeds until the count is reached.
 
 With ``jobs``, the throughput is that of several campaigns sharing the
@@ -31,7 +31,7 @@ from nanfuzz.harness.parallel import fuzz_parallel
 from nanfuzz.harness.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 
-PHASES = ("generation", "materialize", "kernel", "oracle", "verdict")
+PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict")
 WARMUP_EXAMPLES = 5
 DETECT_EXAMPLES = 300  # the CI profile's campaign length: a bug not caught by then counts as missed
 _WARMUP_SEED = 1_000_003  # apart from the measured seeds 0, 1, ...
@@ -257,11 +257,11 @@ def _s(x: float | None) -> str:
 
 
 def table_rows(results: list[KernelBench]) -> list[tuple]:
-    rows = [("kernel", "expect", "ex/s", "ms/ex: gen", "mat", "kernel", "oracle", "verdict", "new specs",
+    rows = [("kernel", "expect", "ex/s", "ms/ex: gen", "mat", "kernel", "oracle", "ref", "verdict", "new specs",
              "caught", "detect s med/max", "shrink s med/max")]
     for r in results:
         if r.skipped:
-            rows.append((r.kernel, r.expect, "skipped", "", "", "", "", "", "", "", "", ""))
+            rows.append((r.kernel, r.expect, "skipped", *[""] * 10))
             continue
         t = r.throughput.to_dict()
         per = t["seconds_per_example"]

@@ -18,12 +18,13 @@ import torch
 
 from nanfuzz.harness.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.tolerance import allowed_error
+from nanfuzz.harness.tolerance import effective_precision, row_errors
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.materialize import materialize, refill_dead_slots
-from nanfuzz.reference.oracle import oracle
+from nanfuzz.reference.oracle import computed_in, oracle
+from nanfuzz.reference.precision import same_precision
 from nanfuzz.reference.redzones import OUT_GUARD_ROWS
 
 GUARD_ROWS = OUT_GUARD_ROWS  # canary rows after the last token's output row
@@ -142,7 +143,8 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
           interpreter: bool | None = None, digest_pass: bool = True, events=_no_events,
           explain: bool = False) -> Outcome:
     """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
-    materialize (every batch), kernel (every launch), oracle, verdict (the rest).
+    materialize (every batch), kernel (every launch), oracle (float64), reference (the
+    same-precision yardstick, harness/tolerance.py), verdict (the rest).
     ``digest_pass=False`` leaves a PASS without its output digest (a copy to
     the host and a hash that a fuzz loop has no use for).  ``events`` is told
     "launch" before and "returned" after each launch (the supervisor's watchdog).
@@ -155,7 +157,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     if reason:
         raise NanfuzzError(f"kernel {kernel.name} does not support this case: {reason}")
     g = case.geometry
-    timings = {"materialize": 0.0, "kernel": 0.0, "oracle": 0.0, "verdict": 0.0}
+    timings = {"materialize": 0.0, "kernel": 0.0, "oracle": 0.0, "reference": 0.0, "verdict": 0.0}
     t0 = time.perf_counter()
     batch = materialize(case, device)
     snapshot = batch.clone()
@@ -178,9 +180,15 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     reference = oracle(batch)
     _sync(device)
     timings["oracle"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    precision = effective_precision(kernel.capabilities.precision, interpreter)
+    yardstick = computed_in(batch, same_precision(g.dtype, precision))
+    errors = row_errors(result.double(), reference, yardstick, g.dtype, precision)
+    _sync(device)
+    timings["reference"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    outcome = _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings, events)
+    outcome = _judge(kernel, case, batch, snapshot, result, out, buffer, reference, errors, device, timings, events)
     if outcome.output_sha256 is None and digest_pass:  # only a PASS comes back without one
         outcome.output_sha256 = digest(result)
     timings["verdict"] += time.perf_counter() - t0 - timings.pop("_later_runs")
@@ -226,7 +234,7 @@ def _max_change(other: torch.Tensor, result64: torch.Tensor, where: torch.Tensor
     return float((other.double() - result64).abs().nan_to_num(float("inf"))[where].max())
 
 
-def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device, timings, events) -> Outcome:
+def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, errors, device, timings, events) -> Outcome:
     """The first verdict that applies.  ``timings`` gets the later runs' materialisation
     and launches under their own phases, and their sum under ``_later_runs``."""
     g = case.geometry
@@ -264,10 +272,9 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
     differs = _differing(other, result)
     if not kernel.capabilities.deterministic:
         # two launches of this kernel may differ anyway: only a change beyond the tolerance is a leak
-        differs &= (other.double() - result64).abs().nan_to_num(float("inf")) > allowed_error(reference, g.dtype)
-    error = (result64 - reference).abs()
-    tolerance = allowed_error(reference, g.dtype)
-    off = error > tolerance
+        differs &= (other.double() - result64).abs().nan_to_num(float("inf")) > errors.allowed_change()
+    off = errors.off()
+    ratio = errors.ratio
     # The remaining verdicts' flags, read back from the device in one go.
     guarded = result.data_ptr() == out.data_ptr()
     written_guard = ~torch.isnan(buffer[case.num_tokens:]).all() if guarded else torch.zeros((), dtype=torch.bool, device=device)
@@ -275,9 +282,12 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
     changed = {name: _bits(before[name]) != _bits(now[name]) for name in before}
     regions = _regions(batch)
     written_inputs = [(_rows(changed[name], inside.dim()) & inside).any() for name, inside in regions]
-    worst_error = error.max() if error.numel() else torch.zeros((), dtype=torch.float64, device=device)
-    read = torch.stack([worst_error, *(f.double() for f in (differs.any(), off.any(), written_guard, *written_inputs))])
-    max_error, *flags = read.tolist()
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    worst_error = errors.kernel.max() if errors.kernel.numel() else zero
+    worst_ratio = ratio.max() if ratio.numel() else zero
+    read = torch.stack([worst_error, worst_ratio,
+                        *(f.double() for f in (differs.any(), off.any(), written_guard, *written_inputs))])
+    max_error, max_ratio, *flags = read.tolist()
     leaks, mismatches, guard_hit, inputs_hit = flags[0] != 0, flags[1] != 0, flags[2] != 0, [f != 0 for f in flags[3:]]
 
     if leaks:
@@ -290,16 +300,14 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
 
     # -- MISMATCH ----------------------------------------------------------------
     if mismatches:
-        ev = describe_rows(case, off)
-        worst = int(torch.argmax((error - tolerance).flatten()))
-        t, h, d = worst // (g.num_q_heads * g.head_size), (worst // g.head_size) % g.num_q_heads, worst % g.head_size
-        ev.update(max_abs_error=float(error.max()), worst=[t, h, d],
-                  worst_value=float(result64[t, h, d]), worst_expected=float(reference[t, h, d]),
-                  tolerance=float(tolerance[t, h, d]))
+        ev = describe_rows(case, off[..., None].expand_as(result64))
+        ev.update(_worst_row(errors, result64, reference))
         return Outcome(Verdict.MISMATCH,
-                       f"MISMATCH: {ev['bad_rows']}/{ev['total_rows']} output rows off the oracle beyond tolerance "
-                       f"(worst token {t} head {h}: {ev['worst_value']:.6g} vs {ev['worst_expected']:.6g}, "
-                       f"tolerance {ev['tolerance']:.3g})", ev, digest(result))
+                       f"MISMATCH: {ev['bad_rows']}/{ev['total_rows']} output rows off the oracle beyond the bound; "
+                       f"worst token {ev['worst'][0]} head {ev['worst'][1]}: {ev['ratio']:.3g}x the {errors.arithmetic} "
+                       f"reference's error, bound {errors.bound:g}x (error {ev['max_abs_error']:.3g} vs "
+                       f"{ev['reference_error']:.3g}; element {ev['worst'][2]}: {ev['worst_value']:.6g}, "
+                       f"expected {ev['worst_expected']:.6g})", ev, digest(result))
 
     # -- CLOBBER -----------------------------------------------------------------
     written = ["output guard rows past the last token"] if guard_hit else []
@@ -307,7 +315,20 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, device
     if written:
         return Outcome(Verdict.CLOBBER, f"CLOBBER: the kernel wrote into {', '.join(written)}",
                        {"written": written}, digest(result))
-    return Outcome(Verdict.PASS, "PASS", {"max_abs_error": max_error})
+    return Outcome(Verdict.PASS, "PASS", {"max_abs_error": max_error, "max_error_ratio": max_ratio,
+                                          "arithmetic": errors.arithmetic, "bound": errors.bound})
+
+
+def _worst_row(errors, result64: torch.Tensor, reference: torch.Tensor) -> dict:
+    """Where the kernel's error is the largest multiple of the reference's, in both units."""
+    ratio = errors.ratio
+    worst = int(torch.argmax(ratio.nan_to_num(float("inf")).flatten()))
+    t, h = divmod(worst, ratio.shape[1])
+    row = (result64[t, h] - reference[t, h]).abs().nan_to_num(float("inf"))
+    d = int(torch.argmax(row))
+    return {"worst": [t, h, d], "ratio": float(ratio[t, h]), "bound": errors.bound, "arithmetic": errors.arithmetic,
+            "max_abs_error": float(errors.kernel[t, h]), "reference_error": float(errors.reference[t, h]),
+            "worst_value": float(result64[t, h, d]), "worst_expected": float(reference[t, h, d])}
 
 
 def redzone_reads(kernel: Kernel, case: Case, device: str | torch.device, events=_no_events) -> list[str]:

@@ -225,6 +225,7 @@ def _fuzz(args, settings) -> int:
         print_notes(campaign)
         if args.show_statistics:
             print(f"\n{kernel.name}: {campaign.statistics.table()}", flush=True)
+            print(f"{kernel.name}: {campaign.accuracy.table()}", flush=True)
         verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
         if campaign.failed:
             any_failure = True
@@ -245,6 +246,7 @@ def _fuzz(args, settings) -> int:
                         "evidence": campaign.failure.evidence if campaign.failed else {},
                         "notes": campaign.notes, "worker_restarts": campaign.worker_restarts,
                         "statistics": campaign.statistics.to_dict(),
+                        "accuracy": campaign.accuracy.to_dict(),
                         "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()}})
         if campaign.interrupted:
             interrupted = True

@@ -26,6 +26,7 @@ from nanfuzz.harness.journal import Journal, leftovers
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.profiles import Profile, get_profile
 from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.accuracy import Accuracy
 from nanfuzz.harness.statistics import Statistics
 from nanfuzz.harness.worker import InProcess, Supervised, WorkerSpec
 from nanfuzz.reference.case import Case
@@ -94,6 +95,7 @@ class Campaign:
     busy_seconds: float | None = None  # jobs' campaigns: the sum of their own elapsed times
     notes: list[str] = field(default_factory=list)  # one line each, for the user
     statistics: Statistics = field(default_factory=Statistics)  # what the generated cases exercised
+    accuracy: Accuracy = field(default_factory=Accuracy)        # how close passing outputs came to the bound
     interrupted: bool = False
     worker_restarts: int = 0
 
@@ -235,6 +237,7 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
         journal.clear()
         campaign.count(outcome)
         campaign.statistics.add(case)
+        campaign.accuracy.add(outcome.evidence)
         if outcome.failed:
             if "first" not in seen:
                 campaign.time_to_first_failure = time.perf_counter() - start

@@ -195,6 +195,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.notes += campaign.notes
         merged.worker_restarts += campaign.worker_restarts
         merged.statistics.merge(campaign.statistics)
+        merged.accuracy.merge(campaign.accuracy)
         for verdict, n in campaign.verdicts.items():
             merged.verdicts[verdict] = merged.verdicts.get(verdict, 0) + n
         for phase, seconds in campaign.phase_times.items():

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from nanfuzz.reference.case import DTYPES, Case
+from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.precision import PRECISIONS
 
 # Triton's interpreter has no bfloat16 arithmetic.
 INTERPRETER_DTYPES = ("float16", "float32")
@@ -34,6 +36,16 @@ class Capabilities:
     # False for a kernel whose output may legitimately differ between identical
     # launches (atomics, split-K reductions in arrival order): skips NONDETERMINISTIC.
     deterministic: bool = True
+    # How the kernel multiplies float32 operands: "tf32" (Triton's tl.dot default on
+    # GPU matrix units) or "ieee" (tl.dot(..., input_precision="ieee"), or no tl.dot).
+    # MISMATCH holds float32 outputs to a reference computed the same way; under
+    # Triton's interpreter every product is IEEE whatever this says.
+    precision: str = "tf32"
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise NanfuzzError(f"Capabilities(precision={self.precision!r}) is not one of {PRECISIONS}: "
+                               "'tf32' for tl.dot's default on GPUs, 'ieee' for input_precision='ieee'")
 
     @property
     def decode_only(self) -> bool:
@@ -96,6 +108,8 @@ class Capabilities:
             parts.append("window")
         if self.sinks:
             parts.append("sinks")
+        if "float32" in self.dtypes:
+            parts.append(f"fp32-products {self.precision}")
         parts.append("heads " + ",".join(map(str, self.head_sizes)))
         parts.append("blocks " + ",".join(map(str, self.block_sizes)))
         return " ".join(parts)

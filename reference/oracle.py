@@ -4,13 +4,19 @@ Keys are *gathered* from the live slots into a zero-initialised buffer, so a
 dead slot's bits never enter a single floating-point operation here, whatever
 poison it holds.  Vectorised over sequences, queries and heads; sequences are
 processed in chunks so that the gathered K/V stay within a memory budget.
+
+:func:`computed_in` is the same attention from the same gather in another
+arithmetic: a kernel's own precision (reference/precision.py).
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.materialize import host_to_device, token_layout
+from nanfuzz.reference.precision import FLOAT64, Arithmetic
 from nanfuzz.reference.semantics import live_key_range
 
 # Gathered K plus V per chunk, in float64 elements (2 x 2**27 x 8 B = 2 GiB).
@@ -19,6 +25,11 @@ _CHUNK_ELEMENTS = 1 << 27
 
 def oracle(batch: PagedBatch) -> torch.Tensor:
     """float64 ``[num_tokens, num_q_heads, head_size]`` on the batch's device."""
+    return computed_in(batch, FLOAT64)
+
+
+def computed_in(batch: PagedBatch, arithmetic: Arithmetic) -> torch.Tensor:
+    """The oracle's attention computed in ``arithmetic``, returned as float64."""
     case = batch.case
     g = case.geometry
     device = batch.q.device
@@ -33,11 +44,11 @@ def oracle(batch: PagedBatch) -> torch.Tensor:
         last = min(first + chunk, len(case.sequences))
         if starts[last] == starts[first]:
             continue
-        out[starts[first]:starts[last]] = _attend(batch, first, last, seq_of[starts[first]:starts[last]])
+        out[starts[first]:starts[last]] = _attend(batch, first, last, seq_of[starts[first]:starts[last]], arithmetic)
     return out
 
 
-def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> torch.Tensor:
+def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int], arithmetic: Arithmetic) -> torch.Tensor:
     case = batch.case
     g = case.geometry
     device = batch.q.device
@@ -92,18 +103,40 @@ def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> torc
         distance = (pos - key) if case.causal else (pos - key).abs()
         allowed &= distance < case.sliding_window
 
-    # -- softmax(scale * q.k) v over the allowed keys --------------------------
-    scores = torch.einsum("sqhgd,slhd->shgql", q, k) * case.scale               # [n, hkv, group, max_q, max_len]
+    sinks = batch.sinks.view(1, hkv, group, 1, 1) if batch.sinks is not None else None
+    with _ieee_float32_matmuls():
+        out = _softmax_pv(q, k, v, allowed, case.scale, sinks, arithmetic)
+    return out[tok_seq, tok_row].reshape(len(seq_of), g.num_q_heads, d).double()
+
+
+@contextlib.contextmanager
+def _ieee_float32_matmuls():
+    """float32 products in full precision even where the process allows TF32
+    (``torch.set_float32_matmul_precision``): TF32, where wanted, is the arithmetic's own rounding."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = before
+
+
+def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic) -> torch.Tensor:
+    """softmax(scale * q.k) v over the allowed keys, in ``arithmetic``: ``[n, max_q, hkv, group, d]``."""
+    acc = arithmetic.accumulate
+    q, k, v = (arithmetic.operand(x.to(acc)) for x in (q, k, v))
+    scores = torch.einsum("sqhgd,slhd->shgql", q, k) * scale                   # [n, hkv, group, max_q, max_len]
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
     m = scores.amax(dim=-1, keepdim=True)
     sink = None
-    if batch.sinks is not None:
-        sink = batch.sinks.double().view(1, hkv, group, 1, 1)
+    if sinks is not None:
+        sink = sinks.to(acc)
         m = torch.maximum(m, sink)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))                 # rows with no query
     p = torch.exp(scores - m)
     denom = p.sum(dim=-1, keepdim=True)
     if sink is not None:
         denom = denom + torch.exp(sink - m)
-    out = torch.einsum("shgql,slhd->sqhgd", p, v) / denom.permute(0, 3, 1, 2, 4)
-    return out[tok_seq, tok_row].reshape(len(seq_of), g.num_q_heads, d)
+    out = torch.einsum("shgql,slhd->sqhgd", arithmetic.probabilities(p), v) / denom.permute(0, 3, 1, 2, 4)
+    return arithmetic.output(out)

@@ -8,7 +8,7 @@ from nanfuzz.harness.kernels.paged_decode import KERNELS as DECODE_KERNELS
 from nanfuzz.harness.kernel import Kernel
 
 MASKED = next(k for k in DECODE_KERNELS if k.name == "paged_decode@masked")
-PHASES = ("generation", "materialize", "kernel", "oracle", "verdict")
+PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict")
 
 
 def _four_launches(batch, out):

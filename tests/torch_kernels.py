@@ -7,16 +7,17 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.materialize import token_layout
 
-CAPS = Capabilities(non_causal=True, sinks=True, interpreter_dtypes=("float16", "bfloat16", "float32"))
+CAPS = Capabilities(non_causal=True, sinks=True, interpreter_dtypes=("float16", "bfloat16", "float32"), precision="ieee")
 
 
-def attention(batch, out, *, bug: str | None = None):
+def attention(batch, out, *, bug: str | None = None, scale_factor: float = 1.0):
     """Dense attention over every slot of each sequence's table, masking scores.
 
     ``bug`` plants one defect: "mask-multiply" (p = 0 times unmasked V: NaN leaks),
     "additive-mask" (scores get -1e4 instead of -inf: garbage K leaks), "window-off-by-one",
     "head-map" (GQA heads mapped modulo instead of by group), "clobber" (writes a guard row),
-    "clobber-input" (writes into the value cache), "raise".
+    "clobber-input" (writes into the value cache), "raise", "drop-key" (a query that may
+    read several keys skips the first of them).  ``scale_factor`` multiplies the softmax scale.
     """
     if bug == "raise":
         raise RuntimeError("planted launch failure")
@@ -37,12 +38,14 @@ def attention(batch, out, *, bug: str | None = None):
             window = case.sliding_window - (1 if bug == "window-off-by-one" else 0)
             dist = (p - keys) if case.causal else (p - keys).abs()
             ok &= dist < window
+        if bug == "drop-key" and int(ok.sum()) > 1:
+            ok[int(ok.nonzero()[0])] = False
         if bug not in ("mask-multiply", "additive-mask"):
             k = torch.where(ok[:, None, None], k, 0.0)
             v = torch.where(ok[:, None, None], v, 0.0)
         for h in range(g.num_q_heads):
             kv = h % g.num_kv_heads if bug == "head-map" else h // g.queries_per_kv
-            scores = (k[:, kv] @ batch.q[t, h].float()) * case.scale
+            scores = (k[:, kv] @ batch.q[t, h].float()) * (case.scale * scale_factor)
             if bug == "additive-mask":
                 scores = scores + torch.where(ok, 0.0, -1e4)
             else:

@@ -202,7 +202,8 @@ def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
 
 
 # For decode (p = seq_len - 1) the symmetric non-causal window allows the same keys.
-CAPABILITIES = Capabilities(max_query_len=1, causal=True, non_causal=True, sliding_window=True, sinks=True)
+CAPABILITIES = Capabilities(max_query_len=1, causal=True, non_causal=True, sliding_window=True, sinks=True,
+                            precision="ieee")
 
 KERNELS = family_kernels("paged_decode", paged_decode, CAPABILITIES,
                          {"unmasked": "caught", "tail-masked": "caught", "masked": "pass"})

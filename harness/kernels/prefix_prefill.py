@@ -267,6 +267,6 @@ def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> tor
     return out
 
 
-CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True)
+CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True, precision="ieee")
 
 KERNELS = family_kernels("prefix_prefill", prefix_prefill, CAPABILITIES, {"unmasked": "caught", "masked": "pass"})

@@ -269,6 +269,6 @@ def _unit_stride_heads(*tensors: torch.Tensor) -> bool:
     return all(t.stride(-1) == 1 for t in tensors)
 
 
-CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True)
+CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True, precision="ieee")
 
 KERNELS = family_kernels("unified", unified_attention, CAPABILITIES, {"overshoot": "caught", "masked": "pass"})

@@ -1,0 +1,89 @@
+"""How close passing outputs came to MISMATCH's bound: a histogram per arithmetic.
+
+Every PASS carries its worst row's error in units of the same-precision
+reference's error (``max_error_ratio``, harness/tolerance.py).  An
+:class:`Accuracy` tallies those per arithmetic ("bfloat16", "float32/tf32")
+in quarter-octave bins, so a campaign can say "fp16: median 0.9x, 99.9th
+percentile 2.1x, worst 2.8x, bound 4x", jobs can merge their tallies, and the
+bound itself is calibrated from these figures (see ci/README.md).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+_BINS_PER_OCTAVE = 4
+QUANTILES = (0.5, 0.99, 0.999)
+
+
+def _bin(ratio: float) -> int:
+    if ratio <= 0:
+        return -10**6
+    return math.ceil(math.log2(ratio) * _BINS_PER_OCTAVE)
+
+
+def _upper_edge(index: int) -> float:
+    return 0.0 if index == -10**6 else 2.0 ** (index / _BINS_PER_OCTAVE)
+
+
+@dataclass
+class Tally:
+    bound: float
+    examples: int = 0
+    worst: float = 0.0
+    bins: Counter = field(default_factory=Counter)
+
+    def quantile(self, q: float) -> float:
+        """The upper edge of the bin holding the ``q`` quantile (an upper estimate)."""
+        need = q * self.examples
+        seen = 0
+        for index in sorted(self.bins):
+            seen += self.bins[index]
+            if seen >= need:
+                return min(_upper_edge(index), self.worst)
+        return self.worst
+
+
+@dataclass
+class Accuracy:
+    tallies: dict[str, Tally] = field(default_factory=dict)
+
+    def add(self, evidence: dict) -> None:
+        """Tally one PASS's evidence (anything without a ratio is ignored)."""
+        ratio = evidence.get("max_error_ratio")
+        if ratio is None:
+            return
+        tally = self.tallies.setdefault(evidence["arithmetic"], Tally(bound=evidence["bound"]))
+        tally.examples += 1
+        tally.worst = max(tally.worst, ratio)
+        tally.bins[_bin(ratio)] += 1
+
+    def merge(self, other: "Accuracy") -> "Accuracy":
+        for name, theirs in other.tallies.items():
+            mine = self.tallies.setdefault(name, Tally(bound=theirs.bound))
+            mine.examples += theirs.examples
+            mine.worst = max(mine.worst, theirs.worst)
+            mine.bins.update(theirs.bins)
+        return self
+
+    def to_dict(self) -> dict:
+        """``{arithmetic: {"examples", "bound", "worst", "quantiles": {"0.5": x, ...},
+        "histogram": {upper_edge: count}}}``."""
+        return {name: {"examples": t.examples, "bound": t.bound, "worst": t.worst,
+                       "quantiles": {str(q): t.quantile(q) for q in QUANTILES},
+                       "histogram": {repr(_upper_edge(i)): t.bins[i] for i in sorted(t.bins)}}
+                for name, t in sorted(self.tallies.items())}
+
+    def table(self) -> str:
+        if not self.tallies:
+            return "accuracy: no passing example"
+        lines = ["accuracy of passing examples: worst row's error in units of the same-precision reference's"]
+        header = ("arithmetic", "examples", "median", "p99", "p99.9", "worst", "bound")
+        rows = [header] + [(name, str(t.examples), *(f"{t.quantile(q):.2f}x" for q in QUANTILES),
+                            f"{t.worst:.2f}x", f"{t.bound:g}x") for name, t in sorted(self.tallies.items())]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        for row in rows:
+            lines.append("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                          for i, (c, w) in enumerate(zip(row, widths))))
+        return "\n".join(lines)
