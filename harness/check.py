@@ -271,7 +271,7 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, errors
         return crash
     differs = _differing(other, result)
     if not kernel.capabilities.deterministic:
-        # two launches of this kernel may differ anyway: only a change beyond the tolerance is a leak
+        # two launches of this kernel may differ anyway: only a change beyond the bound is a leak
         differs &= (other.double() - result64).abs().nan_to_num(float("inf")) > errors.allowed_change()
     off = errors.off()
     ratio = errors.ratio

@@ -114,9 +114,9 @@ VERDICT_MEANINGS = {
     Verdict.CRASH: "the kernel raised, or its launch failed",
     Verdict.NONFINITE: "output rows hold NaN/Inf where the oracle is finite",
     Verdict.LEAK: "the output changes when only dead-slot contents change",
-    Verdict.MISMATCH: "finite output is off the float64 oracle beyond tolerance",
+    Verdict.MISMATCH: "a finite output row is off the float64 oracle by more than the bound times a same-precision reference's error",
     Verdict.CLOBBER: "the kernel wrote outside its output rows or into its inputs",
-    Verdict.PASS: "output finite, within tolerance of the oracle, no dead slot read, nothing clobbered",
+    Verdict.PASS: "output finite, within the bound of the oracle, no dead slot read, nothing clobbered",
 }
 
 # Only static text here: every value from the run (names, summary, picture,

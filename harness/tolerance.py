@@ -28,8 +28,27 @@ from nanfuzz.reference.precision import arithmetic_name
 
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32/ieee": 2.0**-24, "float32/tf32": 2.0**-11}
 
-# CALIBRATION (filled in from the survey: `python ci/tolerance_survey.py`, see ci/README.md).
-BOUND = {"float16": 4.0, "bfloat16": 4.0, "float32/ieee": 64.0, "float32/tf32": 4.0}
+# CALIBRATION.  `python ci/tolerance_survey.py` (ci/README.md) on one H200 (torch 2.11,
+# Triton 3.6), with the bound switched off so the whole distribution shows: the worst
+# row ratio of every passing example, FLOOR = 0.5, campaigns of --pool 2 x 14 jobs.
+#
+#   arithmetic     kernel (examples)                                      worst ratio
+#   float16        paged_decode (10,000) 1.20, unified 1.35, prefix_prefill 1.38,
+#                  vllm:triton_attn causal 1.46, vllm:rocm_attn no window (2,000) 1.40
+#   bfloat16       paged_decode 1.30, unified 1.36, prefix_prefill 1.46,
+#                  vllm:triton_attn 1.52, vllm:rocm_attn (2,000) 1.29
+#   float32/ieee   unified 4.80, prefix_prefill 5.45
+#   float32/tf32   vllm:triton_attn 4.62, vllm:rocm_attn (2,000) 4.49
+#
+# 99.9% of examples stay at or below 1.42 (fp16, bf16) and 4.0 (fp32; 4.5 in rocm_attn's
+# 2,000).  Under Triton's interpreter (2-core CPU, 60 examples per kernel) the worst seen
+# is lower: 0.8 (fp16) and 3.3 (fp32).  fp32 ratios are larger because the reference's
+# float32 error is a few units of 2**-24 that exp() and summation order shift by several;
+# the fp32 errors a bound must catch sit at 1e3x and more, so those bounds are about
+# twice the worst seen.  fp16/bf16 trade margin for sensitivity: one row x 1.01 in bf16
+# (2.6 units of 2**-8) is 4-6x on a row of one key but 1.9-3.3x on rows of many, so
+# their bound sits at 1.6x the worst seen rather than 2x.
+BOUND = {"float16": 2.5, "bfloat16": 2.5, "float32/ieee": 12.0, "float32/tf32": 10.0}
 FLOOR = 0.5
 
 

@@ -37,3 +37,49 @@ def brute_force(batch: PagedBatch) -> list[list[list[float]]]:
             out.append(rows)
             token += 1
     return out
+
+
+def brute_force_in(batch: PagedBatch, arithmetic) -> list[list[list[float]]]:
+    """The same loops in ``arithmetic`` (reference/precision.py): float32 scalars summed one
+    key at a time, operands, P and the output rounded as the arithmetic says."""
+    import torch
+
+    case = batch.case
+    g = case.geometry
+    f32 = torch.float32
+
+    def operand(x):
+        return arithmetic.operand(x.to(f32))
+
+    out = []
+    token = 0
+    for seq in case.sequences:
+        for i in range(seq.query_len):
+            position = seq.context_len + i
+            keys = [k for k in range(seq.seq_len) if allowed(position, k, seq.seq_len, case.sliding_window, case.causal)]
+            rows = []
+            for h in range(g.num_q_heads):
+                kv = h // g.queries_per_kv
+                q = operand(batch.q[token, h])
+                scores, values = [], []
+                for k in keys:
+                    block = seq.block_table[k // g.block_size]
+                    kvec = operand(batch.key_cache[block, k % g.block_size, kv])
+                    scores.append(torch.dot(q, kvec) * case.scale)
+                    values.append(operand(batch.value_cache[block, k % g.block_size, kv]))
+                top = torch.stack(scores).max()
+                sink = batch.sinks[h].to(f32) if batch.sinks is not None else None
+                if sink is not None:
+                    top = torch.maximum(top, sink)
+                weights = [torch.exp(s - top) for s in scores]
+                denom = torch.zeros((), dtype=f32)
+                acc = torch.zeros(g.head_size, dtype=f32)
+                for w, v in zip(weights, values):
+                    denom = denom + w
+                    acc = acc + arithmetic.probabilities(w.reshape(1)) * v
+                if sink is not None:
+                    denom = denom + torch.exp(sink - top)
+                rows.append(arithmetic.output(acc / denom).double().tolist())
+            out.append(rows)
+            token += 1
+    return out

@@ -10,27 +10,29 @@ from nanfuzz.reference.materialize import token_layout
 CAPS = Capabilities(non_causal=True, sinks=True, interpreter_dtypes=("float16", "bfloat16", "float32"), precision="ieee")
 
 
-def attention(batch, out, *, bug: str | None = None, scale_factor: float = 1.0):
+def attention(batch, out, *, bug: str | None = None, scale_factor: float = 1.0, operand_rounding=None):
     """Dense attention over every slot of each sequence's table, masking scores.
 
     ``bug`` plants one defect: "mask-multiply" (p = 0 times unmasked V: NaN leaks),
     "additive-mask" (scores get -1e4 instead of -inf: garbage K leaks), "window-off-by-one",
     "head-map" (GQA heads mapped modulo instead of by group), "clobber" (writes a guard row),
     "clobber-input" (writes into the value cache), "raise", "drop-key" (a query that may
-    read several keys skips the first of them).  ``scale_factor`` multiplies the softmax scale.
+    read several keys skips the first of them).  ``scale_factor`` multiplies the softmax scale;
+    ``operand_rounding`` rounds q, K, V and P before their products (e.g. to TF32).
     """
+    rounding = operand_rounding or (lambda x: x)
     if bug == "raise":
         raise RuntimeError("planted launch failure")
     case = batch.case
     g = case.geometry
     seq_of, pos_of = token_layout(case)
     width = batch.block_table.shape[1] * g.block_size
-    keys = torch.arange(width)
+    keys = torch.arange(width, device=batch.q.device)
     for t, (s, p) in enumerate(zip(seq_of, pos_of)):
         seq = case.sequences[s]
         slots = batch.block_table[s].long()[keys // g.block_size] * g.block_size + keys % g.block_size
-        k = batch.key_cache.reshape(-1, g.num_kv_heads, g.head_size)[slots].float()
-        v = batch.value_cache.reshape(-1, g.num_kv_heads, g.head_size)[slots].float()
+        k = rounding(batch.key_cache.reshape(-1, g.num_kv_heads, g.head_size)[slots].float())
+        v = rounding(batch.value_cache.reshape(-1, g.num_kv_heads, g.head_size)[slots].float())
         ok = keys < seq.seq_len
         if case.causal:
             ok &= keys <= p
@@ -45,7 +47,7 @@ def attention(batch, out, *, bug: str | None = None, scale_factor: float = 1.0):
             v = torch.where(ok[:, None, None], v, 0.0)
         for h in range(g.num_q_heads):
             kv = h % g.num_kv_heads if bug == "head-map" else h // g.queries_per_kv
-            scores = (k[:, kv] @ batch.q[t, h].float()) * (case.scale * scale_factor)
+            scores = (k[:, kv] @ rounding(batch.q[t, h].float())) * (case.scale * scale_factor)
             if bug == "additive-mask":
                 scores = scores + torch.where(ok, 0.0, -1e4)
             else:
@@ -55,7 +57,7 @@ def attention(batch, out, *, bug: str | None = None, scale_factor: float = 1.0):
                 m = torch.maximum(m, batch.sinks[h])
             p_ = torch.exp(scores - m)
             denom = p_.sum() + (torch.exp(batch.sinks[h] - m) if batch.sinks is not None else 0.0)
-            out[t, h] = ((p_ @ v[:, kv]) / denom).to(out.dtype)
+            out[t, h] = ((rounding(p_) @ v[:, kv]) / denom).to(out.dtype)
     if bug == "clobber":
         base = out.as_strided((out.shape[0] + 1, *out.shape[1:]), out.stride())
         base[-1].zero_()
