@@ -77,8 +77,9 @@ class RowErrors:
         return self.ratio > self.bound
 
     def allowed_change(self) -> torch.Tensor:
-        """How far a row may move and stay within the bound, ``[tokens, heads, 1]``."""
-        return (self.bound * self.denominator)[..., None]
+        """How far two launches' rows may differ when each is within the bound (twice the
+        bound's width, by the triangle inequality), ``[tokens, heads, 1]``."""
+        return (2 * self.bound * self.denominator)[..., None]
 
 
 def effective_precision(precision: str, interpreter: bool) -> str:

@@ -48,7 +48,9 @@ def _nondeterministic(batch, out):
     attention(batch, out)
     _launches[0] += 1
     if _windowed(batch) and out.numel():
-        out.view(-1)[0] += (_launches[0] % 2) * 1e-3  # alternates between launches, below every tolerance
+        # alternates between launches by one unit in the last place, as a split-K reduction may
+        bits = out.view(-1)[:1].view(torch.int16 if out.element_size() == 2 else torch.int32)
+        bits += _launches[0] % 2
     return out
 
 
