@@ -313,12 +313,14 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
         property_ = given(case=strategy)(lambda case: run_case(case))
         property_.hypothesis.inner_test._hypothesis_internal_add_digest = database_label(
             kernel.name, device, settings.focus.label(), caps, pool, pool_seed).encode()
-        if settings.seed is not None or chunk_index:
-            property_ = hypothesis_seed((settings.seed or 0) * 1_000_003 + chunk_index)(property_)
+        # Hypothesis's derandomize excludes a database: a derandomized profile with one fixes the seed instead
+        seed = 0 if settings.seed is None and profile.derandomize and database is not None else settings.seed
+        if seed is not None or chunk_index:
+            property_ = hypothesis_seed((seed or 0) * 1_000_003 + chunk_index)(property_)
         # settings after @seed: @seed alone would switch the example database off
         configured = hypothesis_settings(
             max_examples=size, deadline=None, database=database, phases=phases,
-            derandomize=profile.derandomize and settings.seed is None, report_multiple_bugs=False,
+            derandomize=profile.derandomize and seed is None, report_multiple_bugs=False,
             suppress_health_check=list(HealthCheck), print_blob=False)(property_)
         before = campaign.examples
         try:
