@@ -80,6 +80,32 @@ def test_two_runners_on_one_server_replay_each_other_and_count_a_failure_once(tm
     assert "no output from runner shard 2/2" in (tmp_path / "fleet-alone" / "summary.md").read_text()
 
 
+def test_a_server_that_stops_mid_gate_is_one_note_and_the_finding_is_kept(tmp_path, redis_server):
+    from tests.fleet_subjects import STOP_PID_VAR
+
+    server = redis_server()
+    proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "60", "--max-examples", "60",
+                    "--kernel", "tests.fleet_subjects:stops_the_server", "--example-db", server.url,
+                    **{STOP_PID_VAR: str(server.pid)})
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert server.process.poll() is not None
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert {s["verdict"] for s in summary["shards"]} == {"NONFINITE"}
+    assert all(Path(f["repro"][0]).exists() for f in summary["failures"])
+    lost = [note for note in summary["notes"] if "stopped answering" in note]
+    assert len(lost) == 1 and f"example database {server.url} stopped answering" in lost[0], summary["notes"]
+    assert (tmp_path / "out" / "summary.md").read_text().count("stopped answering") == 1
+    # the runner's local folder kept the finding, as a case the next run replays first
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    from nanfuzz.harness import known_failures
+    from nanfuzz.harness.repro import load_repro
+
+    local = DirectoryBasedExampleDatabase(str(tmp_path / "state" / "examples"))
+    kept = [case for _, case in known_failures.known(local, known_failures.key("fleet@stops-the-server", "cpu", ""))]
+    assert load_repro(summary["failures"][0]["repro"][0])["case"] in kept
+
+
 def test_an_unreachable_server_stops_the_gate_before_anything_runs(tmp_path, redis_server):
     server = redis_server()
     server.stop()
