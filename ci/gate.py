@@ -9,6 +9,10 @@ first next time).  Without a GPU the workers run Triton's interpreter on the
 CPU.  Writes a Markdown summary (also to ``$GITHUB_STEP_SUMMARY``), JUnit
 XML and every repro into one folder.  Exit 0: every shard passed; 1: a
 kernel failed or the run could not finish; 2: a usage or configuration error.
+
+A fleet of runners shares one example database on a server (``--example-db
+redis://HOST:PORT/DB``), each runner takes its shard of the work (``--shard
+I/N``), and ``ci/gate_merge.py`` merges their outputs into one report.
 """
 from __future__ import annotations
 

@@ -9,21 +9,21 @@ A case goes to the journal before it goes to the subject (a worker process,
 case behind for the next run to replay.  Every failing case Hypothesis
 meets is remembered as it is met, so a failure survives whatever ends the
 search: a flaky replay, Hypothesis giving up, a shrink that runs out of
-time, Ctrl-C.
+time, Ctrl-C.  With an example database (``harness.example_db``), the
+kernel's known failures (``harness.known_failures``) run before the search,
+and a failure found is kept there for every later campaign.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-
-import hashlib
 
 from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings as hypothesis_settings
 from hypothesis.errors import HypothesisException
 
 from nanfuzz.harness import known_failures
-
 from nanfuzz.harness.check import Outcome, Verdict
 from nanfuzz.harness.journal import Journal, leftovers
 from nanfuzz.harness.kernel import Kernel
