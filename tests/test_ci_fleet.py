@@ -46,7 +46,7 @@ def _record(cwd: Path, out: str) -> dict:
 def test_two_runners_on_one_server_replay_each_other_and_count_a_failure_once(tmp_path, redis_server):
     server = redis_server()
     for shard, name in (("1/2", "alpha"), ("2/2", "beta")):
-        proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "60", "--max-examples", "60", "--kernel", KERNEL,
+        proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "60", "--max-examples", "200", "--kernel", KERNEL,
                         "--example-db", server.url, "--shard", shard, "--runner-name", name,
                         "--out", name, "--state-dir", f"state-{name}")
         assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -84,7 +84,7 @@ def test_a_server_that_stops_mid_gate_is_one_note_and_the_finding_is_kept(tmp_pa
     from tests.fleet_subjects import STOP_PID_VAR
 
     server = redis_server()
-    proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "60", "--max-examples", "60",
+    proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "60", "--max-examples", "200",
                     "--kernel", "tests.fleet_subjects:stops_the_server", "--example-db", server.url,
                     **{STOP_PID_VAR: str(server.pid)})
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -40,7 +40,7 @@ def _no_lost_stores():
 def campaign(kernel, tmp_path, name: str, db: str | None, **options):
     settings = Settings(device="cpu", state_dir=tmp_path / name, repro_dir=tmp_path / name / "repros",
                         example_db=db, profile="dev", replays=0)
-    return fuzz(kernel, settings.replace(**{"max_examples": 40, **options}))
+    return fuzz(kernel, settings.replace(**{"max_examples": 150, **options}))
 
 
 def stored(server) -> dict[bytes, set[bytes]]:
@@ -158,7 +158,7 @@ def _cli(tmp_path, *args, **env):
 def test_a_server_that_stops_mid_run_is_one_line_and_the_finding_stays_local(tmp_path, redis_server):
     server = redis_server()
     proc = _cli(tmp_path, "fuzz", "--kernel", "tests.fleet_subjects:stops_the_server", "--device", "cpu",
-                "--max-examples", "60", "--state-dir", "state", "--example-db", server.url,
+                "--max-examples", "200", "--state-dir", "state", "--example-db", server.url,
                 "--summary-json", "first.json", **{STOP_PID_VAR: str(server.pid)})
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert server.process.poll() is not None  # the server did stop in the middle of the run
