@@ -190,11 +190,19 @@ def test_a_server_that_does_not_answer_is_exit_2_at_the_start(tmp_path, redis_se
     assert bad.returncode == 2 and "unknown scheme 'http'" in bad.stderr and bad.stderr.count("\n") == 1
 
 
-def test_the_plugin_checks_the_url_at_the_start(tmp_path):
-    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+def test_the_plugin_takes_the_database_and_checks_it_at_the_start(tmp_path):
+    (tmp_path / "test_kernel.py").write_text(
+        "def test_kernel(nanfuzz):\n    nanfuzz.fuzz('tests.torch_kernels:window_off_by_one', max_examples=150)\n")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NANFUZZ_", "PYTEST_"))}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p",
-                           "no:cacheprovider", "--nanfuzz-device", "cpu", "--nanfuzz-example-db", "ftp://x",
-                           "test_nothing.py"], cwd=tmp_path, capture_output=True, text=True, env=base, timeout=300)
-    assert proc.returncode == 4, proc.stdout + proc.stderr
-    assert "--example-db='ftp://x': unknown scheme 'ftp'" in proc.stderr
+
+    def pytest_run(*args):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nanfuzz-device",
+                               "cpu", *args, "test_kernel.py"], cwd=tmp_path, capture_output=True, text=True,
+                              env={**base, "PYTHONPATH": str(ROOT)}, timeout=300)
+
+    bad = pytest_run("--nanfuzz-example-db", "ftp://x")
+    assert bad.returncode == 4, bad.stdout + bad.stderr
+    assert "--example-db='ftp://x': unknown scheme 'ftp'" in bad.stderr
+    found = pytest_run("--nanfuzz-example-db", "team-examples")
+    assert found.returncode == 1 and "NONFINITE" in found.stdout, found.stdout[-2000:]
+    assert any(p.is_file() for p in (tmp_path / "team-examples").rglob("*"))  # the failure went where it was told
