@@ -9,6 +9,10 @@ first next time).  Without a GPU the workers run Triton's interpreter on the
 CPU.  Writes a Markdown summary (also to ``$GITHUB_STEP_SUMMARY``), JUnit
 XML and every repro into one folder.  Exit 0: every shard passed; 1: a
 kernel failed or the run could not finish; 2: a usage or configuration error.
+
+A fleet of runners shares one example database on a server (``--example-db
+redis://HOST:PORT/DB``), each runner takes its shard of the work (``--shard
+I/N``), and ``ci/gate_merge.py`` merges their outputs into one report.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -78,6 +83,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                      "$GITHUB_STEP_SUMMARY when set)")
     p.add_argument("--state-dir", metavar="DIR",
                    help="example database and worker state, kept between runs (default $NANFUZZ_STATE_DIR or .nanfuzz)")
+    p.add_argument("--example-db", metavar="URL",
+                   help="example database: a folder (default STATE/examples), redis://HOST:PORT/DB (a Redis or Valkey "
+                        "server the fleet shares, with STATE/examples in front of it), or readonly:STORE to read a "
+                        "server or folder without writing to it (default $NANFUZZ_EXAMPLE_DB)")
+    p.add_argument("--shard", metavar="I/N", type=_shard,
+                   help="this runner is shard I of N runners: it takes its share of the kernels and fuzzes "
+                        "specialisation pools no other runner does; merge the runners' outputs with ci/gate_merge.py")
+    p.add_argument("--runner-name", metavar="NAME",
+                   help="this runner's name in a merged report (default $RUNNER_NAME, else the host name)")
     args = p.parse_args(argv)
     if args.time_budget is not None and args.time_budget < MIN_BUDGET:
         raise GateUsageError(f"--time-budget={args.time_budget:g} is too small; give at least {MIN_BUDGET:g} seconds")
@@ -88,7 +102,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _shard(text: str) -> tuple[int, int]:
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and 1 <= int(index) <= int(count)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not I/N with 1 <= I <= N (e.g. 2/4)")
+    return int(index), int(count)
+
+
 # -- planning -------------------------------------------------------------------------
+
+def deal(kernels: list[str], shard: int, shards: int) -> list[str]:
+    """Runner ``shard`` of ``shards``' kernels: dealt round like cards, so each kernel goes to one
+    runner; with more runners than kernels the deal goes round again, every runner gets one, and the
+    runners that share a kernel fuzz different pools with different seeds."""
+    if len(kernels) >= shards:
+        return kernels[shard - 1::shards]
+    return [kernels[(shard - 1) % len(kernels)]]
+
 
 def finish_reserve(budget: float) -> float:
     """Seconds kept at the end of the budget for shrinking a late failure and writing the reports."""
@@ -241,9 +271,15 @@ def _gate(args) -> int:
     from gate_report import consolidate, junit_xml, markdown, summary_json
     from nanfuzz.harness.profiles import get_profile
 
+    from nanfuzz.harness.example_db import check as check_example_db
+
     profile = get_profile(args.profile)
-    kernels = choose_kernels(args.kernel, workers.device)
+    shard, shards = args.shard or (1, 1)
+    kernels = deal(choose_kernels(args.kernel, workers.device), shard, shards)
     budget = args.time_budget or profile.time_budget or 900.0
+    example_db = args.example_db or os.environ.get("NANFUZZ_EXAMPLE_DB") or None
+    store = check_example_db(example_db)  # a bad URL or a server that does not answer: exit 2 before anything runs
+    runner = args.runner_name or os.environ.get("RUNNER_NAME") or socket.gethostname()
 
     out = Path(args.out).resolve()
     work = out / "internals"
@@ -261,12 +297,16 @@ def _gate(args) -> int:
 
     plan = Plan(device=workers.device, profile=profile.name, kernels=kernels, slots=slots,
                 deadline=started + budget - finish_reserve(budget), max_examples=args.max_examples,
-                state_dir=str(state_dir), work_dir=str(work))
+                state_dir=str(state_dir), work_dir=str(work), example_db=example_db, shard=shard, shards=shards,
+                runner=runner)
     plan_path = work / "plan.json"
     plan.write(plan_path)
-    print(f"nanfuzz gate: {len(kernels)} kernel(s) x {len(slots)} shard(s) on {workers.description}; "
+    database = (f"{store.shown}, with {plan.examples_dir} in front" if store is not None and store.layered
+                else store.location if store is not None else plan.examples_dir)
+    fleet = f"runner {runner}, shard {shard}/{shards}; " if shards > 1 else ""
+    print(f"nanfuzz gate: {fleet}{len(kernels)} kernel(s) x {len(slots)} shard(s) on {workers.description}; "
           f"profile {profile.name}, budget {budget:.0f} s\n"
-          f"  kernels: {', '.join(kernels)}\n  example database: {plan.examples_dir}", flush=True)
+          f"  kernels: {', '.join(kernels)}\n  example database: {database}", flush=True)
 
     env = dict(os.environ)
     env[PLAN_ENV] = str(plan_path)
@@ -297,7 +337,7 @@ def _gate(args) -> int:
     text = markdown(result, plan, workers=workers.description, budget=budget, wall=wall, replay_prefix=replay)
     summary.write_text(text)
     (out / "summary.json").write_text(_json(summary_json(result, plan, exit_code=exit_code, wall=wall)))
-    junit.write_bytes(junit_xml(result, plan, replay_prefix=replay))
+    junit.write_bytes(junit_xml(result, {"profile": plan.profile, "device": plan.device}, replay_prefix=replay))
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as step_summary:
             step_summary.write(text)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 PLAN_ENV = "NANFUZZ_GATE_PLAN"
 SLOT_ENV = "NANFUZZ_GATE_SLOT"
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 
 def file_stem(kernel: str) -> str:
@@ -34,6 +34,10 @@ class Plan:
     max_examples: int | None       # per shard, on top of the time bound
     state_dir: str                 # holds examples/ (the shared database) and workers/<slot>/
     work_dir: str                  # records/ and repros/<slot>/ of this run
+    example_db: str | None = None  # --example-db: a shared store behind examples/, or another folder
+    shard: int = 1                 # this runner is shard `shard` of `shards` (--shard I/N), counted from 1
+    shards: int = 1
+    runner: str = ""               # this runner's name in a fleet's merged report
     version: int = PLAN_VERSION
 
     # -- paths -------------------------------------------------------------------
@@ -50,6 +54,11 @@ class Plan:
 
     def shard_repro_dir(self, slot: str) -> Path:
         return Path(self.work_dir) / "repros" / slot
+
+    def pool_seed(self, slot: str) -> int:
+        """The specialisation pool this slot fuzzes: a different one on every slot of every runner
+        of the fleet (runner shard I of N, slot j: I - 1 + N * j)."""
+        return self.shard - 1 + self.shards * self.slots.index(slot)
 
     def shard_budget(self, kernel: str, now: float) -> float:
         """Seconds for this shard: the time left, split evenly over this kernel and the ones after it.
@@ -94,6 +103,7 @@ class ShardRecord:
     examples_db: str = ""          # the database directory the campaign used, resolved
     environment: dict = field(default_factory=dict)  # device name and versions, for recovered crashes
     statistics: dict = field(default_factory=dict)   # what the campaign exercised (Statistics.to_dict())
+    notes: list[str] = field(default_factory=list)   # the campaign's notes (an example database that went away)
 
     @property
     def failed(self) -> bool:

@@ -33,6 +33,7 @@ class Row:
     summary: str
     failure: int | None = None   # number of the distinct failure this row found
     statistics: dict | None = None  # what the shard's campaign exercised (Statistics.to_dict())
+    runner: str = ""             # the runner, in a fleet's merged report
 
     @property
     def failed(self) -> bool:
@@ -67,6 +68,7 @@ class GateResult:
     rows: list[Row]
     failures: list[Failure]
     problems: list[str]          # things that make the run itself incomplete
+    notes: list[str] = field(default_factory=list)  # the campaigns' notes, each once
 
     @property
     def passed(self) -> bool:
@@ -142,6 +144,7 @@ def consolidate(plan: Plan, repro_dir: Path, *, stopped_at_deadline: bool, stop_
     rows: list[Row] = []
     failures: dict[str, Failure] = {}
     problems: list[str] = []
+    notes: dict[str, None] = {}
     repro_dir.mkdir(parents=True, exist_ok=True)
     for kernel in plan.kernels:
         for shard, slot in enumerate(plan.slots):
@@ -160,6 +163,7 @@ def consolidate(plan: Plan, repro_dir: Path, *, stopped_at_deadline: bool, stop_
                       None if record.worker_died else record.elapsed, record.verdict, record.summary,
                       statistics=record.statistics or None)
             rows.append(row)
+            notes.update(dict.fromkeys(record.notes))
             if record.verdict == "PASS":
                 continue
             # same kernel, verdict and case (the repro's name) = the same failure; without a case, the same message
@@ -176,7 +180,7 @@ def consolidate(plan: Plan, repro_dir: Path, *, stopped_at_deadline: bool, stop_
             row.failure = failures[key].number
     if any(r.verdict == "NOT RUN" for r in rows):
         problems.append("some shards did not run: raise --time-budget, or see the pytest log")
-    return GateResult(rows, list(failures.values()), problems)
+    return GateResult(rows, list(failures.values()), problems, list(notes))
 
 
 def _gather(paths: list[str], repro_dir: Path) -> list[Path]:
@@ -205,8 +209,9 @@ def markdown(result: GateResult, plan: Plan, *, workers: str, budget: float, wal
     else:
         head = (f"## nanfuzz gate: FAIL ({len(result.failures)} failure(s) in {len(failed_kernels)} of "
                 f"{len(plan.kernels)} kernel(s))")
+    fleet = f"runner `{plan.runner}`, shard {plan.shard}/{plan.shards} · " if plan.shards > 1 else ""
     lines = [head, "",
-             f"profile `{plan.profile}` · {workers} · time budget {budget:.0f} s · wall {wall:.0f} s",
+             f"{fleet}profile `{plan.profile}` · {workers} · time budget {budget:.0f} s · wall {wall:.0f} s",
              ""]
     lines += ["| kernel | shard | worker | examples | time | verdict |", "|---|---|---|---:|---:|---|"]
     for row in result.rows:
@@ -218,20 +223,28 @@ def markdown(result: GateResult, plan: Plan, *, workers: str, budget: float, wal
                      f"{_seconds(row.elapsed)} | {verdict} |")
     for problem in result.problems:
         lines += ["", f"> {problem}"]
+    for note in result.notes:
+        lines += ["", f"> note: {note}"]
     for failure in result.failures:
-        lines += ["", f"### Failure {failure.number}: `{failure.kernel}`: {failure.verdict}", "",
-                  failure.summary, "", f"Found by shard {', '.join(failure.shards)}."]
-        if failure.repro:
-            json_path = shown(failure.repro[0])
-            lines += ["", f"Repro: `{json_path}` (with `{json_path.with_suffix('.py').name}` and "
-                          f"`{json_path.with_suffix('.txt').name}`). Replay:", "",
-                      "```", failure.replay(replay_prefix), "```"]
-        if failure.picture:
-            picture = failure.picture.rstrip("\n").splitlines()
-            if len(picture) > PICTURE_LINES:
-                picture = picture[:PICTURE_LINES] + [f"... ({len(picture) - PICTURE_LINES} more lines in the .txt)"]
-            lines += ["", "```text", *picture, "```"]
+        lines += failure_lines(failure, f"Found by shard {', '.join(failure.shards)}.", replay_prefix)
     return "\n".join(lines) + "\n"
+
+
+def failure_lines(failure: Failure, found_by: str, replay_prefix: str) -> list[str]:
+    """A failure's section of the Markdown summary: verdict, who found it, repro, replay, picture."""
+    lines = ["", f"### Failure {failure.number}: `{failure.kernel}`: {failure.verdict}", "",
+             failure.summary, "", found_by]
+    if failure.repro:
+        json_path = shown(failure.repro[0])
+        lines += ["", f"Repro: `{json_path}` (with `{json_path.with_suffix('.py').name}` and "
+                      f"`{json_path.with_suffix('.txt').name}`). Replay:", "",
+                  "```", failure.replay(replay_prefix), "```"]
+    if failure.picture:
+        picture = failure.picture.rstrip("\n").splitlines()
+        if len(picture) > PICTURE_LINES:
+            picture = picture[:PICTURE_LINES] + [f"... ({len(picture) - PICTURE_LINES} more lines in the .txt)"]
+        lines += ["", "```text", *picture, "```"]
+    return lines
 
 
 def kernel_statistics(result: GateResult) -> dict:
@@ -257,37 +270,43 @@ def summary_json(result: GateResult, plan: Plan, *, exit_code: int, wall: float)
     return {
         "passed": result.passed, "exit_code": exit_code, "device": plan.device, "profile": plan.profile,
         "wall_s": round(wall, 2), "slots": plan.slots,
+        "runner": {"name": plan.runner, "shard": plan.shard, "shards": plan.shards},
+        "kernels": plan.kernels,
         "shards": [{"kernel": r.kernel, "shard": r.shard, "slot": r.slot, "worker": r.worker, "examples": r.examples,
                     "elapsed_s": None if r.elapsed is None else round(r.elapsed, 3), "verdict": r.verdict,
                     "summary": r.summary, "failure": r.failure, "statistics": r.statistics} for r in result.rows],
         "statistics": kernel_statistics(result),
         "failures": [{"number": f.number, "kernel": f.kernel, "verdict": f.verdict, "summary": f.summary,
-                      "repro": [str(p) for p in f.repro], "shards": f.shards} for f in result.failures],
+                      "repro": [str(p) for p in f.repro], "shards": f.shards, "replay_options": f.replay_options}
+                     for f in result.failures],
         "problems": result.problems,
+        "notes": result.notes,
     }
 
 
-def junit_xml(result: GateResult, plan: Plan, *, replay_prefix: str) -> bytes:
-    """One testcase a shard; a failing shard carries its failure's picture and replay command."""
+def junit_xml(result: GateResult, properties: dict, *, replay_prefix: str, name: str = "nanfuzz-gate") -> bytes:
+    """One testcase a shard (a runner's shard in a fleet); a failing one carries its failure's picture
+    and replay command."""
     by_number = {f.number: f for f in result.failures}
     failures = sum(1 for r in result.rows if r.failed and r.verdict not in ("NOT RUN", "ERROR"))
     errors = sum(1 for r in result.rows if r.verdict in ("NOT RUN", "ERROR"))
     total_time = sum(r.elapsed or 0.0 for r in result.rows)
-    suites = ET.Element("testsuites", name="nanfuzz-gate", tests=str(len(result.rows)), failures=str(failures),
+    suites = ET.Element("testsuites", name=name, tests=str(len(result.rows)), failures=str(failures),
                         errors=str(errors), time=f"{total_time:.3f}")
-    suite = ET.SubElement(suites, "testsuite", name="nanfuzz-gate", tests=str(len(result.rows)),
+    suite = ET.SubElement(suites, "testsuite", name=name, tests=str(len(result.rows)),
                           failures=str(failures), errors=str(errors), skipped="0", time=f"{total_time:.3f}",
                           timestamp=time.strftime("%Y-%m-%dT%H:%M:%S"))
     props = ET.SubElement(suite, "properties")
-    for name, value in (("profile", plan.profile), ("device", plan.device)):
-        ET.SubElement(props, "property", name=name, value=str(value))
+    for key, value in properties.items():
+        ET.SubElement(props, "property", name=key, value=str(value))
     for row in result.rows:
-        case = ET.SubElement(suite, "testcase", classname=f"nanfuzz.{row.kernel}", name=f"shard{row.shard}",
+        case = ET.SubElement(suite, "testcase", classname=f"nanfuzz.{row.kernel}",
+                             name=f"{row.runner}/shard{row.shard}" if row.runner else f"shard{row.shard}",
                              time=f"{row.elapsed or 0.0:.3f}")
         case_props = ET.SubElement(case, "properties")
-        for name, value in (("slot", row.slot), ("worker", row.worker), ("examples", row.examples),
-                            *_shares(row.statistics)):
-            ET.SubElement(case_props, "property", name=name, value="-" if value is None else str(value))
+        for key, value in (("slot", row.slot), ("worker", row.worker), ("examples", row.examples),
+                           *_shares(row.statistics)):
+            ET.SubElement(case_props, "property", name=key, value="-" if value is None else str(value))
         if not row.failed:
             continue
         if row.verdict in ("NOT RUN", "ERROR"):

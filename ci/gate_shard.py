@@ -9,9 +9,10 @@ a kernel that crashes or hangs is a verdict of this shard, not a dead pytest
 worker.  The first failure ends the shard, shrunk, with its repro in the
 slot's own folder (the gate gathers them).
 
-No explicit seed: Hypothesis's ``@seed`` switches the example database off,
-and the database is what replays a known failure first.  Each worker process
-draws its own random seed, so the shards still differ.
+No explicit seed: each worker process draws its own random seed, so the
+shards differ; and each slot of each runner fuzzes its own specialisation
+pool (``Plan.pool_seed``).  The example database replays known failures
+first, whatever the pool.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
 
     # the gate sets this worker's NANFUZZ_STATE_DIR (its slot's folder); read once, here
     settings = Settings.from_environment(device=device, profile=plan.profile,
-                                         repro_dir=plan.shard_repro_dir(slot))
+                                         repro_dir=plan.shard_repro_dir(slot), example_db=plan.example_db,
+                                         examples_dir=plan.examples_dir)
     kernel = resolve(kernel_name, settings.vllm_src)
     record = ShardRecord(kernel=kernel_name, slot=slot, kernel_name=kernel.name,
                          worker=os.environ.get("PYTEST_XDIST_WORKER", "main"), pid=os.getpid(),
@@ -43,7 +45,8 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
     record.write(path)  # "running": if this process dies, the gate knows where
     start = time.perf_counter()
     budget = max(0.0, plan.shard_budget(kernel_name, time.time()))
-    campaign = fuzz(kernel, settings.replace(time_budget=budget, max_examples=plan.max_examples or 10**9))
+    campaign = fuzz(kernel, settings.replace(time_budget=budget, max_examples=plan.max_examples or 10**9),
+                    pool_seed=plan.pool_seed(slot))
     record.rounds = 1
     record.examples = campaign.examples
     record.verdicts = dict(campaign.verdicts)
@@ -51,6 +54,7 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
     record.examples_to_first_failure = campaign.examples_to_first_failure
     record.shrink_time = campaign.shrink_time
     record.statistics = campaign.statistics.to_dict()
+    record.notes = list(campaign.notes)
     record.elapsed = time.perf_counter() - start
     record.status = "done"
     if not campaign.failed and record.examples == 0:

@@ -70,6 +70,10 @@ def _parser() -> argparse.ArgumentParser:
                         "each poison class a launch could reach, reused blocks, GQA, dtypes, block sizes, ...)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="campaigns at once on the device, one process each, sharing the examples (default 1)")
+    p.add_argument("--example-db", metavar="URL",
+                   help="the example database that replays known failures first: a folder (default STATE/examples), "
+                        "redis://HOST:PORT/DB (a Redis or Valkey server shared by a fleet; needs nanfuzz[redis]), or "
+                        "readonly:STORE to read a folder or server without writing to it (default $NANFUZZ_EXAMPLE_DB)")
     p.add_argument("--pool", type=int, metavar="N",
                    help="draw each case's compile-time part (shape, causality, window, sinks) from a pool of N per "
                         "campaign; 0: draw freely (default: the kernel's own pool on a GPU, none under the interpreter)")
@@ -135,8 +139,13 @@ def _settings(args, device: str):
     if args.command == "fuzz":
         options.update(repro_dir=_path(args.repro_dir), profile=args.profile, max_examples=args.max_examples,
                        time_budget=args.time_budget, seed=args.seed, focus=_focus(args), shrink=not args.no_shrink,
-                       pool_size=args.pool, jobs=args.jobs)
-    return Settings.from_environment(**options)
+                       pool_size=args.pool, jobs=args.jobs, example_db=args.example_db)
+    settings = Settings.from_environment(**options)
+    if args.command == "fuzz":
+        from nanfuzz.harness.example_db import check
+
+        check(settings.example_db)  # a bad URL or a server that does not answer: one line, exit 2, now
+    return settings
 
 
 def _path(value):
@@ -183,6 +192,7 @@ def _focus(args):
 
 
 def _fuzz(args, settings) -> int:
+    from nanfuzz.harness.example_db import parse
     from nanfuzz.harness.fuzz import fuzz
     from nanfuzz.harness.parallel import fuzz_parallel
     from nanfuzz.harness.profiles import get_profile
@@ -201,7 +211,8 @@ def _fuzz(args, settings) -> int:
     self_check = args.kernel is None
     mode = "GPU" if settings.device == "cuda" else "CPU, Triton interpreter"
     isolation = "supervised worker" if settings.isolation else "in-process launches"
-    print(f"nanfuzz fuzz: {len(kernels)} kernel(s), profile {profile.name}, {mode}, {isolation}", flush=True)
+    shared = f", example database {parse(settings.example_db).shown}" if settings.example_db else ""
+    print(f"nanfuzz fuzz: {len(kernels)} kernel(s), profile {profile.name}, {mode}, {isolation}{shared}", flush=True)
     rows = [("kernel", "expect", "verdict", "examples", "first failure", "shrink", "time", "result")]
     summary = []
     all_good = True

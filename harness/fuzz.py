@@ -9,18 +9,21 @@ A case goes to the journal before it goes to the subject (a worker process,
 case behind for the next run to replay.  Every failing case Hypothesis
 meets is remembered as it is met, so a failure survives whatever ends the
 search: a flaky replay, Hypothesis giving up, a shrink that runs out of
-time, Ctrl-C.
+time, Ctrl-C.  With an example database (``harness.example_db``), the
+kernel's known failures (``harness.known_failures``) run before the search,
+and a failure found is kept there for every later campaign.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings as hypothesis_settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import HypothesisException
 
+from nanfuzz.harness import known_failures
 from nanfuzz.harness.check import Outcome, Verdict
 from nanfuzz.harness.journal import Journal, leftovers
 from nanfuzz.harness.kernel import Kernel
@@ -31,7 +34,7 @@ from nanfuzz.harness.statistics import Statistics
 from nanfuzz.harness.worker import InProcess, Supervised, WorkerSpec
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
-from nanfuzz.strategies import paged_cases
+from nanfuzz.strategies import STRATEGY_VERSION, paged_cases
 from nanfuzz.strategies.cases import campaign_pool
 
 # Examples per Hypothesis run when a campaign is bounded by wall time: the
@@ -184,7 +187,9 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
                            "use --device cuda")
     max_examples = settings.max_examples or profile.max_examples
     time_budget = settings.time_budget if settings.time_budget is not None else profile.time_budget
-    use_database = profile.use_database if settings.use_database is None else settings.use_database
+    use_database = settings.use_database
+    if use_database is None:  # an example database named explicitly is one to use
+        use_database = bool(settings.example_db) or profile.use_database
     campaign = Campaign(kernel=kernel.name, device=device)
     start = time.perf_counter()
 
@@ -196,11 +201,17 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
             campaign.notes += notes
             if leftover is not None:
                 return leftover
+        database = _database(settings, campaign) if use_database else None
+        known_key = known_failures.key(kernel.name, device, settings.focus.label())
         with Journal(settings.state_dir, kernel.name) as journal:
             if journal.note:
                 campaign.notes.append(journal.note)
-            _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
-                    use_database, pool_seed, on_example, should_stop, interrupted, shrink_budget)
+            if database is None or not _replay_known(kernel, caps, campaign, subject, journal, database, known_key,
+                                                     interpreter, start, on_example):
+                _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
+                        database, pool_seed, on_example, should_stop, interrupted, shrink_budget)
+        if database is not None and campaign.failed:
+            known_failures.remember(database, known_key, campaign.failing_case)
         if campaign.failed and settings.replays and not campaign.interrupted:
             _replay_found(campaign, subject, settings.replays)
     finally:
@@ -213,8 +224,40 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
     return campaign
 
 
+def _replay_known(kernel, caps, campaign, subject, journal, database, key, interpreter, start, on_example) -> bool:
+    """Replay the kernel's known failures (see ``harness.known_failures``) before any search.
+
+    True when one fails again: it is the campaign's failure, shrunk when it was found."""
+    for raw, case in known_failures.known(database, key):
+        if caps.unsupported(case, interpreter=interpreter):
+            continue  # the kernel's capabilities changed since; the entry may still matter elsewhere
+        journal.record(case)
+        outcome = subject.check(case)
+        journal.clear()
+        campaign.count(outcome)
+        campaign.statistics.add(case)
+        if on_example is not None:
+            on_example(campaign)
+        if outcome.failed:
+            campaign.failure, campaign.failing_case = outcome, case
+            campaign.time_to_first_failure = time.perf_counter() - start
+            campaign.examples_to_first_failure = campaign.examples
+            campaign.notes.append(f"{kernel.name}: a known failure from the example database fails again")
+            return True
+        known_failures.forget(database, key, raw)
+    return False
+
+
+def database_label(kernel_name: str, device: str, focus_label: str, caps, pool, pool_seed: int) -> str:
+    """What a stored choice sequence means a case under; Hypothesis hashes it into the database key,
+    so entries of another kernel, device, focus, strategy version, capabilities or pool never replay."""
+    caps_id = hashlib.sha256(repr(caps).encode()).hexdigest()[:12]
+    return (f"nanfuzz:{kernel_name}:{device}:{focus_label}:strategies-v{STRATEGY_VERSION}:caps-{caps_id}"
+            + (f":pool{len(pool)}/{pool_seed}" if pool else ""))
+
+
 def _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
-            use_database, pool_seed, on_example, should_stop, interrupted, shrink_budget) -> None:
+            database, pool_seed, on_example, should_stop, interrupted, shrink_budget) -> None:
     """Hypothesis runs until the examples or the time are spent, or a failure is shrunk."""
     device = settings.device
     interpreter = device == "cpu"
@@ -258,7 +301,6 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
     pool = campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter) if pool_size else None
     strategy = paged_cases(caps, interpreter=interpreter, poison_classes=settings.focus.poison_classes, pool=pool)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if settings.shrink else [])
-    database = _database(settings, campaign) if use_database else None
     remaining = max_examples
     chunk_index = 0
     while remaining > 0:
@@ -272,15 +314,16 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
                    else int(_CHUNK_SHARE * (time_budget - elapsed) / max(per_example, 1e-6)))
             size = max(1, min(remaining, _CHUNK, fit))
         property_ = given(case=strategy)(lambda case: run_case(case))
-        property_.hypothesis.inner_test._hypothesis_internal_add_digest = (
-            f"nanfuzz:{kernel.name}:{device}:{settings.focus.label()}"
-            + (f":pool{len(pool)}/{pool_seed}" if pool else "")).encode()
-        if settings.seed is not None or chunk_index:
-            property_ = hypothesis_seed((settings.seed or 0) * 1_000_003 + chunk_index)(property_)
+        property_.hypothesis.inner_test._hypothesis_internal_add_digest = database_label(
+            kernel.name, device, settings.focus.label(), caps, pool, pool_seed).encode()
+        # Hypothesis's derandomize excludes a database: a derandomized profile with one fixes the seed instead
+        seed = 0 if settings.seed is None and profile.derandomize and database is not None else settings.seed
+        if seed is not None or chunk_index:
+            property_ = hypothesis_seed((seed or 0) * 1_000_003 + chunk_index)(property_)
         # settings after @seed: @seed alone would switch the example database off
         configured = hypothesis_settings(
             max_examples=size, deadline=None, database=database, phases=phases,
-            derandomize=profile.derandomize and settings.seed is None, report_multiple_bugs=False,
+            derandomize=profile.derandomize and seed is None, report_multiple_bugs=False,
             suppress_health_check=list(HealthCheck), print_blob=False)(property_)
         before = campaign.examples
         try:
@@ -311,17 +354,9 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
 
 
 def _database(settings: Settings, campaign: Campaign):
-    path = settings.examples_path
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".nanfuzz-write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        campaign.notes.append(f"example database {str(path)!r} is not writable ({exc.strerror}); "
-                              "running without it")
-        return None
-    return DirectoryBasedExampleDatabase(str(path))
+    from nanfuzz.harness.example_db import open_database
+
+    return open_database(settings.example_db, settings.examples_path, campaign.notes.append)
 
 
 def _replay_found(campaign: Campaign, subject, replays: int) -> None:

@@ -26,7 +26,7 @@ from nanfuzz.reference.errors import NanfuzzError
 
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 _OPTIONS = ("nanfuzz_kernel", "nanfuzz_device", "nanfuzz_examples", "nanfuzz_profile", "nanfuzz_time_budget",
-            "nanfuzz_repro_dir")
+            "nanfuzz_repro_dir", "nanfuzz_example_db")
 
 
 class _Use:
@@ -56,6 +56,10 @@ def pytest_addoption(parser):
                     help="wall-time bound per campaign")
     group.addoption("--nanfuzz-repro-dir", default=None, metavar="DIR",
                     help=f"where failing cases are written (default {DEFAULT_REPRO_DIR})")
+    group.addoption("--nanfuzz-example-db", default=None, metavar="URL",
+                    help="example database: a folder (default STATE/examples), redis://HOST:PORT/DB (a shared Redis "
+                         "or Valkey server), or readonly:STORE to read one without writing to it "
+                         "(default $NANFUZZ_EXAMPLE_DB)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis's own plugin loads --hypothesis-profile
@@ -69,6 +73,10 @@ def pytest_configure(config):
     if any(config.getoption(name) not in (None, []) for name in _OPTIONS):
         try:
             _activate(config, early=True)
+            if config.getoption("nanfuzz_example_db") and not hasattr(config, "workerinput"):
+                from nanfuzz.harness.example_db import check
+
+                check(config.getoption("nanfuzz_example_db"))  # once, in the controlling process
         except NanfuzzError as exc:
             raise pytest.UsageError(str(exc)) from None
 
@@ -218,6 +226,7 @@ class Nanfuzz:
             max_examples=max_examples or config.getoption("nanfuzz_examples"),
             profile=options.pop("profile", None) or config.getoption("nanfuzz_profile"),
             time_budget=options.pop("time_budget", None) or config.getoption("nanfuzz_time_budget"),
+            example_db=options.pop("example_db", None) or config.getoption("nanfuzz_example_db"),
             seed=seed if seed is not None else _hypothesis_seed(config))
         campaign = fuzz(kernel, settings, **options)
         if config.getoption("--hypothesis-show-statistics", default=False):

@@ -22,7 +22,8 @@ DEFAULT_LAUNCH_TIMEOUT = {"cuda": 60.0, "cpu": 300.0}
 class Settings:
     device: str = "cpu"                      # "cuda" (the GPU) or "cpu" (Triton's interpreter)
     state_dir: Path = Path(".nanfuzz")      # pending-case journals and, by default, the example database
-    examples_dir: Path | None = None         # the example database, when it lives elsewhere
+    examples_dir: Path | None = None         # the example database's local folder, when it lives elsewhere
+    example_db: str | None = None            # --example-db: a folder, redis://HOST:PORT/DB, readonly:STORE
     repro_dir: Path = Path(".nanfuzz/repros")
     vllm_src: str | None = None              # a vLLM tree for the vllm:* kernels
     profile: str | None = None               # None: ci under CI=true, else dev
@@ -41,6 +42,13 @@ class Settings:
 
     @property
     def examples_path(self) -> Path:
+        """The example database's local folder: ``example_db`` when that is a plain folder, else
+        ``examples_dir`` or STATE/examples (in front of the shared store, if there is one)."""
+        from nanfuzz.harness.example_db import parse
+
+        store = parse(self.example_db)
+        if store is not None and not store.layered:
+            return Path(store.location)
         return Path(self.examples_dir) if self.examples_dir else Path(self.state_dir) / "examples"
 
     @property
@@ -57,6 +65,7 @@ class Settings:
         values = {
             "state_dir": Path(env.get("NANFUZZ_STATE_DIR") or ".nanfuzz"),
             "examples_dir": Path(env["NANFUZZ_EXAMPLES_DIR"]) if env.get("NANFUZZ_EXAMPLES_DIR") else None,
+            "example_db": env.get("NANFUZZ_EXAMPLE_DB") or None,
             "vllm_src": env.get("NANFUZZ_VLLM_SRC") or None,
             "profile": env.get("NANFUZZ_PROFILE") or ("ci" if env.get("CI") else "dev"),
         }
