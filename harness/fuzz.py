@@ -236,6 +236,7 @@ def _replay_known(kernel, caps, campaign, subject, journal, database, key, inter
         journal.clear()
         campaign.count(outcome)
         campaign.statistics.add(case)
+        campaign.accuracy.add(outcome.evidence)
         if on_example is not None:
             on_example(campaign)
         if outcome.failed:
