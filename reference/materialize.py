@@ -156,8 +156,7 @@ def _quantized_cache(case: Case, which: str, slots: dict[str, torch.Tensor], gar
         scale_cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads, dtype=torch.float32, device=device)
         if live.numel():
             scale_cache[live] = scale
-    _fill_dead_codes(case, which, codes, scale_cache, slots["garbage"], slots.get("garbage_scales", slots["garbage"]),
-                     garbage_seed)
+    _fill_dead_codes(case, which, codes, scale_cache, slots["garbage"], slots.get("garbage_scales"), garbage_seed)
     seed = _derive(case.data_seed, 1)
     if "poison" in slots and slots["poison"].numel():
         index = _element_index(slots["poison"], width)
@@ -180,7 +179,7 @@ def _element_index(slots: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _fill_dead_codes(case: Case, which: str, codes: torch.Tensor, scale_cache: torch.Tensor | None,
-                     slots: torch.Tensor, scale_slots: torch.Tensor, garbage_seed: int) -> None:
+                     slots: torch.Tensor, scale_slots: torch.Tensor | None, garbage_seed: int) -> None:
     """Finite garbage codes in ``slots`` and finite garbage scales in ``scale_slots``
     (``codes``: uint8 ``[slots, heads * head_size]``), depending on ``garbage_seed``."""
     kv = case.kv_cache
@@ -238,6 +237,8 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
         if scales_hit:
             host[f"{which}.garbage_scales"] = _slots(~live & ~poison)
             host[f"{which}.poison_scales"] = _slots(poison)
+        elif case.kv_cache.token_head:
+            host[f"{which}.garbage_scales"] = _slots(~live)
     on_device = dict(zip(host, host_to_device(device, *host.values())))
 
     def cache(which: str):
