@@ -333,3 +333,39 @@ def test_fuzz_one_cache_dtype_and_list_what_each_kernel_takes(capsys):
     out = capsys.readouterr().out
     assert "kv auto,fp8_e4m3fn,fp8_e5m2,fp8_e4m3fnuz per-tensor; fp8_e4m3fn,int8,fp8_e5m2,fp8_e4m3fnuz per-token-head" in out
     assert "fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2, int8 run here" in out
+
+
+def test_the_pytest_plugin_aims_campaigns_at_one_cache(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_kv.py").write_text(textwrap.dedent("""
+        def test_kv(nanfuzz):
+            campaign = nanfuzz.fuzz("paged_decode@masked", max_examples=3, use_database=False)
+            assert {n for n in campaign.statistics.counts if n.startswith("kv:")} == {"kv:fp8_e5m2"}
+    """))
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH", "PYTEST_ADDOPTS")
+           and not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nanfuzz-device", "cpu",
+                           "--nanfuzz-kv-cache-dtype", "fp8_e5m2", "--nanfuzz-kv-scales", "tensor"],
+                          cwd=tmp_path, env={**env, "NANFUZZ_STATE_DIR": str(tmp_path / "state")},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_an_interpreter_whose_decode_cannot_be_checked_runs_no_fp8(monkeypatch):
+    def broken():
+        raise KeyError("_decode")
+
+    monkeypatch.setattr(encodings, "_wrong_decodes", broken)
+    encodings._interpreter_state.cache_clear()
+    try:
+        gone = encodings.skipped("cpu")
+        assert set(gone) == set(FP8_DTYPES) and "could not decode fp8 codes for the check (KeyError" in gone["fp8_e5m2"]
+        with pytest.raises(Exception, match="cache cannot run here"):
+            check(KERNELS["unified@masked"], windowed(KVCache("fp8_e5m2")))
+    finally:
+        encodings._interpreter_state.cache_clear()
