@@ -30,16 +30,19 @@ def kv_caches(caps: Capabilities, fixed: tuple[str, bool] | None = None):
     """A cache ``caps`` takes (or the ``fixed`` dtype and scale mode, drawing only its scales).
 
     Shrinks toward no quantization, then per-tensor scales (the first dtype,
-    scales of 1), then per-token-head scales.
+    scales of 1), then per-token-head scales.  The scales are drawn whatever
+    the cache, so that a shrink from one cache to a simpler one changes a
+    single choice.
     """
     options = [fixed] if fixed is not None else kv_cache_options(caps)
     assert options, "a kernel must take some KV cache (Capabilities.kv_cache_dtypes / token_head_dtypes)"
-    return st.one_of([_one(dtype, token_head) for dtype, token_head in options])
-
-
-def _one(dtype: str, token_head: bool):
-    if dtype == "auto":
+    if options == [("auto", False)]:
         return st.just(KVCache())
-    if token_head:
-        return st.just(KVCache(dtype, "token-head"))
-    return st.builds(lambda k, v: KVCache(dtype, "tensor", k, v), per_tensor_scales(), per_tensor_scales())
+    return st.builds(_cache, st.sampled_from(options), per_tensor_scales(), per_tensor_scales())
+
+
+def _cache(option: tuple[str, bool], k_scale: float, v_scale: float) -> KVCache:
+    dtype, token_head = option
+    if dtype == "auto":
+        return KVCache()
+    return KVCache(dtype, "token-head") if token_head else KVCache(dtype, "tensor", k_scale, v_scale)

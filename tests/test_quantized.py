@@ -219,7 +219,8 @@ UNIFIED_CAPS = KERNELS["unified@masked"].capabilities
 
 def test_cases_shrink_toward_no_quantization_then_per_tensor_then_per_token_head():
     strategy = paged_cases(UNIFIED_CAPS, interpreter=True)
-    options = dict(settings=settings(database=None, max_examples=500, suppress_health_check=list(HealthCheck)))
+    options = dict(settings=settings(database=None, max_examples=500, derandomize=True,
+                                     suppress_health_check=list(HealthCheck)))
     assert find(strategy, lambda c: True, **options).kv_cache == KVCache()
     assert find(strategy, lambda c: c.kv_cache.quantized, **options).kv_cache == KVCache("fp8_e4m3fn")
     token_head = find(strategy, lambda c: c.kv_cache.token_head, **options)
@@ -239,21 +240,33 @@ def test_a_kernel_without_quantized_caches_gets_none():
 
 # -- where encodings run ----------------------------------------------------------------
 
-def test_the_interpreter_decodes_every_fp8_code_as_torch_does():
+def _skip_on_gpu(device: str) -> None:
+    if device != "cpu":
+        pytest.skip("about Triton's interpreter")
+
+
+def _skip_unless_runs(kv: KVCache, device: str) -> None:
+    why = encodings.skipped(device).get(kv.dtype)
+    if why:
+        pytest.skip(f"{kv.dtype} caches do not run here: {why}")
+
+
+def test_the_interpreter_decodes_every_fp8_code_as_torch_does(nanfuzz_device):
+    _skip_on_gpu(nanfuzz_device)
     assert encodings.skipped("cpu") == {}
     assert encodings._wrong_decodes() == {}
 
 
-def test_an_encoding_the_device_cannot_run_is_left_out_with_a_note(monkeypatch):
+def test_an_encoding_the_device_cannot_run_is_left_out_with_a_note(monkeypatch, nanfuzz_device):
     why = "Triton 9.9 has no fp8e4b8 type on this GPU (cuda 90); e4m3fnuz is native on MI300-class GPUs only"
     monkeypatch.setattr(encodings, "skipped", lambda device: {"fp8_e4m3fnuz": why})
-    caps, notes = encodings.runnable(UNIFIED_CAPS, "cpu")
+    caps, notes = encodings.runnable(UNIFIED_CAPS, nanfuzz_device)
     assert "fp8_e4m3fnuz" not in caps.kv_cache_dtypes + caps.token_head_dtypes
     assert notes == [f"fp8_e4m3fnuz caches skipped: {why}"]
-    campaign = fuzz(KERNELS["unified@masked"], device="cpu", max_examples=2, use_database=False)
+    campaign = fuzz(KERNELS["unified@masked"], device=nanfuzz_device, max_examples=2, use_database=False)
     assert f"unified@masked: fp8_e4m3fnuz caches skipped: {why}" in campaign.notes
     with pytest.raises(Exception, match="this case's fp8_e4m3fnuz cache cannot run here: Triton 9.9"):
-        check(KERNELS["unified@masked"], windowed(KVCache("fp8_e4m3fnuz")))
+        check(KERNELS["unified@masked"], windowed(KVCache("fp8_e4m3fnuz")), nanfuzz_device)
 
 
 # -- the built-in kernels ----------------------------------------------------------------
@@ -273,8 +286,9 @@ def _focus(kv: KVCache) -> Focus:
 
 
 @pytest.mark.parametrize("name, kv", OLD_RUNS, ids=[f"{n}-{kv.label()}" for n, kv in OLD_RUNS])
-def test_old_variants_are_caught_with_each_cache(name, kv):
-    campaign = fuzz(KERNELS[name], device="cpu", max_examples=150, seed=1, shrink=False, use_database=False,
+def test_old_variants_are_caught_with_each_cache(name, kv, nanfuzz_device):
+    _skip_unless_runs(kv, nanfuzz_device)
+    campaign = fuzz(KERNELS[name], device=nanfuzz_device, max_examples=150, seed=1, shrink=False, use_database=False,
                     focus=_focus(kv))
     assert campaign.failed, f"{name} passed 150 examples with {kv.label()} caches"
     assert campaign.failing_case.kv_cache.label() == kv.label()
@@ -282,26 +296,28 @@ def test_old_variants_are_caught_with_each_cache(name, kv):
 
 
 @pytest.mark.parametrize("name, kv", FIXED_RUNS, ids=[f"{n}-{kv.label()}" for n, kv in FIXED_RUNS])
-def test_fixed_variants_pass_with_each_cache(name, kv):
-    campaign = fuzz(KERNELS[name], device="cpu", max_examples=15, seed=2, use_database=False, focus=_focus(kv))
+def test_fixed_variants_pass_with_each_cache(name, kv, nanfuzz_device):
+    _skip_unless_runs(kv, nanfuzz_device)
+    campaign = fuzz(KERNELS[name], device=nanfuzz_device, max_examples=15, seed=2, use_database=False, focus=_focus(kv))
     assert not campaign.failed, f"{campaign.failure.summary}\n{campaign.failing_case.to_json()}"
     assert campaign.examples >= 15 and campaign.statistics.counts[f"kv:{kv.label()}"] == campaign.examples
 
 
 @pytest.mark.parametrize("dtype", ["int8", "fp8_e4m3fnuz"])
-def test_a_nan_scale_in_one_dead_scale_slot_is_the_only_poison_and_catches_the_old_variant(dtype):
+def test_a_nan_scale_in_one_dead_scale_slot_is_the_only_poison_and_catches_the_old_variant(dtype, nanfuzz_device):
     """Non-causal prefill of 2 keys in a block of 16: unified@overshoot loads the tail, whose codes and
     scales are finite garbage except the V scale of key 2."""
     case = Case(Geometry(1, 1, 32, 16, 2, "float16"), (Sequence(2, 2, (1,)),), causal=False,
                 poison=Poison("nan", "v", (PoisonSite(1, 2),), "scales"),
                 kv_cache=KVCache(dtype, "token-head")).validate()
+    _skip_unless_runs(case.kv_cache, nanfuzz_device)
     batch = materialize(case)
     decoded = [batch.key_cache.double(), batch.value_cache.double()]
     assert all(torch.isfinite(x).all() for x in decoded) and torch.isfinite(batch.k_scale_cache).all()
     assert torch.isnan(batch.v_scale_cache).sum() == 1 and torch.isnan(batch.v_scale_cache[1, 2, 0])
-    old = check(KERNELS["unified@overshoot"], case)
+    old = check(KERNELS["unified@overshoot"], case, nanfuzz_device)
     assert old.verdict is Verdict.NONFINITE and "poison in V scales" in old.summary
-    assert check(KERNELS["unified@masked"], case).verdict is Verdict.PASS
+    assert check(KERNELS["unified@masked"], case, nanfuzz_device).verdict is Verdict.PASS
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -313,7 +329,8 @@ def _one_line_error(capsys, argv) -> str:
     return err
 
 
-def test_kv_cache_options_that_fit_no_cache_of_the_kernel_are_usage_errors(capsys):
+def test_kv_cache_options_that_fit_no_cache_of_the_kernel_are_usage_errors(capsys, nanfuzz_device):
+    _skip_on_gpu(nanfuzz_device)
     err = _one_line_error(capsys, ["fuzz", "--kernel", "paged_decode@masked", "--kv-scales", "token-head",
                                    "--device", "cpu"])
     assert "--kv-scales token-head: kernel paged_decode@masked takes kv auto,fp8_e4m3fn,fp8_e5m2,fp8_e4m3fnuz" in err
@@ -322,7 +339,8 @@ def test_kv_cache_options_that_fit_no_cache_of_the_kernel_are_usage_errors(capsy
     assert "--kv-cache-dtype auto --kv-scales token-head" in err
 
 
-def test_fuzz_one_cache_dtype_and_list_what_each_kernel_takes(capsys):
+def test_fuzz_one_cache_dtype_and_list_what_each_kernel_takes(capsys, nanfuzz_device):
+    _skip_on_gpu(nanfuzz_device)
     assert main(["fuzz", "--kernel", "unified@masked", "--kv-cache-dtype", "fp8_e5m2", "--max-examples", "4",
                  "--device", "cpu", "--summary-json", "summary.json", "--no-isolation"]) == 0
     (record,) = json.load(open("summary.json"))["kernels"]
@@ -335,7 +353,8 @@ def test_fuzz_one_cache_dtype_and_list_what_each_kernel_takes(capsys):
     assert "fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2, int8 run here" in out
 
 
-def test_the_pytest_plugin_aims_campaigns_at_one_cache(tmp_path):
+def test_the_pytest_plugin_aims_campaigns_at_one_cache(tmp_path, nanfuzz_device):
+    _skip_on_gpu(nanfuzz_device)
     import os
     import subprocess
     import sys
@@ -356,7 +375,8 @@ def test_the_pytest_plugin_aims_campaigns_at_one_cache(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_an_interpreter_whose_decode_cannot_be_checked_runs_no_fp8(monkeypatch):
+def test_an_interpreter_whose_decode_cannot_be_checked_runs_no_fp8(monkeypatch, nanfuzz_device):
+    _skip_on_gpu(nanfuzz_device)
     def broken():
         raise KeyError("_decode")
 
