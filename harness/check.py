@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from nanfuzz.harness import encodings
 from nanfuzz.harness.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.tolerance import effective_precision, row_errors
@@ -69,7 +70,9 @@ def _sync(device: torch.device) -> None:
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     t = t.contiguous()
-    return t.view(torch.int16 if t.element_size() == 2 else torch.int32) if t.is_floating_point() else t
+    if not t.is_floating_point():
+        return t
+    return t.view({1: torch.uint8, 2: torch.int16}.get(t.element_size(), torch.int32))
 
 
 def digest(t: torch.Tensor) -> str:
@@ -156,6 +159,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     reason = kernel.capabilities.unsupported(case, interpreter=interpreter)
     if reason:
         raise NanfuzzError(f"kernel {kernel.name} does not support this case: {reason}")
+    encodings.require(case, "cpu" if interpreter else "cuda")
     g = case.geometry
     timings = {"materialize": 0.0, "kernel": 0.0, "oracle": 0.0, "reference": 0.0, "verdict": 0.0}
     t0 = time.perf_counter()

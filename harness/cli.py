@@ -9,7 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
-from nanfuzz.reference.case import DTYPES
+from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, SCALE_MODES
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.features import POISON_CLASS_NAMES
 
@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--causal-only", action="store_true")
     p.add_argument("--non-causal-only", action="store_true")
     p.add_argument("--dtype", choices=DTYPES)
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
+                   help="fuzz only this KV-cache dtype (auto: unquantized; fp8 with per-tensor or per-token-head "
+                        "scales; int8 with per-token-head scales); default: every one the kernel takes and the "
+                        "device runs")
+    p.add_argument("--kv-scales", choices=SCALE_MODES,
+                   help="quantized caches with per-tensor scales only, or per-token-head scale caches only")
     p.add_argument("--poison", action="append", metavar="CLASS",
                    choices=POISON_CLASS_NAMES,
                    help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES))
@@ -156,6 +162,8 @@ def _list(args, settings) -> int:
     device = settings.device
     from nanfuzz.harness.registry import builtin_kernels
 
+    from nanfuzz.harness import encodings
+
     rows = [("kernel", "expect", "runs on", "capabilities")]
     for kernel in builtin_kernels().values():
         caps = kernel.capabilities
@@ -172,6 +180,7 @@ def _list(args, settings) -> int:
     _table(rows)
     print(f"\nbackend now: {'GPU' if device == 'cuda' else 'CPU under Triton interpreter'}; "
           "user kernels: --kernel package.module:callable")
+    print(f"kv caches (per-tensor / per-token-head scales): {encodings.describe(device)}")
     return 0
 
 
@@ -188,7 +197,8 @@ def _focus(args):
 
     return Focus(decode_only=args.decode_only, prefill_only=args.prefill_only, no_window=args.no_window,
                  causal_only=args.causal_only, non_causal_only=args.non_causal_only, dtype=args.dtype,
-                 poison_classes=tuple(args.poison) if args.poison else None)
+                 poison_classes=tuple(args.poison) if args.poison else None,
+                 kv_cache_dtype=args.kv_cache_dtype, kv_scales=args.kv_scales)
 
 
 def _fuzz(args, settings) -> int:

@@ -6,7 +6,7 @@ import bisect
 import torch
 
 from nanfuzz.reference.case import Case
-from nanfuzz.reference.features import POISON_CLASS_FLAGS, poisoned_slots
+from nanfuzz.reference.features import POISON_CLASS_FLAGS, poison_target, poisoned_slots
 from nanfuzz.reference.semantics import slot_reasons
 
 MAX_LISTED = 12
@@ -49,7 +49,7 @@ def bad_rows(mask: torch.Tensor) -> tuple[list[int], list[int], int]:
 def describe_rows(case: Case, mask: torch.Tensor) -> dict:
     tokens, heads, count = bad_rows(mask)
     seqs = sorted(set(sequence_of_tokens(case, tokens)))
-    return {
+    found = {
         "bad_rows": count,
         "total_rows": case.num_tokens * case.geometry.num_q_heads,
         "tokens": tokens[:MAX_LISTED],
@@ -57,6 +57,9 @@ def describe_rows(case: Case, mask: torch.Tensor) -> dict:
         "sequences": seqs[:MAX_LISTED],
         "reachable_poison": {str(s): reachable_poison(case, s) for s in seqs[:MAX_LISTED]},
     }
+    if case.poison.parts != "data":
+        found["poison_in"] = poison_target(case)
+    return found
 
 
 def span(xs: list[int]) -> str:
@@ -69,4 +72,5 @@ def span(xs: list[int]) -> str:
 
 def classes_line(evidence: dict) -> str:
     classes = sorted({c for per_seq in evidence["reachable_poison"].values() for c in per_seq})
-    return ", ".join(classes) if classes else "no poisoned slot in its table (check unreferenced blocks)"
+    line = ", ".join(classes) if classes else "no poisoned slot in its table (check unreferenced blocks)"
+    return line + (f" (poison in {evidence['poison_in']})" if "poison_in" in evidence else "")

@@ -16,6 +16,8 @@ class Focus:
     non_causal_only: bool = False
     dtype: str | None = None
     poison_classes: tuple[str, ...] | None = None  # dead-slot classes to poison; None = all
+    kv_cache_dtype: str | None = None  # one cache dtype ("auto": unquantized); None = every one the kernel takes
+    kv_scales: str | None = None       # "tensor" or "token-head" scales only; None = both
 
     def label(self) -> str:
         parts = [name.replace("_", "-") for name in ("decode_only", "prefill_only", "no_window",
@@ -24,6 +26,10 @@ class Focus:
             parts.append(self.dtype)
         if self.poison_classes:
             parts.append("poison=" + "+".join(self.poison_classes))
+        if self.kv_cache_dtype:
+            parts.append("kv=" + self.kv_cache_dtype)
+        if self.kv_scales:
+            parts.append("kv-scales=" + self.kv_scales)
         return ",".join(parts)
 
     def apply(self, caps: Capabilities, kernel_name: str) -> Capabilities:
@@ -54,4 +60,21 @@ class Focus:
             if self.dtype not in caps.dtypes:
                 raise NanfuzzError(f"--dtype {self.dtype}: kernel {kernel_name} supports {', '.join(caps.dtypes)}")
             changes["dtypes"] = (self.dtype,)
+        if self.kv_cache_dtype or self.kv_scales:
+            changes.update(self._kv_caches(caps, kernel_name))
         return caps.restrict(**changes)
+
+    def _kv_caches(self, caps: Capabilities, kernel_name: str) -> dict:
+        per_tensor, token_head = caps.kv_cache_dtypes, caps.token_head_dtypes
+        if self.kv_cache_dtype:
+            per_tensor = tuple(d for d in per_tensor if d == self.kv_cache_dtype)
+            token_head = tuple(d for d in token_head if d == self.kv_cache_dtype)
+        if self.kv_scales == "tensor":
+            token_head = ()
+        elif self.kv_scales == "token-head":
+            per_tensor = ()
+        if not per_tensor and not token_head:
+            flags = " ".join(f"--{flag} {value}" for flag, value in (("kv-cache-dtype", self.kv_cache_dtype),
+                                                                      ("kv-scales", self.kv_scales)) if value)
+            raise NanfuzzError(f"{flags}: kernel {kernel_name} takes {caps.describe_kv_cache()}")
+        return {"kv_cache_dtypes": per_tensor, "token_head_dtypes": token_head}

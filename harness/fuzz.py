@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, setti
 from hypothesis.errors import HypothesisException
 
 from nanfuzz.harness import known_failures
+from nanfuzz.harness import encodings
 from nanfuzz.harness.check import Outcome, Verdict
 from nanfuzz.harness.journal import Journal, leftovers
 from nanfuzz.harness.kernel import Kernel
@@ -185,12 +186,16 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
     if interpreter and not caps.runnable_dtypes(interpreter=True):
         raise NanfuzzError(f"kernel {kernel.name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's interpreter; "
                            "use --device cuda")
+    caps, skipped = encodings.runnable(caps, device)
+    if not caps.kv_cache_dtypes and not caps.token_head_dtypes:
+        raise NanfuzzError(f"kernel {kernel.name}: no KV cache it takes runs here ({'; '.join(skipped)})")
     max_examples = settings.max_examples or profile.max_examples
     time_budget = settings.time_budget if settings.time_budget is not None else profile.time_budget
     use_database = settings.use_database
     if use_database is None:  # an example database named explicitly is one to use
         use_database = bool(settings.example_db) or profile.use_database
     campaign = Campaign(kernel=kernel.name, device=device)
+    campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
     start = time.perf_counter()
 
     own_subject = subject is None

@@ -3,7 +3,7 @@ tail, freed, reused or poisoned.  It goes into repros and failure messages."""
 from __future__ import annotations
 
 from nanfuzz.reference.case import CHUNKED_PREFILL, NULL_BLOCK, PADDING, Case, Sequence
-from nanfuzz.reference.features import poisoned_slots
+from nanfuzz.reference.features import poison_target, poisoned_slots
 from nanfuzz.reference.semantics import live_key_range, slot_liveness
 
 LEGEND = ("slots: o live  x expired (out of window)  t tail past seq_len  p padding entry  "
@@ -16,6 +16,15 @@ def _kind(seq: Sequence) -> str:
     return {PADDING: "padding", CHUNKED_PREFILL: "chunked prefill"}.get(seq.kind, seq.kind)
 
 
+def _kv_cache(case: Case) -> str:
+    kv = case.kv_cache
+    if not kv.quantized:
+        return ""
+    if kv.token_head:
+        return f", {kv.dtype} cache with per-token-head scales"
+    return f", {kv.dtype} cache (k_scale {kv.k_scale:g}, v_scale {kv.v_scale:g})"
+
+
 def picture(case: Case) -> str:
     g = case.geometry
     bs = g.block_size
@@ -25,8 +34,9 @@ def picture(case: Case) -> str:
     lines = [
         f"{len(case.sequences)} sequence(s), block_size {bs}, {g.num_blocks} physical blocks, "
         f"Hq {g.num_q_heads} / Hkv {g.num_kv_heads}, head {g.head_size}, {g.dtype}, "
-        f"{'causal' if case.causal else 'non-causal'}, {window}{', sinks' if case.sinks else ''}, seed {case.data_seed}",
-        LEGEND.format(value=case.poison.value, tensors=case.poison.tensors.upper()),
+        f"{'causal' if case.causal else 'non-causal'}, {window}{', sinks' if case.sinks else ''}, seed {case.data_seed}"
+        + _kv_cache(case),
+        LEGEND.format(value=case.poison.value, tensors=poison_target(case)),
     ]
     live_blocks = [seq.live_blocks(case.sliding_window, bs) for seq in case.sequences]
     owners: dict[int, list[int]] = {}

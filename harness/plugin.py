@@ -22,11 +22,12 @@ import os
 
 import pytest
 
+from nanfuzz.reference.case import KV_CACHE_DTYPES, SCALE_MODES  # plain data: imports no torch
 from nanfuzz.reference.errors import NanfuzzError
 
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 _OPTIONS = ("nanfuzz_kernel", "nanfuzz_device", "nanfuzz_examples", "nanfuzz_profile", "nanfuzz_time_budget",
-            "nanfuzz_repro_dir", "nanfuzz_example_db")
+            "nanfuzz_repro_dir", "nanfuzz_example_db", "nanfuzz_kv_cache_dtype", "nanfuzz_kv_scales")
 
 
 class _Use:
@@ -60,6 +61,11 @@ def pytest_addoption(parser):
                     help="example database: a folder (default STATE/examples), redis://HOST:PORT/DB (a shared Redis "
                          "or Valkey server), or readonly:STORE to read one without writing to it "
                          "(default $NANFUZZ_EXAMPLE_DB)")
+    group.addoption("--nanfuzz-kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
+                    help="campaigns fuzz only this KV-cache dtype (auto: unquantized; default: every one the "
+                         "kernel takes and the device runs)")
+    group.addoption("--nanfuzz-kv-scales", default=None, choices=SCALE_MODES,
+                    help="campaigns fuzz quantized caches with per-tensor or per-token-head scales only")
 
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis's own plugin loads --hypothesis-profile
@@ -220,6 +226,15 @@ class Nanfuzz:
         kernel = self._kernel(kernel)
         config = self._request.config
         seed = options.pop("seed", None)
+        kv = {"kv_cache_dtype": config.getoption("nanfuzz_kv_cache_dtype"),
+              "kv_scales": config.getoption("nanfuzz_kv_scales")}
+        if any(kv.values()):
+            from dataclasses import replace
+
+            from nanfuzz.harness.focus import Focus
+
+            focus = options.get("focus") or Focus()
+            options["focus"] = replace(focus, **{k: getattr(focus, k) or v for k, v in kv.items()})
         # the plugin is an edge: the environment and the options become Settings here, once
         settings = Settings.from_environment(
             device=self.device, repro_dir=Path(self.repro_dir),

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from nanfuzz.reference.case import DTYPES, POISON_TENSORS, POISON_VALUES, Case
+from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, POISON_TENSORS, POISON_VALUES, Case
 from nanfuzz.reference.features import case_features
 
 # (title, situations always listed, prefixes of situations listed when seen)
@@ -27,10 +27,11 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("masks and windows", ("causal", "non-causal", "window", "window:1", "non-causal+window",
                            "straddling-window"), ()),
     ("poisoned dead slots", ("poison:tail", "poison:out-of-window", "poison:null-block", "poison:padding",
-                             "poison:unreferenced", "poison:single-slot"), ()),
+                             "poison:unreferenced", "poison:single-slot"), ("poison:scale",)),
     ("blocks", ("expired-block", "expired-to-null", "reused-block", "shared-block"), ()),
     ("heads", ("gqa", "sinks"), ()),
     ("dtypes", (), ("dtype:",)),
+    ("kv caches", (), ("kv:",)),
     ("block sizes", (), ("block:",)),
     ("head sizes", (), ("head:",)),
     ("poison values", (), ("poison-value:", "poison-tensors:")),
@@ -38,6 +39,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 OTHER = "other"
 
 _ORDER = {f"dtype:{d}": i for i, d in enumerate(DTYPES)}
+_ORDER.update({f"kv:{d}{mode}": i + 10 * (mode != "") for i, d in enumerate(KV_CACHE_DTYPES)
+               for mode in ("", "/token-head")})
 _ORDER.update({f"poison-value:{v}": i for i, v in enumerate(POISON_VALUES)})
 _ORDER.update({f"poison-tensors:{t}": 100 + i for i, t in enumerate(POISON_TENSORS)})
 

@@ -9,6 +9,10 @@ from nanfuzz.reference.case import Case
 from nanfuzz.reference.redzones import Allocation
 
 
+# Inputs only some cases have.
+OPTIONAL_INPUTS = ("sinks", "k_scale", "v_scale", "k_scale_cache", "v_scale_cache")
+
+
 @dataclass
 class PagedBatch:
     """Device tensors of one case, in the harness's canonical layout.
@@ -17,6 +21,13 @@ class PagedBatch:
     attention); ``k``/``v`` repeat them for kernels that read new tokens from
     separate tensors.  Host-side lengths come from ``case`` so adapters never
     need a device sync to size a launch.
+
+    A quantized cache (``case.kv_cache``) holds codes in its encoding's torch
+    dtype (float8_e4m3fn, float8_e4m3fnuz, float8_e5m2 or int8) with
+    per-tensor ``k_scale``/``v_scale`` or per-token-head ``k_scale_cache``/
+    ``v_scale_cache``; ``k``/``v`` then hold the new tokens' dequantized
+    values (code x scale) rounded to the query dtype, so a kernel that reads
+    new tokens from them sees what the cache holds.
     """
 
     case: Case
@@ -31,6 +42,12 @@ class PagedBatch:
     sinks: torch.Tensor | None  # float32 [num_q_heads], logits added to the denominator only
     # name -> the allocation each input is a view into (see reference.redzones); empty: no redzones
     allocations: dict[str, Allocation] = field(default_factory=dict, repr=False)
+    # quantized caches: float32 [1] per-tensor scales, or float32 [num_blocks, block_size, num_kv_heads]
+    # per-token-head scale caches; None where the case has none
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+    k_scale_cache: torch.Tensor | None = None
+    v_scale_cache: torch.Tensor | None = None
 
     @classmethod
     def from_allocations(cls, case: Case, allocations: dict[str, Allocation]) -> "PagedBatch":
@@ -84,6 +101,7 @@ class PagedBatch:
             "block_table": self.block_table, "seq_lens": self.seq_lens,
             "query_start_loc": self.query_start_loc,
         }
-        if self.sinks is not None:
-            named["sinks"] = self.sinks
+        for name in OPTIONAL_INPUTS:
+            if getattr(self, name) is not None:
+                named[name] = getattr(self, name)
         return named

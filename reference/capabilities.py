@@ -42,6 +42,13 @@ class Capabilities:
     # Triton's interpreter every product is IEEE whatever this says.
     precision: str = "tf32"
 
+    # -- quantized KV caches (see reference.quantization) ------------------------
+    # Cache dtypes read with per-tensor k_scale / v_scale; "auto" is unquantized.
+    # Strategies shrink toward the first.
+    kv_cache_dtypes: tuple[str, ...] = ("auto",)
+    # Cache dtypes read with per-token-head scale caches (fp8 or "int8").
+    token_head_dtypes: tuple[str, ...] = ()
+
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             raise NanfuzzError(f"Capabilities(precision={self.precision!r}) is not one of {PRECISIONS}: "
@@ -96,7 +103,22 @@ class Capabilities:
             return "a sliding window on non-causal attention"
         if case.sinks and not self.sinks:
             return "attention sinks"
+        kv = case.kv_cache
+        if kv.token_head and kv.dtype not in self.token_head_dtypes:
+            return f"{kv.dtype} caches with per-token-head scales (supported: {', '.join(self.token_head_dtypes) or 'none'})"
+        if not kv.token_head and kv.dtype not in self.kv_cache_dtypes:
+            return f"{kv.dtype} caches (supported: {', '.join(self.kv_cache_dtypes) or 'none'})"
         return None
+
+    def describe_kv_cache(self) -> str:
+        """What caches the kernel reads, e.g. ``kv auto,fp8_e4m3fn per-tensor; int8 per-token-head``."""
+        parts = []
+        if self.kv_cache_dtypes:
+            quantized = [d for d in self.kv_cache_dtypes if d != "auto"]
+            parts.append(",".join(self.kv_cache_dtypes) + (" per-tensor" if quantized else ""))
+        if self.token_head_dtypes:
+            parts.append(",".join(self.token_head_dtypes) + " per-token-head")
+        return "kv " + "; ".join(parts)
 
     def describe(self) -> str:
         parts = [
@@ -112,4 +134,6 @@ class Capabilities:
             parts.append(f"fp32-products {self.precision}")
         parts.append("heads " + ",".join(map(str, self.head_sizes)))
         parts.append("blocks " + ",".join(map(str, self.block_sizes)))
+        if self.kv_cache_dtypes != ("auto",) or self.token_head_dtypes:
+            parts.append(self.describe_kv_cache())
         return " ".join(parts)

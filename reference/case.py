@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,26 @@ SCHEMA_VERSION = 1
 DTYPES = ("float16", "bfloat16", "float32")
 POISON_VALUES = ("nan", "inf", "-inf", "max", "garbage", "bits")
 POISON_TENSORS = ("v", "k", "kv")
+# How a cache stores its elements: "auto" is the query dtype, unquantized;
+# the others are codes read as code x scale (see ``KVCache``).
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2", "int8")
+FP8_DTYPES = ("fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2")
+SCALE_MODES = ("tensor", "token-head")
+# The hostile values each cache dtype can hold: e4m3fn and e4m3fnuz have no
+# Inf, int8 neither Inf nor NaN.
+DATA_POISON_VALUES = {
+    "auto": POISON_VALUES,
+    "fp8_e4m3fn": ("nan", "max", "garbage", "bits"),
+    "fp8_e4m3fnuz": ("nan", "max", "garbage", "bits"),
+    "fp8_e5m2": POISON_VALUES,
+    "int8": ("max", "garbage", "bits"),
+}
+# What a poisoned dead slot of a per-token-head cache holds hostile: its
+# codes, its scales (the scale-cache entries of the same slot), or both.
+POISON_PARTS = ("data", "scales", "data+scales")
+SCALE_POISON_VALUES = POISON_VALUES + ("zero",)
+# Per-tensor scales: positive normal float32 values in this range.
+SCALE_RANGE = (2.0 ** -24, 2.0 ** 24)
 NULL_BLOCK = 0
 
 # Bounds far above any case the strategies generate (and any realistic repro), checked
@@ -97,6 +118,36 @@ class Sequence:
 
 
 @dataclass(frozen=True)
+class KVCache:
+    """How the paged cache stores keys and values.
+
+    ``dtype`` "auto": in the query dtype, unquantized.  Otherwise each cached
+    element is a code of ``dtype`` whose value is code x scale, with one
+    float32 ``k_scale`` / ``v_scale`` per tensor (``scales`` "tensor"), or
+    one float32 scale per (slot, KV head) in paged scale caches
+    ``[num_blocks, block_size, num_kv_heads]`` (``scales`` "token-head";
+    ``k_scale`` and ``v_scale`` are then 1 and unused).
+    """
+
+    dtype: str = "auto"
+    scales: str = "tensor"
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    @property
+    def quantized(self) -> bool:
+        return self.dtype != "auto"
+
+    @property
+    def token_head(self) -> bool:
+        return self.scales == "token-head"
+
+    def label(self) -> str:
+        """``auto``, ``fp8_e4m3fn`` (per-tensor) or ``int8/token-head``."""
+        return self.dtype + ("/token-head" if self.token_head else "")
+
+
+@dataclass(frozen=True)
 class PoisonSite:
     """A dead slot (``offset`` set) or a whole physical block (``offset`` None)."""
 
@@ -109,12 +160,15 @@ class Poison:
     """What goes into dead slots.
 
     ``sites`` None means every dead slot; otherwise only the listed sites get
-    ``value`` and every other dead slot holds finite garbage.
+    ``value`` and every other dead slot holds finite garbage.  ``parts``
+    (caches with per-token-head scales only) says whether the slots' codes,
+    their scale-cache entries or both hold it.
     """
 
     value: str = "nan"
     tensors: str = "v"
     sites: tuple[PoisonSite, ...] | None = None
+    parts: str = "data"
 
     @property
     def hits_k(self) -> bool:
@@ -123,6 +177,14 @@ class Poison:
     @property
     def hits_v(self) -> bool:
         return "v" in self.tensors
+
+    @property
+    def hits_data(self) -> bool:
+        return "data" in self.parts
+
+    @property
+    def hits_scales(self) -> bool:
+        return "scales" in self.parts
 
 
 @dataclass(frozen=True)
@@ -135,6 +197,7 @@ class Case:
     padding_block: int = NULL_BLOCK  # where block-table padding entries point
     poison: Poison = field(default_factory=Poison)
     data_seed: int = 0
+    kv_cache: KVCache = field(default_factory=KVCache)
 
     # -- derived ---------------------------------------------------------------
     @property
@@ -168,8 +231,11 @@ class Case:
 
     # -- JSON ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data.  A field at its default that older nanfuzz lacked
+        (an unquantized cache, poison in the codes) is left out, so such a
+        case reads exactly as it did before quantized caches existed."""
         g = self.geometry
-        return {
+        record = {
             "geometry": dataclasses.asdict(g),
             "sequences": [
                 {"query_len": s.query_len, "seq_len": s.seq_len, "block_table": list(s.block_table)}
@@ -188,6 +254,11 @@ class Case:
             },
             "data_seed": self.data_seed,
         }
+        if self.poison.parts != "data":
+            record["poison"]["parts"] = self.poison.parts
+        if self.kv_cache != KVCache():
+            record["kv_cache"] = dataclasses.asdict(self.kv_cache)
+        return record
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Case":
@@ -213,8 +284,10 @@ class Case:
                 value=_typed(poison, "value", str, "poison."),
                 tensors=_typed(poison, "tensors", str, "poison."),
                 sites=None if sites is None else tuple(_site(site, i) for i, site in enumerate(sites)),
+                parts=_typed(poison, "parts", str, "poison.") if "parts" in poison else "data",
             ),
             data_seed=_typed(data, "data_seed", int),
+            kv_cache=_kv_cache(data["kv_cache"]) if "kv_cache" in data else KVCache(),
         )
         case.validate()
         return case
@@ -271,9 +344,18 @@ class Case:
                     live.setdefault(b, []).append(live_blocks[j])
         _check(self.padding_block not in live,
                f"padding_block={self.padding_block} holds live keys; padding must point at a dead block")
+        self._validate_kv_cache()
         p = self.poison
-        _check(p.value in POISON_VALUES, f"poison value={p.value!r} is not one of {POISON_VALUES}")
         _check(p.tensors in POISON_TENSORS, f"poison tensors={p.tensors!r} is not one of {POISON_TENSORS}")
+        _check(p.parts in POISON_PARTS, f"poison parts={p.parts!r} is not one of {POISON_PARTS}")
+        _check(p.parts == "data" or self.kv_cache.token_head,
+               f"poison parts={p.parts!r} needs a cache with per-token-head scales (kv_cache.scales 'token-head')")
+        if p.hits_data:
+            allowed = DATA_POISON_VALUES[self.kv_cache.dtype]
+            what = "" if self.kv_cache.dtype == "auto" else f" in a {self.kv_cache.dtype} cache"
+            _check(p.value in allowed, f"poison value={p.value!r}{what} is not one of {allowed}")
+        if p.hits_scales:
+            _check(p.value in SCALE_POISON_VALUES, f"poison value={p.value!r} is not one of {SCALE_POISON_VALUES}")
         if p.sites is not None:
             for site in p.sites:
                 _check(0 <= site.block < g.num_blocks, f"poison site block={site.block} is outside the cache")
@@ -284,6 +366,28 @@ class Case:
                     _check(not any(site.offset in offsets for offsets in live.get(site.block, ())),
                            f"poison site ({site.block}, {site.offset}) is live; only dead slots may be poisoned")
         return self
+
+    def _validate_kv_cache(self) -> None:
+        kv = self.kv_cache
+        _check(kv.dtype in KV_CACHE_DTYPES, f"kv_cache.dtype={kv.dtype!r} is not one of {KV_CACHE_DTYPES}")
+        _check(kv.scales in SCALE_MODES, f"kv_cache.scales={kv.scales!r} is not one of {SCALE_MODES}")
+        if not kv.quantized:
+            _check(not kv.token_head, "kv_cache.scales='token-head' needs a quantized kv_cache.dtype")
+        if kv.dtype == "int8":
+            _check(kv.token_head, "kv_cache.dtype='int8' needs per-token-head scales (kv_cache.scales 'token-head')")
+        for name in ("k_scale", "v_scale"):
+            value = getattr(kv, name)
+            if not kv.quantized or kv.token_head:
+                _check(value == 1.0, f"kv_cache.{name}={value!r} must be 1.0: "
+                                     f"{'an unquantized cache' if not kv.quantized else 'per-token-head scales'} "
+                                     "has no per-tensor scale")
+                continue
+            low, high = SCALE_RANGE
+            _check(math.isfinite(value) and low <= value <= high,
+                   f"kv_cache.{name}={value!r} must be a finite scale in [{low:g}, {high:g}]")
+            _check(_float32(value) == value,
+                   f"kv_cache.{name}={value!r} is not a float32 value (the kernel receives float32 scales); "
+                   f"use {_float32(value)!r}")
 
 def _object(value: Any, what: str) -> dict:
     _check(isinstance(value, dict), f"{what} must be a JSON object, not {type(value).__name__}")
@@ -318,6 +422,27 @@ def _site(value: Any, index: int) -> PoisonSite:
         value[1] is None or type(value[1]) is int)
     _check(ok, f"poison.sites[{index}]={value!r} must be [block, offset or null]")
     return PoisonSite(value[0], value[1])
+
+
+def _kv_cache(data: Any) -> KVCache:
+    data = _object(data, "kv_cache")
+    unknown = set(data) - {f.name for f in dataclasses.fields(KVCache)}
+    _check(not unknown, f"kv_cache has unknown fields {sorted(unknown)}")
+    scales = {}
+    for name in ("k_scale", "v_scale"):
+        value = data.get(name, 1.0)
+        _check(type(value) in (int, float), f"kv_cache.{name}={value!r} must be a number")
+        scales[name] = float(value)
+    return KVCache(dtype=_typed(data, "dtype", str, "kv_cache."),
+                   scales=_typed(data, "scales", str, "kv_cache.") if "scales" in data else "tensor", **scales)
+
+
+def _float32(value: float) -> float:
+    """``value`` rounded to the nearest float32."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.inf
 
 
 def _check(ok: bool, message: str) -> None:

@@ -29,6 +29,13 @@ def poisoned_slots(case: Case) -> list[tuple[int, int]]:
     return sorted(chosen)
 
 
+def poison_target(case: Case) -> str:
+    """What the poison is in: "V", "KV", "V scales" (per-token-head scale caches), "K codes and scales"."""
+    p = case.poison
+    sides = p.tensors.upper()
+    return {"data": sides, "scales": f"{sides} scales", "data+scales": f"{sides} codes and scales"}[p.parts]
+
+
 def case_features(case: Case) -> set[str]:
     g = case.geometry
     bs = g.block_size
@@ -50,6 +57,9 @@ def case_features(case: Case) -> set[str]:
                 found.add("poison:" + name)
     found.add("poison-value:" + case.poison.value)
     found.add("poison-tensors:" + case.poison.tensors)
+    found.add("kv:" + case.kv_cache.label())
+    if case.poison.hits_scales and poisoned_slots(case):
+        found.add("poison:scale")
     if case.poison.sites is not None and len(poisoned_slots(case)) == 1:
         found.add("poison:single-slot")
     live = slot_liveness(case)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from nanfuzz.reference import redzones, values
+from nanfuzz.reference import quantization, redzones, values
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.semantics import slot_liveness
@@ -112,8 +112,11 @@ def _fill(cache: torch.Tensor, slots: torch.Tensor, make) -> None:
         cache[slots] = make(index).to(cache.dtype)
 
 
-def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed: int) -> torch.Tensor:
-    """One cache from the device-side slot numbers of its "live", "garbage" and (if any) "poison" slots."""
+def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed: int):
+    """One cache from the device-side slot numbers of its "live", "garbage" and (if any) "poison"
+    slots: ``(cache, scale_cache)``, the second None unless the case has per-token-head scales."""
+    if case.kv_cache.quantized:
+        return _quantized_cache(case, which, slots, garbage_seed)
     g = case.geometry
     shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
     cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads * g.head_size,
@@ -123,7 +126,71 @@ def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed:
           lambda index: _garbage(_derive(case.data_seed, 2, garbage_seed), f"garbage_{which}", index))
     if "poison" in slots:
         _fill(cache, slots["poison"], lambda index: _poison_values(case, f"poison_{which}", index))
-    return cache.view(shape)
+    return cache.view(shape), None
+
+
+def _quantized_cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed: int):
+    """Codes (uint8 while being filled) and, per token-head, the scale cache.
+
+    Live slots hold the codes of the same seeded values an unquantized cache
+    holds; dead slots hold finite garbage codes and scales, except that
+    ``slots["poison"]`` gets hostile codes and ``slots["poison_scales"]``
+    hostile scales.
+    """
+    g = case.geometry
+    kv = case.kv_cache
+    device = slots["live"].device
+    width = g.num_kv_heads * g.head_size
+    codes = torch.empty(g.num_blocks * g.block_size, width, dtype=torch.uint8, device=device)
+    live = slots["live"]
+    scale_cache = None
+    if live.numel():
+        x = values.uniform(case.data_seed, f"cache_{which}", _element_index(live, width))
+        if kv.token_head:
+            x = x.view(-1, g.num_kv_heads, g.head_size)
+            scale = quantization.token_head_scales(x, kv.dtype)
+            codes[live] = quantization.quantize(x, scale.double()[..., None], kv.dtype).view(-1, width)
+        else:
+            codes[live] = quantization.quantize(x, kv.k_scale if which == "k" else kv.v_scale, kv.dtype)
+    if kv.token_head:
+        scale_cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads, dtype=torch.float32, device=device)
+        if live.numel():
+            scale_cache[live] = scale
+    _fill_dead_codes(case, which, codes, scale_cache, slots["garbage"], slots.get("garbage_scales"), garbage_seed)
+    seed = _derive(case.data_seed, 1)
+    if "poison" in slots and slots["poison"].numel():
+        index = _element_index(slots["poison"], width)
+        bits, uniform = values.random_bits(seed, f"poison_{which}", index), values.uniform(seed, f"poison_{which}", index)
+        codes[slots["poison"]] = quantization.hostile_codes(case.poison.value, bits, uniform, kv.dtype)
+    if "poison_scales" in slots and slots["poison_scales"].numel():
+        index = _element_index(slots["poison_scales"], g.num_kv_heads)
+        stream = f"poison_scale_{which}"
+        scale_cache[slots["poison_scales"]] = quantization.hostile_scales(
+            case.poison.value, values.random_bits(seed, stream, index), values.uniform(seed, stream, index))
+    cache = quantization.as_encoding(codes, kv.dtype).view(g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
+    if scale_cache is not None:
+        scale_cache = scale_cache.view(g.num_blocks, g.block_size, g.num_kv_heads)
+    return cache, scale_cache
+
+
+def _element_index(slots: torch.Tensor, width: int) -> torch.Tensor:
+    """int64 ``[len(slots), width]``: the element numbers of whole slots of a ``[slots, width]`` cache."""
+    return slots[:, None] * width + torch.arange(width, device=slots.device, dtype=torch.int64)
+
+
+def _fill_dead_codes(case: Case, which: str, codes: torch.Tensor, scale_cache: torch.Tensor | None,
+                     slots: torch.Tensor, scale_slots: torch.Tensor | None, garbage_seed: int) -> None:
+    """Finite garbage codes in ``slots`` and finite garbage scales in ``scale_slots``
+    (``codes``: uint8 ``[slots, heads * head_size]``), depending on ``garbage_seed``."""
+    kv = case.kv_cache
+    seed = _derive(case.data_seed, 2, garbage_seed)
+    if slots.numel():
+        codes[slots] = quantization.finite_codes(
+            values.random_bits(seed, f"garbage_{which}", _element_index(slots, codes.shape[1])), kv.dtype)
+    if scale_cache is not None and scale_slots.numel():
+        index = _element_index(scale_slots, scale_cache.shape[1])
+        scale_cache[scale_slots] = quantization.garbage_scales(
+            values.uniform(seed, f"garbage_scale_{which}", index), kv.dtype)
 
 
 def token_layout(case: Case) -> tuple[list[int], list[int]]:
@@ -157,19 +224,29 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
         "seq_lens": torch.tensor([s.seq_len for s in case.sequences], dtype=torch.int64),
         "starts": torch.tensor(case.query_start_loc(), dtype=torch.int64),
     }
-    for which, hit in (("k", case.poison.hits_k), ("v", case.poison.hits_v)):
-        if poison is not None and hit:
+    p = case.poison
+    for which, hit in (("k", p.hits_k), ("v", p.hits_v)):
+        poisons = poison is not None and hit
+        codes_hit = poisons and p.hits_data
+        scales_hit = poisons and p.hits_scales and case.kv_cache.token_head
+        if codes_hit:
             host[f"{which}.garbage"] = _slots(~live & ~poison)
             host[f"{which}.poison"] = _slots(poison)
         else:
             host[f"{which}.garbage"] = _slots(~live)
+        if scales_hit:
+            host[f"{which}.garbage_scales"] = _slots(~live & ~poison)
+            host[f"{which}.poison_scales"] = _slots(poison)
+        elif case.kv_cache.token_head:
+            host[f"{which}.garbage_scales"] = _slots(~live)
     on_device = dict(zip(host, host_to_device(device, *host.values())))
 
-    def cache(which: str) -> torch.Tensor:
-        kinds = {kind: on_device[f"{which}.{kind}"] for kind in ("garbage", "poison") if f"{which}.{kind}" in on_device}
+    def cache(which: str):
+        kinds = {kind: on_device[f"{which}.{kind}"] for kind in ("garbage", "poison", "garbage_scales", "poison_scales")
+                 if f"{which}.{kind}" in on_device}
         return _cache(case, which, {"live": on_device["live"], **kinds}, garbage_seed)
 
-    key_cache, value_cache = cache("k"), cache("v")
+    (key_cache, k_scale_cache), (value_cache, v_scale_cache) = cache("k"), cache("v")
 
     seq_t, pos_t = on_device["seq"], on_device["pos"]
     heads = torch.arange(g.num_q_heads * g.head_size, device=device, dtype=torch.int64)
@@ -179,30 +256,39 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
 
     block_table = on_device["table"].to(torch.int32)
     blocks = block_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t
-    offsets = pos_t % g.block_size
-    k = key_cache[blocks, offsets]
-    v = value_cache[blocks, offsets]
+    slots = blocks * g.block_size + pos_t % g.block_size
+    kv = case.kv_cache
+    k = quantization.values_at(case, key_cache, kv.k_scale, k_scale_cache, slots).to(q.dtype)
+    v = quantization.values_at(case, value_cache, kv.v_scale, v_scale_cache, slots).to(q.dtype)
 
     sinks = None
     if case.sinks:
         index = torch.arange(g.num_q_heads, device=device, dtype=torch.int64)
         sinks = (values.uniform(case.data_seed, "sinks", index) * 2.0).to(torch.float32)
+    scales = {}
+    if kv.quantized and not kv.token_head:
+        scales = {"k_scale": torch.tensor([kv.k_scale], dtype=torch.float32, device=device),
+                  "v_scale": torch.tensor([kv.v_scale], dtype=torch.float32, device=device)}
+    elif kv.token_head:
+        scales = {"k_scale_cache": k_scale_cache, "v_scale_cache": v_scale_cache}
 
     margin = _margin_fill(case, garbage_seed, poisoned)
-    allocations = _surround(case, margin, q=q, k=k, v=v, key_cache=key_cache, value_cache=value_cache,
+    cache_margin = _code_margin(case, garbage_seed, poisoned) if kv.quantized else margin
+    allocations = _surround(case, margin, cache_margin, q=q, k=k, v=v, key_cache=key_cache, value_cache=value_cache,
                             block_table=block_table, seq_lens=on_device["seq_lens"].to(torch.int32),
-                            query_start_loc=on_device["starts"].to(torch.int32), sinks=sinks)
+                            query_start_loc=on_device["starts"].to(torch.int32), sinks=sinks, **scales)
     return PagedBatch.from_allocations(case, allocations)
 
 
 def _margin_fill(case: Case, garbage_seed: int, poisoned: bool):
     """What float redzones hold: NaN in the poisoned run, seeded finite garbage otherwise
     (so a kernel that reads past a tensor also changes its output between the LEAK runs)."""
-    if poisoned:
-        return lambda stream: float("nan")
     seed = _derive(case.data_seed, 3, garbage_seed)
 
     def garbage(stream: str):
+        if poisoned:
+            return float("nan")
+
         def make(shape):
             count = 1
             for n in shape:
@@ -213,7 +299,30 @@ def _margin_fill(case: Case, garbage_seed: int, poisoned: bool):
     return garbage
 
 
-def _surround(case: Case, margin, **tensors) -> dict[str, redzones.Allocation]:
+def _code_margin(case: Case, garbage_seed: int, poisoned: bool):
+    """What the redzones of a quantized cache hold: a NaN code (int8, which has
+    none: its largest code) in the poisoned run, seeded finite garbage codes
+    otherwise."""
+    kv_dtype = case.kv_cache.dtype
+    enc = quantization.ENCODINGS[kv_dtype]
+    seed = _derive(case.data_seed, 3, garbage_seed)
+
+    def margin(stream: str):
+        def make(shape):
+            count = 1
+            for n in shape:
+                count *= n
+            if poisoned:
+                codes = torch.full((count,), (enc.nan_codes or (enc.max_code,))[0], dtype=torch.uint8)
+            else:
+                codes = quantization.finite_codes(values.random_bits(seed, stream, torch.arange(count)), kv_dtype)
+            return quantization.as_encoding(codes, kv_dtype).view(shape)
+        return make
+
+    return margin
+
+
+def _surround(case: Case, margin, cache_margin, **tensors) -> dict[str, redzones.Allocation]:
     g = case.geometry
     z = redzones
     trap = g.num_blocks  # the first block past the cache: a redzone block, NaN in the poisoned run
@@ -223,9 +332,9 @@ def _surround(case: Case, margin, **tensors) -> dict[str, redzones.Allocation]:
         "k": z.surround(tensors["k"], 0, z.TOKEN_ROWS_AFTER, margin("redzone_k")),
         "v": z.surround(tensors["v"], 0, z.TOKEN_ROWS_AFTER, margin("redzone_v")),
         "key_cache": z.surround(tensors["key_cache"], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
-                                margin("redzone_key_cache")),
+                                cache_margin("redzone_key_cache")),
         "value_cache": z.surround(tensors["value_cache"], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
-                                  margin("redzone_value_cache")),
+                                  cache_margin("redzone_value_cache")),
         "block_table": z.table(tensors["block_table"], trap),
         "seq_lens": z.surround(tensors["seq_lens"], 0, z.LENGTHS_AFTER, reach),
         "query_start_loc": z.surround(tensors["query_start_loc"], 0, z.LENGTHS_AFTER,
@@ -233,6 +342,13 @@ def _surround(case: Case, margin, **tensors) -> dict[str, redzones.Allocation]:
     }
     if tensors["sinks"] is not None:
         made["sinks"] = z.surround(tensors["sinks"], 0, z.SINKS_AFTER, margin("redzone_sinks"))
+    for name in ("k_scale", "v_scale"):
+        if name in tensors:
+            made[name] = z.surround(tensors[name], 0, z.SCALES_AFTER, margin(f"redzone_{name}"))
+    for name in ("k_scale_cache", "v_scale_cache"):
+        if name in tensors:
+            made[name] = z.surround(tensors[name], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
+                                    margin(f"redzone_{name}"))
     return made
 
 
@@ -245,17 +361,27 @@ def refill_dead_slots(batch: PagedBatch, garbage_seed: int) -> PagedBatch:
     check's second batch costs a copy plus the garbage.
     """
     case = batch.case
+    g = case.geometry
     device = batch.key_cache.device
     copy = batch.clone()
     (dead,) = host_to_device(device, _slots(~live_mask(case, "cpu")))
     seed = _derive(case.data_seed, 2, garbage_seed)
-    for which, cache in (("k", copy.key_cache), ("v", copy.value_cache)):
-        flat = cache.flatten(0, 1).flatten(1)
-        _fill(flat, dead, lambda index: _garbage(seed, f"garbage_{which}", index))
+    quantized = case.kv_cache.quantized
+    for which, cache, scale_cache in (("k", copy.key_cache, copy.k_scale_cache),
+                                      ("v", copy.value_cache, copy.v_scale_cache)):
+        if quantized:
+            codes = quantization.codes_of(cache).reshape(-1, g.num_kv_heads * g.head_size)
+            scales = None if scale_cache is None else scale_cache.reshape(-1, g.num_kv_heads)
+            _fill_dead_codes(case, which, codes, scales, dead, dead, garbage_seed)
+        else:
+            flat = cache.flatten(0, 1).flatten(1)
+            _fill(flat, dead, lambda index: _garbage(seed, f"garbage_{which}", index))
     margin = _margin_fill(case, garbage_seed, poisoned=False)
+    code_margin = _code_margin(case, garbage_seed, poisoned=False) if quantized else margin
     for name, allocation in copy.allocations.items():
-        if allocation.base.is_floating_point():
+        cache = name in ("key_cache", "value_cache")
+        if allocation.base.is_floating_point() or (cache and quantized):
+            fill = (code_margin if cache else margin)(f"redzone_{name}")
             for _, where in allocation.sides():
-                redzones._fill_rows(allocation.base, where[0] if len(where) == 1 else where,
-                                    margin(f"redzone_{name}"))
+                redzones._fill_rows(allocation.base, where[0] if len(where) == 1 else where, fill)
     return copy

@@ -2,7 +2,8 @@
 
 Keys are *gathered* from the live slots into a zero-initialised buffer, so a
 dead slot's bits never enter a single floating-point operation here, whatever
-poison it holds.  Vectorised over sequences, queries and heads; sequences are
+poison it holds; a quantized cache's live codes are dequantized (code x
+scale) on the way, its dead codes and scales never read.  Vectorised over sequences, queries and heads; sequences are
 processed in chunks so that the gathered K/V stay within a memory budget.
 
 :func:`computed_in` is the same attention from the same gather in another
@@ -17,6 +18,7 @@ import torch
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.materialize import host_to_device, token_layout
 from nanfuzz.reference.precision import FLOAT64, Arithmetic
+from nanfuzz.reference.quantization import live_values
 from nanfuzz.reference.semantics import live_key_range
 
 # Gathered K plus V per chunk, in float64 elements (2 x 2**27 x 8 B = 2 GiB).
@@ -76,16 +78,13 @@ def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int], arithme
         seq_idx_h, key_idx_h, tok_seq_h, tok_row_h, tok_global_h)
     context = seq_len - query_len
 
-    # -- gather the live keys ------------------------------------------------
+    # -- gather the live keys (dequantized, for a quantized cache) ----------------
     keys = torch.arange(max_len, device=device)
     table = batch.block_table[first:last].long()
     slot = table[seq_idx, key_idx // bs] * bs + key_idx % bs
-    k_flat = batch.key_cache.reshape(-1, hkv, d)
-    v_flat = batch.value_cache.reshape(-1, hkv, d)
     k = torch.zeros(n, max_len, hkv, d, dtype=torch.float64, device=device)
     v = torch.zeros_like(k)
-    k[seq_idx, key_idx] = k_flat[slot].double()
-    v[seq_idx, key_idx] = v_flat[slot].double()
+    k[seq_idx, key_idx], v[seq_idx, key_idx] = live_values(batch, slot)
 
     # -- the queries, padded to [n, max_q] -----------------------------------
     q = torch.zeros(n, max_q, hkv, group, d, dtype=torch.float64, device=device)

@@ -13,6 +13,8 @@ every run, and a kernel that writes there changes bits nobody may change.
                     table's extra columns
     query_start_loc entries past the end: a start that runs into out's guard rows
     sinks           entries past the last head
+    k_scale/v_scale entries past the per-tensor scale
+    scale caches    blocks before the first and after the last, like the caches
     out             guard rows past the last token (the harness allocates it)
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ TABLE_EXTRA_ROWS = 1
 TOKEN_ROWS_AFTER = 2
 LENGTHS_AFTER = 2
 SINKS_AFTER = 2
+SCALES_AFTER = 2
 OUT_GUARD_ROWS = 2
 
 

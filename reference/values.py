@@ -17,7 +17,10 @@ _MUL2 = 0x94D049BB133111EB
 
 STREAMS = {name: i for i, name in enumerate(
     ("q", "cache_k", "cache_v", "garbage_k", "garbage_v", "poison_k", "poison_v", "sinks",
-     "redzone_q", "redzone_k", "redzone_v", "redzone_key_cache", "redzone_value_cache", "redzone_sinks"))}
+     "redzone_q", "redzone_k", "redzone_v", "redzone_key_cache", "redzone_value_cache", "redzone_sinks",
+     # quantized caches (appended: the streams above keep their numbers, so their values)
+     "garbage_scale_k", "garbage_scale_v", "poison_scale_k", "poison_scale_v",
+     "redzone_k_scale", "redzone_v_scale", "redzone_k_scale_cache", "redzone_v_scale_cache"))}
 
 
 def _signed(x: int) -> int:

@@ -10,6 +10,7 @@ from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
 from nanfuzz.strategies.batches import causal_flags, sequence_lengths, windows
 from nanfuzz.strategies.geometry import shapes
 from nanfuzz.strategies.poison import poisons
+from nanfuzz.strategies.quantization import kv_caches
 from nanfuzz.strategies.specialisations import Specialisation, specialisation_pool
 from nanfuzz.strategies.tables import block_tables
 
@@ -57,15 +58,17 @@ def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
     """A valid, poisoned paged-attention batch that ``capabilities`` accepts.
 
     Shrinks toward one decode sequence of one key, one KV head, the smallest
-    head size, no window, and NaN in V of a single dead slot.  ``poison_classes``
+    head size, no window, an unquantized cache (then per-tensor fp8, then
+    per-token-head scales), and NaN in V of a single dead slot.  ``poison_classes``
     aims the poison at some dead-slot classes only (see ``strategies.poison``).
-    ``pool`` fixes the compile-time part (shape, causality, window, sinks) to
+    ``pool`` fixes the compile-time part (shape, causality, window, sinks, cache dtype) to
     one of its entries (see ``strategies.specialisations``).
     """
     size = size or default_size(interpreter)
     caps = size.bound(capabilities)
     fixed = draw(st.sampled_from(pool)) if pool else None
     shape = fixed.shape if fixed else draw(shapes(caps, interpreter=interpreter, max_kv_heads=size.max_kv_heads))
+    kv_cache = draw(kv_caches(caps, fixed.kv_cache if fixed else None))
     bs = shape.block_size
     max_len = size.max_blocks_per_sequence * bs
     # The first sequence has a query, so every batch has at least one output row.
@@ -90,7 +93,7 @@ def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
                           tables.num_blocks, shape.dtype),
         sequences=tuple(Sequence(x.query_len, x.seq_len, row) for x, row in zip(lengths, tables.rows)),
         sliding_window=window, causal=causal, sinks=sinks,
-        padding_block=tables.padding_block, poison=Poison(), data_seed=0)
+        padding_block=tables.padding_block, poison=Poison(), data_seed=0, kv_cache=kv_cache)
     poison = draw(poisons(unpoisoned, poison_classes))
     seed = draw(st.integers(0, 2**32 - 1))
     case = unpoisoned.replace(poison=poison, data_seed=seed).validate()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.strategies.geometry import Shape
+from nanfuzz.strategies.quantization import kv_cache_options
 
 # Widths for pool entries: one key, block-edge neighbours of 16/32/64 and a
 # few that end inside blocks of every size; past the longest sequence a width
@@ -36,12 +37,15 @@ class Specialisation:
     causal: bool
     window: int  # 0 = none
     sinks: bool
+    kv_cache: tuple[str, bool] = ("auto", False)  # cache dtype, per-token-head scales?
 
     def complexity(self, caps: Capabilities) -> tuple:
         s = self.shape
         order = caps.dtypes.index(s.dtype), caps.block_sizes.index(s.block_size)
+        options = kv_cache_options(caps)
+        kv = options.index(self.kv_cache) if self.kv_cache in options else len(options)
         return (s.num_kv_heads, s.num_q_heads, s.head_size, *order,
-                self.window != 0, not self.causal, self.sinks, self.window)
+                self.window != 0, not self.causal, self.sinks, self.window, kv)
 
 
 def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter: bool = False,
@@ -50,7 +54,8 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
 
     Always holds the simplest one of each mode (causal, non-causal) with and
     without a one-key window, so every campaign meets each mode and shrinks
-    to the smallest repro of its kind.
+    to the smallest repro of its kind.  The cache dtype and scale mode are
+    part of an entry (a quantized cache is a compile of its own).
     """
     if size < 1:
         raise ValueError(f"a specialisation pool needs at least one entry, not {size}")
@@ -58,11 +63,12 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
     dtypes = caps.runnable_dtypes(interpreter)
     kv_cap = min(max_kv_heads, caps.max_q_heads)
     smallest = Shape(dtypes[0], 1, 1, min(caps.head_sizes), caps.block_sizes[0])
+    caches = kv_cache_options(caps)
     pool: dict[Specialisation, None] = {}
     for causal in caps.modes():
-        pool[Specialisation(smallest, causal, 0, False)] = None
+        pool[Specialisation(smallest, causal, 0, False, caches[0])] = None
         if caps.windowed(causal):
-            pool[Specialisation(smallest, causal, 1, False)] = None
+            pool[Specialisation(smallest, causal, 1, False, caches[0])] = None
     for _ in range(50 * size):
         if len(pool) >= size:
             break
@@ -72,5 +78,7 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
         causal = rng.choice(caps.modes())
         window = rng.choice(WINDOW_MENU) if caps.windowed(causal) and rng.random() < 0.6 else 0
         sinks = caps.sinks and rng.random() < 0.5
-        pool[Specialisation(shape, causal, window, sinks)] = None
+        # the first cache option alone keeps the choices (and pools) of kernels without quantized caches
+        cache = rng.choice(caches) if len(caches) > 1 else caches[0]
+        pool[Specialisation(shape, causal, window, sinks, cache)] = None
     return tuple(sorted(pool, key=lambda s: s.complexity(caps)))

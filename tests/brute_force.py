@@ -1,4 +1,9 @@
-"""A per-query, per-head, loop-by-loop attention: the oracle's independent check."""
+"""A per-query, per-head, loop-by-loop attention: the oracle's independent check.
+
+A quantized cache is dequantized element by element on the way: torch's
+decode of the code (its encoding's dtype) times the per-tensor scale, or
+times the slot's entry in the per-token-head scale cache.
+"""
 from __future__ import annotations
 
 import math
@@ -23,10 +28,10 @@ def brute_force(batch: PagedBatch) -> list[list[list[float]]]:
                 scores = []
                 values = []
                 for k in keys:
-                    block = seq.block_table[k // g.block_size]
-                    kvec = batch.key_cache[block, k % g.block_size, kv].double().tolist()
+                    block, offset = seq.block_table[k // g.block_size], k % g.block_size
+                    kvec = _dequantized(batch, "k", block, offset, kv)
                     scores.append(case.scale * sum(a * b for a, b in zip(q, kvec)))
-                    values.append(batch.value_cache[block, k % g.block_size, kv].double().tolist())
+                    values.append(_dequantized(batch, "v", block, offset, kv))
                 top = max(scores)
                 sink = float(batch.sinks[h]) if batch.sinks is not None else None
                 if sink is not None:
@@ -37,6 +42,20 @@ def brute_force(batch: PagedBatch) -> list[list[list[float]]]:
             out.append(rows)
             token += 1
     return out
+
+
+def _dequantized(batch: PagedBatch, which: str, block: int, offset: int, kv_head: int) -> list[float]:
+    cache = batch.key_cache if which == "k" else batch.value_cache
+    codes = [float(x) for x in cache[block, offset, kv_head].double().tolist()]
+    kv = batch.case.kv_cache
+    if not kv.quantized:
+        return codes
+    if kv.token_head:
+        scales = batch.k_scale_cache if which == "k" else batch.v_scale_cache
+        scale = float(scales[block, offset, kv_head])
+    else:
+        scale = float((batch.k_scale if which == "k" else batch.v_scale)[0])
+    return [c * scale for c in codes]
 
 
 def brute_force_in(batch: PagedBatch, arithmetic) -> list[list[list[float]]]:

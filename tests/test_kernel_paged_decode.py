@@ -179,8 +179,8 @@ def test_registered_variants():
 def test_compiled_specialisations_are_bounded():
     """Lengths, group sizes and strides are runtime values: a variant compiles at
     most one kernel per (dtype, padded head size 32/64/128, block size, window
-    or not, sinks or not) = 3 x 3 x 5 x 2 x 2 = 180; the block size stays a
-    constexpr for speed (see ``specialisation``)."""
+    or not, sinks or not, cache: unquantized or one of 3 fp8) = 3 x 3 x 5 x 2 x 2 x 4
+    = 720; the block size stays a constexpr for speed (see ``specialisation``)."""
     from hypothesis import HealthCheck, given, settings
 
     from nanfuzz.harness.kernels.paged_decode import CAPABILITIES, specialisation
@@ -192,8 +192,8 @@ def test_compiled_specialisations_are_bounded():
               suppress_health_check=list(HealthCheck))
     @given(paged_cases(CAPABILITIES))
     def collect(case):
-        keys.add((case.geometry.dtype, tuple(sorted(specialisation(case, "masked").items()))))
+        keys.add((case.geometry.dtype, case.kv_cache.dtype, tuple(sorted(specialisation(case, "masked").items()))))
 
     collect()
-    assert len(keys) <= 3 * 3 * 5 * 2 * 2, sorted(keys)
-    assert {dict(k[1])['HEAD_PAD'] for k in keys} == {32, 64, 128}
+    assert len(keys) <= 3 * 3 * 5 * 2 * 2 * 4, sorted(keys)
+    assert {dict(k[2])['HEAD_PAD'] for k in keys} == {32, 64, 128}

@@ -205,7 +205,8 @@ def test_specialisations_per_variant_are_bounded():
     # options (num_warps is fixed); no integer is part of it (test above).
     # Left as constexprs: the variant switch, BLOCK_M (fixed: groups of up to
     # max_q_heads = 16 fit it), BLOCK_N (fixed) and the padded head size.  So
-    # per variant: 3 dtypes x 3 padded heads (32; 64; 80, 96, 128 -> 128) = 9,
+    # per variant: 3 dtypes x 3 padded heads (32; 64; 80, 96, 128 -> 128) x 4
+    # caches (unquantized, 3 fp8 encodings: a pointer type and KV_QUANT each) = 36,
     # where 300 cases with a new compile each used to give over a hundred.
     params = _parameters()
     constexprs = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
@@ -226,7 +227,7 @@ def test_specialisations_per_variant_are_bounded():
             # the launch meets the dtype the key names
             assert str(materialize(case, "cpu", poisoned=False).q.dtype).removeprefix("torch.") == case.geometry.dtype
             batches += 1
-        seen.add((case.geometry.dtype, *sorted(values.items())))
+        seen.add((case.geometry.dtype, case.kv_cache.dtype, *sorted(values.items())))
 
     collect()
-    assert len(seen) <= len(caps.dtypes) * len(pads) == 9, sorted(seen)
+    assert len(seen) <= len(caps.dtypes) * len(pads) * len(caps.kv_cache_dtypes) == 36, sorted(seen)

@@ -46,7 +46,8 @@ def test_to_dict_groups_situations_and_survives_json():
     assert data["examples"] == 3
     groups = data["groups"]
     assert list(groups) == ["kinds of sequence", "masks and windows", "poisoned dead slots", "blocks", "heads",
-                            "dtypes", "block sizes", "head sizes", "poison values"]
+                            "dtypes", "kv caches", "block sizes", "head sizes", "poison values"]
+    assert groups["kv caches"] == {"kv:auto": {"count": 3, "share": 1.0}}
     assert groups["kinds of sequence"]["decode"] == {"count": 2, "share": round(2 / 3, 6)}
     assert groups["poisoned dead slots"]["poison:single-slot"]["count"] == 0  # listed, never reached
     assert list(groups["block sizes"]) == ["block:8", "block:16"]  # numeric order

@@ -16,8 +16,9 @@ import torch
 from nanfuzz.harness.adapters import vllm as vllm_adapters
 from nanfuzz.harness.adapters import vllm_loader
 from nanfuzz.harness.kernels._common import INTERPRETED
+from nanfuzz.harness.check import Verdict, check
 from nanfuzz.harness.registry import resolve
-from nanfuzz.reference.case import Case, Poison, PoisonSite
+from nanfuzz.reference.case import Case, KVCache, Poison, PoisonSite
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import materialize
 from nanfuzz.reference.oracle import oracle
@@ -251,3 +252,83 @@ def test_installed_package_without_runtime_is_found(monkeypatch, vllm_source):
 def test_unknown_vllm_kernel_names_the_known_ones():
     with pytest.raises(NanfuzzError, match="vllm:rocm_attn, vllm:triton_attn"):
         resolve("vllm:flash_attn")
+
+
+# -- quantized caches ----------------------------------------------------------------
+
+def quantized(kv: KVCache, **case) -> Case:
+    return make_case(**case).replace(kv_cache=kv, poison=Poison("max" if kv.dtype == "int8" else "nan")).validate()
+
+
+def test_each_backend_takes_the_caches_its_backend_passes():
+    rocm = resolve("vllm:rocm_attn", vllm_src=SOURCE[0]).capabilities
+    triton = resolve("vllm:triton_attn", vllm_src=SOURCE[0]).capabilities
+    fp8 = vllm_adapters.platform_fp8(vllm_loader.load("rocm_attn", SOURCE[0]), "chunked_prefill_paged_decode")
+    assert fp8 == ("fp8_e4m3fnuz" if torch.version.hip and "gfx94" in _arch() else "fp8_e4m3fn")
+    assert rocm.kv_cache_dtypes == ("auto", fp8, "fp8_e5m2") and rocm.token_head_dtypes == ()
+    assert triton.kv_cache_dtypes == ("auto", fp8) and triton.token_head_dtypes == (fp8, "int8")
+
+
+def _arch() -> str:
+    return getattr(torch.cuda.get_device_properties(0), "gcnArchName", "") if torch.cuda.is_available() else ""
+
+
+def _platform_fp8() -> str:
+    return resolve("vllm:triton_attn", vllm_src=SOURCE[0]).capabilities.kv_cache_dtypes[1]
+
+
+QUANTIZED_SHAPES = {"mixed": dict(seqs=[(7, 50), (1, 33), (3, 12)]), "decode": dict(seqs=[(1, 40), (2, 70)])}
+
+
+@pytest.mark.parametrize("shape", QUANTIZED_SHAPES)
+@pytest.mark.parametrize("dtype", ["platform", "fp8_e5m2"])
+def test_rocm_attn_with_fp8_caches_matches_oracle(dtype, shape):
+    kv = KVCache(_platform_fp8() if dtype == "platform" else dtype, "tensor", 0.25, 0.0078125)
+    case = quantized(kv, **QUANTIZED_SHAPES[shape])
+    assert max_error("vllm:rocm_attn", case) <= TOLERANCE["float16"]
+    assert check(resolve("vllm:rocm_attn", vllm_src=SOURCE[0]), case, DEVICE).verdict is Verdict.PASS
+
+
+@pytest.mark.parametrize("path", vllm_adapters.UNIFIED_PATHS)
+@pytest.mark.parametrize("mode", ["per-tensor", "fp8/token-head", "int8/token-head"])
+def test_triton_attn_with_quantized_caches_matches_oracle(mode, path, unified_spy):
+    kv = {"per-tensor": KVCache(_platform_fp8(), "tensor", 0.25, 2.0),
+          "fp8/token-head": KVCache(_platform_fp8(), "token-head"),
+          "int8/token-head": KVCache("int8", "token-head")}[mode]
+    case = quantized(kv, **QUANTIZED_SHAPES["decode"])
+    name = f"vllm:triton_attn@{path}"
+    assert max_error(name, case) <= TOLERANCE["float16"]
+    assert check(resolve(name, vllm_src=SOURCE[0]), case, DEVICE).verdict is Verdict.PASS
+    assert len(unified_spy["kernel_unified_attention"].grids[-1]) == (3 if path == "3d" else 2)
+
+
+def test_rocm_attn_reads_nan_fp8_codes_below_the_window():
+    case = windowed_case(1, window=8).replace(kv_cache=KVCache(_platform_fp8())).validate()
+    assert torch.isnan(run("vllm:rocm_attn", case, poisoned=True)).any()
+
+
+@pytest.mark.parametrize("dtype", ["platform", "int8"])
+def test_triton_attn_per_token_head_reads_a_nan_v_scale_below_the_window(dtype):
+    """Decode at position 1 with a one-key window: key 0 is out of the window but in the tile.
+    V there is zeroed, yet P (0) times its NaN scale is NaN and reaches P @ V."""
+    kv = KVCache(_platform_fp8() if dtype == "platform" else dtype, "token-head")
+    case = make_case(seqs=[(1, 2)], q_heads=1, kv_heads=1, head_size=32, window=1).replace(
+        kv_cache=kv, poison=Poison("nan", "v", (PoisonSite(1, 0),), "scales")).validate()
+    assert check(resolve("vllm:triton_attn", vllm_src=SOURCE[0]), case, DEVICE).verdict is Verdict.NONFINITE
+    finite_scales = case.replace(poison=Poison("garbage", "v", (PoisonSite(1, 0),), "scales"))
+    assert check(resolve("vllm:triton_attn", vllm_src=SOURCE[0]), finite_scales, DEVICE).verdict is Verdict.PASS
+
+
+def test_the_packed_per_token_head_cache_holds_every_code_and_scale():
+    kv = KVCache(_platform_fp8(), "token-head")
+    batch = materialize(quantized(kv, **QUANTIZED_SHAPES["mixed"]).replace(
+        poison=Poison("nan", "kv", None, "data+scales")), DEVICE)
+    packed = vllm_adapters.packed_token_head_caches(batch)
+    g = batch.case.geometry
+    key_cache, value_cache, k_scales, v_scales = vllm_adapters.token_head_views(packed, g.head_size,
+                                                                                 batch.key_cache.dtype)
+    assert key_cache.shape[-1] == g.head_size + vllm_adapters.SCALE_ELEMENTS
+    for view, original in ((key_cache, batch.key_cache), (value_cache, batch.value_cache)):
+        assert torch.equal(view[..., :g.head_size].contiguous().view(torch.uint8), original.view(torch.uint8))
+    for view, original in ((k_scales, batch.k_scale_cache), (v_scales, batch.v_scale_cache)):
+        assert torch.equal(view.contiguous().view(torch.int32), original.contiguous().view(torch.int32))

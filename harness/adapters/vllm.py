@@ -26,6 +26,26 @@ Both adapters convert the window as their backend does (W keys, the query's
 own position included): ROCM_ATTN receives ``sliding_window=W``,
 ``unified_attention`` ``window_size=(W-1, 0)`` causal and ``(W-1, W-1)``
 non-causal, ``(-1, -1)`` for none.
+
+Quantized caches go in as each backend passes them (vLLM 0.33.0's
+``rocm_attn.py`` / ``triton_attn.py``).  The platform's fp8 is e4m3fnuz on
+MI300-class GPUs and e4m3fn elsewhere (what the kernels' own
+``current_platform.fp8_dtype()`` says).
+
+- ROCM_ATTN: ``kv_cache_dtype`` "fp8" (the platform's fp8) or "fp8_e5m2",
+  caches stored as bytes and handed over as the platform's fp8 dtype (the
+  kernels re-view e5m2), per-tensor ``k_scale``/``v_scale``; the new tokens'
+  ``key``/``value`` in the query dtype.
+- TRITON_ATTN: per-tensor scales for the platform's fp8 only (the backend
+  views every fp8 cache, e5m2 included, as the platform's fp8), as
+  ``KVQuantMode.FP8_PER_TENSOR`` with ``k_descale``/``v_descale``; and the
+  per-token-head modes ``FP8_PER_TOKEN_HEAD`` (platform fp8) and
+  ``INT8_PER_TOKEN_HEAD``, whose caches the backend packs as
+  ``[num_blocks, num_kv_heads, block_size, 2 * (head_size + 4)]`` bytes, each
+  (block, head, slot) row holding K's codes, K's float32 scale, V's codes,
+  V's scale; ``k_scale_cache``/``v_scale_cache`` are strided float32 views of
+  those scale bytes.  The adapter builds that packing from the batch, dead
+  slots and their scales included.
 """
 from __future__ import annotations
 
@@ -34,6 +54,7 @@ import functools
 import torch
 
 from nanfuzz.harness.adapters import vllm_loader
+from nanfuzz.reference.quantization import codes_of
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
@@ -65,6 +86,15 @@ BOTH_BACKENDS = Capabilities(
     sinks=True,
     specialisation_pool=POOL,
 )
+
+
+def platform_fp8(loaded, module: str) -> str:
+    """The platform's fp8 cache dtype as the loaded kernels see it: "fp8_e4m3fn" or "fp8_e4m3fnuz"."""
+    dtype = loaded[module].current_platform.fp8_dtype()
+    names = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}
+    if dtype not in names:
+        raise NanfuzzError(f"vLLM's current_platform.fp8_dtype() is {dtype}, which nanfuzz has no cache dtype for")
+    return names[dtype]
 
 
 # -- vllm:rocm_attn ----------------------------------------------------------------
@@ -107,17 +137,28 @@ def run_rocm_attn(batch: PagedBatch, out: torch.Tensor, source: str | None = Non
         block_table = block_table.index_select(0, index)
         seq_lens = seq_lens.index_select(0, index)
         query_start_loc = torch.cat([query_start_loc.index_select(0, index), query_start_loc[-1:]])
-    unit_scale = torch.ones(1, dtype=torch.float32, device=batch.q.device)
+    kv = case.kv_cache
+    if kv.quantized:
+        # vLLM keeps the caches as bytes; the backend views them as the platform's fp8
+        fp8 = loaded["chunked_prefill_paged_decode"].current_platform.fp8_dtype()
+        key_cache = rocm_key_cache(codes_of(batch.key_cache)).view(fp8)
+        value_cache = rocm_value_cache(codes_of(batch.value_cache)).view(fp8)
+        kv_cache_dtype = "fp8_e5m2" if kv.dtype == "fp8_e5m2" else "fp8"
+        k_scale, v_scale = batch.k_scale, batch.v_scale
+    else:
+        key_cache, value_cache = rocm_key_cache(batch.key_cache), rocm_value_cache(batch.value_cache)
+        kv_cache_dtype = "auto"
+        k_scale = v_scale = torch.ones(1, dtype=torch.float32, device=batch.q.device)
     with loaded.active():
         entry(
             query=batch.q, key=batch.k, value=batch.v, output=out,
-            kv_cache_dtype="auto",
-            key_cache=rocm_key_cache(batch.key_cache),
-            value_cache=rocm_value_cache(batch.value_cache),
+            kv_cache_dtype=kv_cache_dtype,
+            key_cache=key_cache,
+            value_cache=value_cache,
             block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens,
             max_seq_len=max(case.sequences[i].seq_len for i in kept),
             max_query_len=case.max_query_len,
-            k_scale=unit_scale, v_scale=unit_scale,
+            k_scale=k_scale, v_scale=v_scale,
             sliding_window=case.sliding_window,  # W itself; 0 = none
             sm_scale=case.scale,
             sinks=batch.sinks,
@@ -145,15 +186,61 @@ def unified_window(case: Case) -> tuple[int, int]:
     return (w - 1, 0) if case.causal else (w - 1, w - 1)
 
 
+# Per-token-head modes keep one float32 scale after each head's codes (4 one-byte elements).
+SCALE_ELEMENTS = 4
+
+
+def packed_token_head_caches(batch: PagedBatch) -> torch.Tensor:
+    """TRITON_ATTN's per-token-head cache: uint8 ``[num_blocks, num_kv_heads, block_size, 2 * (head_size + 4)]``,
+    each row K's codes, K's scale, V's codes, V's scale (every slot copied, dead ones included)."""
+    blocks, block_size, heads, head_size = batch.key_cache.shape
+    padded = head_size + SCALE_ELEMENTS
+    packed = torch.empty(blocks, heads, block_size, 2 * padded, dtype=torch.uint8, device=batch.key_cache.device)
+    for half, cache, scales in ((0, batch.key_cache, batch.k_scale_cache), (1, batch.value_cache, batch.v_scale_cache)):
+        start = half * padded
+        packed[..., start:start + head_size] = codes_of(cache).permute(0, 2, 1, 3)
+        packed[..., start + head_size:start + padded] = (
+            scales.permute(0, 2, 1).contiguous().view(torch.uint8).view(blocks, heads, block_size, SCALE_ELEMENTS))
+    return packed
+
+
+def token_head_views(packed: torch.Tensor, head_size: int, dtype: torch.dtype):
+    """The backend's views of a packed cache: key and value codes ``[num_blocks, block_size, num_kv_heads,
+    head_size + 4]`` as ``dtype``, and the float32 scale caches ``[num_blocks, block_size, num_kv_heads]``."""
+    blocks, heads, block_size, row = packed.shape
+    padded = row // 2
+    key_cache, value_cache = packed.view(dtype).transpose(1, 2).split(padded, dim=-1)
+    words = torch.tensor([], dtype=torch.float32, device=packed.device).set_(packed.untyped_storage())
+    block, head, slot = (stride // 4 for stride in packed.stride()[:3])
+    base = packed.storage_offset() // 4
+    scale_caches = [torch.as_strided(words, (blocks, block_size, heads), (block, slot, head),
+                                     base + (start + head_size) // 4) for start in (0, padded)]
+    return key_cache, value_cache, scale_caches[0], scale_caches[1]
+
+
 def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = None,
                     source: str | None = None) -> torch.Tensor:
     case = batch.case
     g = case.geometry
     loaded = vllm_loader.load("triton_attn", source)
-    entry = loaded["triton_unified_attention"].unified_attention
+    module = loaded["triton_unified_attention"]
+    entry = module.unified_attention
     device = batch.q.device
     num_seqs = len(case.sequences)
-    descale = torch.ones(1, dtype=torch.float32, device=device).expand(num_seqs, g.num_kv_heads)
+    kv = case.kv_cache
+    key_cache, value_cache = batch.key_cache, batch.value_cache
+    quant = dict(kv_quant_mode=module.KVQuantMode.NONE)
+    descales = [torch.ones(1, dtype=torch.float32, device=device).expand(num_seqs, g.num_kv_heads)] * 2
+    if kv.token_head:
+        int8 = kv.dtype == "int8"
+        mode = module.KVQuantMode.INT8_PER_TOKEN_HEAD if int8 else module.KVQuantMode.FP8_PER_TOKEN_HEAD
+        key_cache, value_cache, k_scales, v_scales = token_head_views(
+            packed_token_head_caches(batch), g.head_size, torch.int8 if int8 else key_cache.dtype)
+        quant = dict(kv_quant_mode=mode, k_scale_cache=k_scales, v_scale_cache=v_scales)
+        descales = [None, None]
+    elif kv.quantized:
+        quant = dict(kv_quant_mode=module.KVQuantMode.FP8_PER_TENSOR)
+        descales = [scale.expand(num_seqs, g.num_kv_heads) for scale in (batch.k_scale, batch.v_scale)]
     split_k: dict = {}
     if offers_split_k(case, path) and case.num_tokens > 0:
         # Stale scratch is realistic (vLLM reuses it across layers and steps),
@@ -170,14 +257,14 @@ def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
         )
     with loaded.active():
         entry(
-            q=batch.q, k=batch.key_cache, v=batch.value_cache, out=out,
+            q=batch.q, k=key_cache, v=value_cache, out=out,
             cu_seqlens_q=batch.query_start_loc, max_seqlen_q=case.max_query_len,
             seqused_k=batch.seq_lens, max_seqlen_k=case.max_seq_len,
             softmax_scale=case.scale, causal=case.causal, window_size=unified_window(case),
             block_table=batch.block_table, softcap=0,
-            q_descale=None, k_descale=descale, v_descale=descale,
+            q_descale=None, k_descale=descales[0], v_descale=descales[1],
             sinks=batch.sinks,
-            **split_k,
+            **split_k, **quant,
         )
     return out
 
@@ -192,13 +279,17 @@ def kernel(name: str, source: str | None = None) -> Kernel:
     a configuration error now rather than a crash of the first case.
     """
     if name == "vllm:rocm_attn":
-        vllm_loader.load("rocm_attn", source)
+        loaded = vllm_loader.load("rocm_attn", source)
+        caps = ROCM_ATTN_CAPABILITIES.restrict(
+            kv_cache_dtypes=("auto", platform_fp8(loaded, "chunked_prefill_paged_decode"), "fp8_e5m2"))
         return Kernel(name=name, run=functools.partial(run_rocm_attn, source=source),
-                      capabilities=ROCM_ATTN_CAPABILITIES, source=source)
+                      capabilities=caps, source=source)
     base, _, path = name.partition("@")
     if base == "vllm:triton_attn" and path in ("", *UNIFIED_PATHS):
-        vllm_loader.load("triton_attn", source)
+        loaded = vllm_loader.load("triton_attn", source)
+        fp8 = platform_fp8(loaded, "triton_unified_attention")
+        caps = TRITON_ATTN_CAPABILITIES.restrict(kv_cache_dtypes=("auto", fp8), token_head_dtypes=(fp8, "int8"))
         return Kernel(name=name, run=functools.partial(run_triton_attn, path=path or None, source=source),
-                      capabilities=TRITON_ATTN_CAPABILITIES, source=source)
+                      capabilities=caps, source=source)
     known = ", ".join((*KERNEL_NAMES, "vllm:triton_attn@2d", "vllm:triton_attn@3d"))
     raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {known}")

@@ -4,7 +4,9 @@
 ``dot_rows`` pads a row count to what ``tl.dot`` accepts; ``INTERPRETED``
 says whether Triton's interpreter runs them; ``device_function`` marks the
 helpers kernels call; ``sinks_argument`` fills the sinks pointer of a batch
-without sinks; ``family_kernels`` registers a family's variants.
+without sinks; ``kv_quant`` and ``scale_arguments`` say how a quantized cache
+is read (the ``KV_QUANT`` constexpr) and fill its scale pointers;
+``family_kernels`` registers a family's variants.
 
 Every family module (``harness.kernels.<family>``) defines
 
@@ -68,6 +70,31 @@ def sinks_argument(batch: PagedBatch) -> torch.Tensor:
     """``batch.sinks``, or without sinks a float32 stand-in the kernel never reads:
     the presence of sinks is then a runtime flag, not a compile of its own."""
     return _no_sinks(batch.q.device) if batch.sinks is None else batch.sinks
+
+
+# KV_QUANT: how a kernel reads its cache.  PER_TENSOR: codes x k_scale / v_scale
+# (loaded once per program); PER_TOKEN_HEAD: codes x the slot's entry in a
+# [num_blocks, block_size, num_kv_heads] scale cache.
+NO_QUANT, PER_TENSOR, PER_TOKEN_HEAD = 0, 1, 2
+# The caches every family reads with per-tensor scales, unquantized first.
+PER_TENSOR_DTYPES = ("auto", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz")
+# Those a family with per-token-head scales reads that way.
+TOKEN_HEAD_DTYPES = ("fp8_e4m3fn", "int8", "fp8_e5m2", "fp8_e4m3fnuz")
+
+
+def kv_quant(case) -> int:
+    """The KV_QUANT constexpr for ``case``'s cache."""
+    kv = case.kv_cache
+    return NO_QUANT if not kv.quantized else (PER_TOKEN_HEAD if kv.token_head else PER_TENSOR)
+
+
+def scale_arguments(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-tensor (k_scale, v_scale) pointers; without them float32 stand-ins the kernel
+    never reads (as for sinks, so that a batch without them is no compile of its own)."""
+    if batch.k_scale is None:
+        stand_in = _no_sinks(batch.q.device)
+        return stand_in, stand_in
+    return batch.k_scale, batch.v_scale
 
 
 def family_kernels(family: str, launch: Callable, capabilities: Capabilities, expect: dict[str, str]) -> list[Kernel]:

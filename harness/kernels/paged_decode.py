@@ -13,6 +13,10 @@ One kernel, three variants chosen by constexpr switches:
   straddle the window start and seq_len; interior tiles load whole, in a
   loop of their own, so it pipelines exactly like the old kernel's.
 
+Every variant reads fp8 caches with per-tensor scales (``KV_QUANT``): a
+loaded tile becomes code x scale in float32, then the query dtype, as in
+vLLM's ``kernel_paged_attention_2d``.
+
 One program per (sequence, KV head) computes all query heads of that KV head
 at once, padded to a ``tl.dot``-friendly row count.
 """
@@ -22,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nanfuzz.harness.kernels._common import device_function, dot_rows, family_kernels, softmax_step
+from nanfuzz.harness.kernels._common import (PER_TENSOR_DTYPES, device_function, dot_rows, family_kernels, kv_quant,
+                                             scale_arguments, softmax_step)
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
@@ -37,9 +42,10 @@ DEFAULT_TILE_SIZE = 32
 
 
 @device_function
-def _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale, table_width,
-                 offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb, stride_vs,
-                 TILE_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, LOAD_MASK: tl.constexpr):
+def _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale, k_scale, v_scale,
+                 table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb, stride_vs,
+                 TILE_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, LOAD_MASK: tl.constexpr,
+                 KV_QUANT: tl.constexpr):
     """Fold keys ``[tile * TILE_SIZE, +TILE_SIZE)`` into the softmax state.
 
     LOAD_MASK 0: load every key of the tile (an interior tile, or the old
@@ -61,6 +67,9 @@ def _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len,
         load_ok = allowed if LOAD_MASK == 2 else keys < seq_len
         k = tl.load(k_ptrs, mask=dim_ok[:, None] & load_ok[None, :], other=0.0)
         v = tl.load(v_ptrs, mask=load_ok[:, None] & dim_ok[None, :], other=0.0)
+    if KV_QUANT == 1:  # PER_TENSOR: codes x scale
+        k = (k.to(tl.float32) * k_scale).to(q.dtype)
+        v = (v.to(tl.float32) * v_scale).to(q.dtype)
     # -- scores, dead keys to -inf, online softmax -------------------------------
     qk = tl.dot(q, k, input_precision="ieee") * scale
     qk = tl.where(allowed[None, :], qk, float("-inf"))
@@ -77,7 +86,7 @@ DO_NOT_SPECIALIZE = ["window", "queries_per_kv", "table_width"]
 
 @triton.jit(do_not_specialize=DO_NOT_SPECIALIZE)
 def _paged_decode_kernel(
-    Out, Q, KCache, VCache, Sinks, BlockTable, SeqLens, QueryStartLoc,
+    Out, Q, KCache, VCache, KScale, VScale, Sinks, BlockTable, SeqLens, QueryStartLoc,
     scale, window, head_size, queries_per_kv, table_width,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh,
@@ -86,7 +95,7 @@ def _paged_decode_kernel(
     TILE_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr, QUERY_ROWS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr,
-    MASK_TAIL: tl.constexpr, MASK_WINDOW: tl.constexpr,
+    MASK_TAIL: tl.constexpr, MASK_WINDOW: tl.constexpr, KV_QUANT: tl.constexpr,
 ):
     tl.static_assert(TILE_SIZE >= 16, "tl.dot needs at least 16 keys per tile")
     tl.static_assert(QUERY_ROWS >= 16, "tl.dot needs at least 16 query rows")
@@ -117,6 +126,11 @@ def _paged_decode_kernel(
 
     # -- softmax state; a sink starts as the running maximum with weight 1 ----
     acc = tl.zeros([QUERY_ROWS, HEAD_PAD], dtype=tl.float32)
+    k_scale = 1.0
+    v_scale = 1.0
+    if KV_QUANT == 1:  # PER_TENSOR
+        k_scale = tl.load(KScale)
+        v_scale = tl.load(VScale)
     if HAS_SINKS:
         m_i = tl.load(Sinks + heads, mask=row_ok, other=float("-inf")).to(tl.float32)
         l_i = tl.where(row_ok, 1.0, 0.0)
@@ -144,16 +158,16 @@ def _paged_decode_kernel(
     v_head = VCache + kv_head * stride_vh
     for tile in range(first, full_lo):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
-                                     table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
-                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2)
+                                     k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
+                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2, KV_QUANT)
     for tile in range(full_lo, full_hi):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
-                                     table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
-                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 0)
+                                     k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
+                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 0, KV_QUANT)
     for tile in range(tail, num_tiles):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
-                                     table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
-                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2 if MASK_WINDOW else 1)
+                                     k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
+                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2 if MASK_WINDOW else 1, KV_QUANT)
 
     # -- epilogue: normalise, write the real heads ----------------------------
     acc = acc / l_i[:, None]
@@ -171,7 +185,8 @@ def specialisation(case: Case, variant: str) -> dict:
     g = case.geometry
     return dict(TILE_SIZE=DEFAULT_TILE_SIZE, BLOCK_SIZE=g.block_size,
                 HEAD_PAD=triton.next_power_of_2(g.head_size), QUERY_ROWS=dot_rows(g.queries_per_kv),
-                HAS_WINDOW=case.sliding_window > 0, HAS_SINKS=case.sinks, **VARIANTS[variant])
+                HAS_WINDOW=case.sliding_window > 0, HAS_SINKS=case.sinks, KV_QUANT=kv_quant(case),
+                **VARIANTS[variant])
 
 
 def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked",
@@ -188,8 +203,9 @@ def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
     queries_per_kv = num_q_heads // num_kv_heads
     window = batch.sliding_window
     grid = (table.shape[0], num_kv_heads)
+    k_scale, v_scale = scale_arguments(batch)
     _paged_decode_kernel[grid](
-        out, q, key_cache, value_cache, batch.sinks, table, batch.seq_lens, batch.query_start_loc,
+        out, q, key_cache, value_cache, k_scale, v_scale, batch.sinks, table, batch.seq_lens, batch.query_start_loc,
         batch.scale, window, head_size, queries_per_kv, table.shape[1],
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -203,7 +219,7 @@ def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
 
 # For decode (p = seq_len - 1) the symmetric non-causal window allows the same keys.
 CAPABILITIES = Capabilities(max_query_len=1, causal=True, non_causal=True, sliding_window=True, sinks=True,
-                            precision="ieee")
+                            kv_cache_dtypes=PER_TENSOR_DTYPES, precision="ieee")
 
 KERNELS = family_kernels("paged_decode", paged_decode, CAPABILITIES,
                          {"unmasked": "caught", "tail-masked": "caught", "masked": "pass"})

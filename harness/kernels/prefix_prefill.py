@@ -21,6 +21,10 @@ Variants (one kernel, the ``MASK_DEAD_SLOTS`` switch):
   the tiles that straddle the window's lower edge or the end of the context
   load through a per-slot mask; the tiles in between load without one.
 
+Both read fp8 caches with per-tensor scales (``KV_QUANT``): context tiles
+become code x scale in float32, then the query dtype; the new tokens' k/v
+come dequantized already (as vLLM's ``context_attention_fwd`` receives them).
+
 Compiles: only the variant, the tile sizes and the padded head size are
 constexprs; block size, head size, window, causality and sinks are runtime
 values and no integer argument is specialised, so a fuzz campaign compiles
@@ -32,8 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nanfuzz.harness.kernels._common import (INTERPRETED, device_function, dot_rows, family_kernels, sinks_argument,
-                                             softmax_step)
+from nanfuzz.harness.kernels._common import (INTERPRETED, PER_TENSOR_DTYPES, device_function, dot_rows, family_kernels,
+                                             kv_quant, scale_arguments, sinks_argument, softmax_step)
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
@@ -103,7 +107,7 @@ DO_NOT_SPECIALIZE = [
 
 @triton.jit(do_not_specialize=DO_NOT_SPECIALIZE)
 def _prefix_prefill_fwd(
-    Q, K, V, Key_cache, Value_cache, Block_table, Seq_lens, Query_start_loc, Sinks, Out,
+    Q, K, V, Key_cache, Value_cache, K_scale, V_scale, Block_table, Seq_lens, Query_start_loc, Sinks, Out,
     scale, block_size, head_size, window, causal, has_sinks, group, tokens_per_tile, table_width,
     stride_q_tok, stride_q_head,
     stride_k_tok, stride_k_head,
@@ -113,7 +117,7 @@ def _prefix_prefill_fwd(
     stride_table_seq,
     stride_o_tok, stride_o_head,
     MASK_DEAD_SLOTS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, KV_QUANT: tl.constexpr,
 ):
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs every dimension >= 16")
     seq = tl.program_id(0)
@@ -158,6 +162,11 @@ def _prefix_prefill_fwd(
     hi = tl.where(causal != 0, ctx_len + last + 1, hi)
 
     # -- phase 1: context keys from the paged cache ----------------------------
+    k_scale = 1.0
+    v_scale = 1.0
+    if KV_QUANT == 1:  # PER_TENSOR: codes x scale
+        k_scale = tl.load(K_scale)
+        v_scale = tl.load(V_scale)
     table_row = Block_table + seq.to(tl.int64) * stride_table_seq
     if MASK_DEAD_SLOTS:
         # tiles wholly below the window are never visited; when the window
@@ -189,6 +198,9 @@ def _prefix_prefill_fwd(
                                     stride_kc_block, stride_kc_slot, stride_kc_head,
                                     stride_vc_block, stride_vc_slot, stride_vc_head,
                                     False)
+        if KV_QUANT == 1:
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
         # -- compute qk, mask the scores, fold the tile in --------------------
         # "ieee": fp32 caches keep fp32 accuracy; fp16/bf16 dots are unaffected
         qk = tl.dot(q, k, input_precision="ieee") * scale
@@ -227,7 +239,7 @@ def specialisation(case: Case, variant: str) -> dict:
     query_tile = BLOCK_M_INTERPRETED if INTERPRETED else BLOCK_M
     return dict(BLOCK_M=max(query_tile, dot_rows(g.queries_per_kv)),
                 BLOCK_N=BLOCK_N_INTERPRETED if INTERPRETED else BLOCK_N,
-                D_PAD=dot_rows(g.head_size), **VARIANTS[variant])
+                D_PAD=dot_rows(g.head_size), KV_QUANT=kv_quant(case), **VARIANTS[variant])
 
 
 def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> torch.Tensor:
@@ -249,8 +261,9 @@ def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> tor
     tokens_per_tile = constexprs["BLOCK_M"] // group
     grid = (len(case.sequences), g.num_kv_heads, triton.cdiv(max_query_len, tokens_per_tile))
     kc, vc = batch.key_cache, batch.value_cache
+    k_scale, v_scale = scale_arguments(batch)
     _prefix_prefill_fwd[grid](
-        batch.q, batch.k, batch.v, kc, vc, batch.block_table, batch.seq_lens, batch.query_start_loc,
+        batch.q, batch.k, batch.v, kc, vc, k_scale, v_scale, batch.block_table, batch.seq_lens, batch.query_start_loc,
         sinks, out,
         case.scale, g.block_size, g.head_size, case.sliding_window, int(case.causal),
         int(batch.sinks is not None), group, tokens_per_tile, case.table_width,
@@ -267,6 +280,7 @@ def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> tor
     return out
 
 
-CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True, precision="ieee")
+CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True,
+                            kv_cache_dtypes=PER_TENSOR_DTYPES, precision="ieee")
 
 KERNELS = family_kernels("prefix_prefill", prefix_prefill, CAPABILITIES, {"unmasked": "caught", "masked": "pass"})

@@ -19,6 +19,12 @@ Both variants come from one kernel source:
   slots and padding-table blocks are loaded and only their scores masked,
   so a NaN there reaches ``p @ V`` as 0 * NaN.  Causal attention is correct.
 
+Both read quantized caches (``KV_QUANT``): fp8 with per-tensor scales, and
+fp8 or int8 with per-token-head scales, each key's scale loaded from the
+``[num_blocks, block_size, num_kv_heads]`` scale cache beside its codes and
+under the same mask, so the old variant also reads dead slots' scales (a
+NaN scale times a masked value is NaN).
+
 On a GPU every new specialisation is a compile, so only what shapes the
 program is constexpr: the variant, the fixed tile sizes, the padded head
 size ``tl.arange`` needs and the row count (one for decode-only batches,
@@ -33,7 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nanfuzz.harness.kernels._common import (INTERPRETED, MIN_DOT_SIZE, device_function, dot_rows, family_kernels,
+from nanfuzz.harness.kernels._common import (INTERPRETED, MIN_DOT_SIZE, PER_TENSOR_DTYPES, TOKEN_HEAD_DTYPES,
+                                             device_function, dot_rows, family_kernels, kv_quant, scale_arguments,
                                              sinks_argument, softmax_step)
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
@@ -94,25 +101,37 @@ def _key_edges(first_pos, last_pos, seq_len, table_capacity, window, causal,
 
 
 @device_function
+def _token_head_scales(Scales, block, slot, kv_head, stride_b, stride_s, stride_h, key_ok, EDGE: tl.constexpr):
+    """``(TILE_SIZE,)`` float32: each key's entry in a per-token-head scale cache,
+    loaded under the same mask as its codes (an EDGE tile's keys outside the edges read 0)."""
+    ptrs = Scales + block * stride_b + slot * stride_s + kv_head * stride_h
+    if EDGE:
+        return tl.load(ptrs, mask=key_ok, other=0.0)
+    return tl.load(ptrs)
+
+
+@device_function
 def _attend_tiles(acc, l_i, m_i, q,
                   K_cache, V_cache, Table_row, kv_head,
                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                  K_scales, V_scales, k_scale, v_scale,
+                  stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
                   position, seq_len, window, causal, block_size, key_lo, key_hi, tile_lo, tile_hi,
                   scale, offs_d, d_ok,
-                  EDGE: tl.constexpr, TILE_SIZE: tl.constexpr):
+                  EDGE: tl.constexpr, TILE_SIZE: tl.constexpr, KV_QUANT: tl.constexpr):
     """Fold key tiles ``tile_lo .. tile_hi - 1`` into ``(acc, l_i, m_i)`` and return them.
 
     EDGE tiles straddle ``key_lo`` or ``key_hi``: their table entries, K and
-    V load under a per-key mask (0 outside).  Other tiles lie wholly inside
-    ``[key_lo, key_hi)`` and load without one.  Scores are masked per row
-    to the row's allowed set either way.
+    V (and per-token-head scales) load under a per-key mask (0 outside).
+    Other tiles lie wholly inside ``[key_lo, key_hi)`` and load without one.
+    Scores are masked per row to the row's allowed set either way.
     """
     offs_t = tl.arange(0, TILE_SIZE)
     for tile in range(tile_lo, tile_hi):
         keys = tile * TILE_SIZE + offs_t
         # -- find each key's slot: block_table[seq, key // block_size] ---------
+        key_ok = (keys >= key_lo) & (keys < key_hi)  # consulted on EDGE tiles only
         if EDGE:
-            key_ok = (keys >= key_lo) & (keys < key_hi)
             block = tl.load(Table_row + keys // block_size, mask=key_ok, other=0).to(tl.int64)
         else:
             block = tl.load(Table_row + keys // block_size).to(tl.int64)
@@ -128,6 +147,17 @@ def _attend_tiles(acc, l_i, m_i, q,
         else:
             k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
             v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        # -- quantized caches: codes x scale, in float32, then the query dtype --------
+        if KV_QUANT == 1:  # PER_TENSOR
+            k = (k.to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+        if KV_QUANT == 2:  # PER_TOKEN_HEAD
+            k_scales = _token_head_scales(K_scales, block, slot, kv_head, stride_ksb, stride_kss, stride_ksh,
+                                          key_ok, EDGE)
+            v_scales = _token_head_scales(V_scales, block, slot, kv_head, stride_vsb, stride_vss, stride_vsh,
+                                          key_ok, EDGE)
+            k = (k.to(tl.float32) * k_scales[None, :]).to(q.dtype)
+            v = (v.to(tl.float32) * v_scales[:, None]).to(q.dtype)
         # -- compute qk, -inf outside each row's allowed set -----------------------
         qk = tl.dot(q, k, input_precision="ieee") * scale  # qk : (BLOCK_M, TILE_SIZE)
         distance = position[:, None] - keys[None, :]
@@ -146,18 +176,21 @@ DO_NOT_SPECIALIZE = [
     "queries_per_kv", "block_q",
     "stride_qt", "stride_qh", "stride_ot", "stride_oh",
     "stride_kb", "stride_ks", "stride_kh", "stride_vb", "stride_vs", "stride_vh", "stride_bt",
+    "stride_ksb", "stride_kss", "stride_ksh", "stride_vsb", "stride_vss", "stride_vsh",
 ]
 
 
 @triton.jit(do_not_specialize=DO_NOT_SPECIALIZE)
 def _unified_attention(
     Out, Q, K_cache, V_cache, Block_table, Seq_lens, Query_start_loc, Sinks,
+    K_scale, V_scale, K_scales, V_scales,
     scale, window, causal, has_sinks, num_seqs, table_width, block_size, head_size,
     queries_per_kv, block_q,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
     BLOCK_M: tl.constexpr, TILE_SIZE: tl.constexpr, HEAD_PAD: tl.constexpr,
-    OVERSHOOT: tl.constexpr,
+    OVERSHOOT: tl.constexpr, KV_QUANT: tl.constexpr,
 ):
     tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(TILE_SIZE >= 16, "tl.dot needs at least 16 keys per tile")
@@ -195,6 +228,11 @@ def _unified_attention(
     sinks_ok = (rows * 0 + has_sinks) != 0  # the flag, one per row
     m_i = tl.load(Sinks + head, mask=sinks_ok, other=float("-inf")).to(tl.float32)
     l_i = tl.where(sinks_ok, 1.0, 0.0)
+    k_scale = 1.0
+    v_scale = 1.0
+    if KV_QUANT == 1:  # PER_TENSOR
+        k_scale = tl.load(K_scale)
+        v_scale = tl.load(V_scale)
 
     # -- tiles: lower edge, interior, upper edge -----------------------------------
     key_lo, key_hi = _key_edges(context_len + q_block * block_q, context_len + last_query,
@@ -207,16 +245,22 @@ def _unified_attention(
     Table_row = Block_table + seq.to(tl.int64) * stride_bt
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K_cache, V_cache, Table_row, kv_head,
                                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                  K_scales, V_scales, k_scale, v_scale,
+                                  stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
                                   position, seq_len, window, is_causal, block_size, key_lo, key_hi,
-                                  tile_lo, inner_lo, scale, offs_d, d_ok, True, TILE_SIZE)
+                                  tile_lo, inner_lo, scale, offs_d, d_ok, True, TILE_SIZE, KV_QUANT)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K_cache, V_cache, Table_row, kv_head,
                                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                  K_scales, V_scales, k_scale, v_scale,
+                                  stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
                                   position, seq_len, window, is_causal, block_size, key_lo, key_hi,
-                                  inner_lo, inner_hi, scale, offs_d, d_ok, False, TILE_SIZE)
+                                  inner_lo, inner_hi, scale, offs_d, d_ok, False, TILE_SIZE, KV_QUANT)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, K_cache, V_cache, Table_row, kv_head,
                                   stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                                  K_scales, V_scales, k_scale, v_scale,
+                                  stride_ksb, stride_kss, stride_ksh, stride_vsb, stride_vss, stride_vsh,
                                   position, seq_len, window, is_causal, block_size, key_lo, key_hi,
-                                  inner_hi, tile_hi, scale, offs_d, d_ok, True, TILE_SIZE)
+                                  inner_hi, tile_hi, scale, offs_d, d_ok, True, TILE_SIZE, KV_QUANT)
 
     # -- epilogue: out[token, head, :] in the output's dtype ---------------------------
     out = acc / l_i[:, None]
@@ -234,7 +278,8 @@ def _rows(case: Case) -> int:
 def specialisation(case: Case, variant: str) -> dict:
     """The constexpr arguments of a launch on ``case``'s batch (see ``_common``)."""
     return dict(BLOCK_M=_rows(case), TILE_SIZE=TILE_SIZE_INTERPRETED if INTERPRETED else TILE_SIZE,
-                HEAD_PAD=triton.next_power_of_2(case.geometry.head_size), **VARIANTS[variant])
+                HEAD_PAD=triton.next_power_of_2(case.geometry.head_size), KV_QUANT=kv_quant(case),
+                **VARIANTS[variant])
 
 
 def unified_attention(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> torch.Tensor:
@@ -252,13 +297,21 @@ def unified_attention(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> 
     k_cache, v_cache = batch.key_cache, batch.value_cache
     assert _unit_stride_heads(batch.q, out, k_cache, v_cache)
     sinks = sinks_argument(batch)
+    k_scale, v_scale = scale_arguments(batch)
+    # per-token-head scale caches, or stand-ins (never read) with no strides
+    k_scales, v_scales = batch.k_scale_cache, batch.v_scale_cache
+    scale_strides = (*k_scales.stride(), *v_scales.stride()) if k_scales is not None else (0,) * 6
+    if k_scales is None:
+        k_scales = v_scales = k_scale
     _unified_attention[grid](
         out, batch.q, k_cache, v_cache, batch.block_table, batch.seq_lens, batch.query_start_loc, sinks,
+        k_scale, v_scale, k_scales, v_scales,
         case.scale, case.sliding_window, int(case.causal), int(batch.sinks is not None),
         len(case.sequences), batch.block_table.shape[1], g.block_size, g.head_size, qpk, block_q,
         batch.q.stride(0), batch.q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), batch.block_table.stride(0),
+        *scale_strides,
         **constexprs,
     )
     return out
@@ -269,6 +322,8 @@ def _unit_stride_heads(*tensors: torch.Tensor) -> bool:
     return all(t.stride(-1) == 1 for t in tensors)
 
 
-CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True, precision="ieee")
+CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True,
+                            kv_cache_dtypes=PER_TENSOR_DTYPES, token_head_dtypes=TOKEN_HEAD_DTYPES,
+                            precision="ieee")
 
 KERNELS = family_kernels("unified", unified_attention, CAPABILITIES, {"overshoot": "caught", "masked": "pass"})

@@ -1,0 +1,48 @@
+"""Quantized KV caches: unquantized, fp8 with per-tensor scales, or per-token-head scales."""
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import KVCache
+
+# Per-tensor scales: 1 (vLLM's default when a checkpoint brings none), or any
+# float32 from "calibrated" (the largest |value| near the largest code) to a
+# few times 1 (most values land on small codes and subnormals).
+SCALE_RANGE = (2.0 ** -10, 4.0)
+
+
+def per_tensor_scales():
+    """Shrinks toward 1."""
+    return st.one_of(st.just(1.0), st.floats(*SCALE_RANGE, width=32))
+
+
+def kv_cache_options(caps: Capabilities) -> list[tuple[str, bool]]:
+    """(cache dtype, per-token-head?) for every cache ``caps`` takes, in shrinking order:
+    unquantized, then per-tensor, then per-token-head scales."""
+    options = [(d, False) for d in caps.kv_cache_dtypes if d == "auto"]
+    options += [(d, False) for d in caps.kv_cache_dtypes if d != "auto"]
+    options += [(d, True) for d in caps.token_head_dtypes]
+    return options
+
+
+def kv_caches(caps: Capabilities, fixed: tuple[str, bool] | None = None):
+    """A cache ``caps`` takes (or the ``fixed`` dtype and scale mode, drawing only its scales).
+
+    Shrinks toward no quantization, then per-tensor scales (the first dtype,
+    scales of 1), then per-token-head scales.  The scales are drawn whatever
+    the cache, so that a shrink from one cache to a simpler one changes a
+    single choice.
+    """
+    options = [fixed] if fixed is not None else kv_cache_options(caps)
+    assert options, "a kernel must take some KV cache (Capabilities.kv_cache_dtypes / token_head_dtypes)"
+    if options == [("auto", False)]:
+        return st.just(KVCache())
+    return st.builds(_cache, st.sampled_from(options), per_tensor_scales(), per_tensor_scales())
+
+
+def _cache(option: tuple[str, bool], k_scale: float, v_scale: float) -> KVCache:
+    dtype, token_head = option
+    if dtype == "auto":
+        return KVCache()
+    return KVCache(dtype, "token-head") if token_head else KVCache(dtype, "tensor", k_scale, v_scale)
