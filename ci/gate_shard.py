@@ -34,7 +34,7 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
     # the gate sets this worker's NANFUZZ_STATE_DIR (its slot's folder); read once, here
     settings = Settings.from_environment(device=device, profile=plan.profile,
                                          repro_dir=plan.shard_repro_dir(slot))
-    kernel = resolve(kernel_name, settings.vllm_src)
+    kernel = resolve(kernel_name, **settings.sources)
     record = ShardRecord(kernel=kernel_name, slot=slot, kernel_name=kernel.name,
                          worker=os.environ.get("PYTEST_XDIST_WORKER", "main"), pid=os.getpid(),
                          examples_db=str(settings.examples_path.resolve()),
