@@ -271,6 +271,28 @@ def test_missing_module_and_function_are_named(tmp_path, aiter_source):
     assert "has no paged_attn_decode_v2()" in message and str(decode) in message
 
 
+def test_later_trees_keep_the_modules_in_attention_subfolders(tmp_path, aiter_source):
+    """Later AITER moved the attention modules to ops/triton/attention/ and _triton_kernels/attention/."""
+    ops = tmp_path / "aiter" / "ops" / "triton"
+    for folder in (ops / "attention", ops / "_triton_kernels" / "attention"):
+        folder.mkdir(parents=True)
+    moved = ("pa_prefill", "chunked_pa_prefill")
+    for name in moved:
+        for old, new in ((aiter_source / "aiter/ops/triton" / f"{name}.py", ops / "attention" / f"{name}.py"),
+                         (aiter_source / "aiter/ops/triton/_triton_kernels" / f"{name}.py",
+                          ops / "_triton_kernels" / "attention" / f"{name}.py")):
+            text = old.read_text()
+            for module in moved:
+                text = text.replace(f"aiter.ops.triton._triton_kernels.{module} ",
+                                    f"aiter.ops.triton._triton_kernels.attention.{module} ")
+                text = text.replace(f"aiter.ops.triton.{module} ", f"aiter.ops.triton.attention.{module} ")
+            new.write_text(text)
+    loaded = aiter_loader.load("chunked_pa_prefill", tmp_path)
+    assert loaded["chunked_pa_prefill"].__name__ == "aiter.ops.triton.attention.chunked_pa_prefill"
+    case = consecutive_case(seqs=[(5, 20), (1, 32)])
+    assert check(resolve("aiter:chunked_pa_prefill", aiter_src=str(tmp_path)), case, DEVICE).verdict.value == "PASS"
+
+
 def test_installed_package_without_runtime_is_found(monkeypatch, aiter_source):
     monkeypatch.syspath_prepend(str(aiter_source))
     aiter_loader.loader._cache.clear()

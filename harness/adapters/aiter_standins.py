@@ -1,8 +1,8 @@
 """Small stand-ins for the AITER runtime helpers that its Triton attention files import.
 
-AITER's kernel files are plain Triton plus three helpers from
-``aiter.ops.triton.utils``: a logger, the device's compute-unit count, and
-the fp8 type the architecture uses.  Importing ``aiter`` itself pulls in its
+AITER's kernel files are plain Triton plus a few helpers from
+``aiter.ops.triton.utils``: a logger, the device's compute-unit count and
+architecture, and the fp8 type the architecture uses.  Importing ``aiter`` itself pulls in its
 JIT build machinery and compiled extensions, so the loader registers these
 modules under the real names while it executes the kernel files, and only
 then.  Each answers what the kernels ask, from torch and Triton, and says so
@@ -18,7 +18,8 @@ import torch
 
 # Parents of the modules below; they hold no code, and an empty __path__ keeps
 # any other ``aiter.*`` import from silently reaching into a source tree.
-PACKAGES = ("aiter", "aiter.ops", "aiter.ops.triton", "aiter.ops.triton._triton_kernels", "aiter.ops.triton.utils")
+PACKAGES = ("aiter", "aiter.ops", "aiter.ops.triton", "aiter.ops.triton._triton_kernels", "aiter.ops.triton.utils",
+            "aiter.ops.triton.utils._triton", "aiter.ops.triton.attention", "aiter.ops.triton._triton_kernels.attention")
 
 # Under Triton's interpreter there is no device to ask; the interpreter stands
 # in for the GPU nanfuzz's users gate on, an MI355X: 256 compute units in 8
@@ -83,6 +84,11 @@ class AiterTritonLogger:
         self._LOGGER.critical(msg)
 
 
+def _device() -> str:
+    """AITER's name for the device (MI300X, MI350X), by architecture."""
+    return {"gfx942": "MI300X", "gfx950": "MI350X"}.get(_arch(), _arch() or "not an AMD GPU")
+
+
 def _module(name: str, attrs: dict[str, Any], *, package: bool = False) -> types.ModuleType:
     module = types.ModuleType(name, f"nanfuzz stand-in for {name}")
     module.__dict__.update(attrs)
@@ -107,6 +113,9 @@ def build() -> dict[str, types.ModuleType]:
         "aiter.ops.triton.utils.logger": _module("aiter.ops.triton.utils.logger", {"AiterTritonLogger": AiterTritonLogger}),
         "aiter.ops.triton.utils.device_info": _module(
             "aiter.ops.triton.utils.device_info", {"get_num_sms": get_num_sms, "get_num_xcds": get_num_xcds}),
+        "aiter.ops.triton.utils._triton.arch_info": _module("aiter.ops.triton.utils._triton.arch_info", {
+            "get_arch": _arch, "get_device": _device,
+            "is_fp8_avail": lambda: _arch() in ("gfx942", "gfx950"), "is_fp4_avail": lambda: _arch() == "gfx950"}),
         "aiter.ops.triton.utils.types": _module("aiter.ops.triton.utils.types", {
             "get_fp8_dtypes": get_fp8_dtypes, "get_fp8_e4m3_dtype": get_fp8_e4m3_dtype,
             "e5m2_dtype": e5m2, "e4m3_dtype": e4m3}),

@@ -40,6 +40,11 @@ class KernelModule:
     name: str                      # dotted name under the library's ops package ("_triton_kernels.pa_decode")
     functions: tuple[str, ...]     # what the adapters call or launch from it
     optional: bool = False         # absent in older trees; loaded when present
+    moved_to: tuple[str, ...] = ()  # where later trees keep it instead, tried in order after ``name``
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.moved_to)
 
 
 @dataclass(frozen=True)
@@ -67,11 +72,11 @@ class Library:
         return (f"a {self.name} source checkout or an unpacked {self.distribution} wheel "
                 f"(the folder that holds {self.package}/)")
 
-    def dotted(self, km: KernelModule) -> str:
-        return f"{self.ops_package}.{km.name}"
+    def dotted(self, name: str) -> str:
+        return f"{self.ops_package}.{name}"
 
-    def relpath(self, km: KernelModule) -> str:  # inside the package folder
-        return f"{self.ops_dir}/{km.name.replace('.', '/')}.py"
+    def relpath(self, name: str) -> str:  # inside the package folder
+        return f"{self.ops_dir}/{name.replace('.', '/')}.py"
 
     def owns(self, module_name: str) -> bool:
         return module_name == self.package or module_name.startswith(self.package + ".")
@@ -180,12 +185,16 @@ def _import_native(library: Library, group: str) -> LoadedKernels | None:
     modules = {}
     try:
         for km in library.groups[group]:
-            try:
-                modules[km.name] = importlib.import_module(library.dotted(km))
-            except ModuleNotFoundError as exc:
-                if km.optional and exc.name == library.dotted(km):
-                    continue
-                raise
+            for name in km.names:
+                try:
+                    modules[km.name] = importlib.import_module(library.dotted(name))
+                    break
+                except ModuleNotFoundError as exc:
+                    if exc.name != library.dotted(name):
+                        raise  # the module is there, something it imports is not
+            else:
+                if not km.optional:
+                    raise ModuleNotFoundError(library.dotted(km.name))
     except Exception:  # noqa: BLE001 - any failure means: not a working install
         for name in [n for n in sys.modules if library.owns(n) and n not in before]:
             del sys.modules[name]
@@ -194,7 +203,8 @@ def _import_native(library: Library, group: str) -> LoadedKernels | None:
     # those would run nothing, so such an install is no use here.
     if any(getattr(m, "tl", tl) is not tl or getattr(m, "triton", triton) is not triton for m in modules.values()):
         return None
-    _check_functions(library, group, modules, lambda km: getattr(modules[km.name], "__file__", library.dotted(km)))
+    _check_functions(library, group, modules,
+                     lambda km: getattr(modules[km.name], "__file__", None) or modules[km.name].__name__)
     version = getattr(sys.modules.get(library.package), "__version__", "unknown version")
     return LoadedKernels(
         library=library, group=group, source=f"installed {library.package} {version} (native)", modules=modules,
@@ -206,25 +216,24 @@ def _load_files(library: Library, group: str, package: Path, *, origin: str) -> 
     loaded: dict[str, types.ModuleType] = {}
     with _swapped_modules(library, standins, exclusive=True):
         for km in library.groups[group]:
-            path = package / library.relpath(km)
-            if not path.is_file():
+            name = next((n for n in km.names if (package / library.relpath(n)).is_file()), None)
+            if name is None:
                 if km.optional:
                     continue
                 raise NanfuzzError(
-                    f"{library.name} source {package} ({origin}) lacks {library.package}/{library.relpath(km)}, "
+                    f"{library.name} source {package} ({origin}) lacks {library.package}/{library.relpath(km.name)}, "
                     f"which {library.kernel_name(group)} runs; point {library.option} at a {library.name} tree that "
                     f"has it (nanfuzz is tested with {library.tested})")
-            loaded[km.name] = _exec_file(library, km, path, standins)
-    _check_functions(library, group, loaded, lambda km: package / library.relpath(km))
+            loaded[km.name] = _exec_file(library, library.dotted(name), package / library.relpath(name), standins)
+    _check_functions(library, group, loaded, lambda km: loaded[km.name].__file__)
     modules = dict(standins)
-    modules.update({library.dotted(km): loaded[km.name] for km in library.groups[group] if km.name in loaded})
+    modules.update({module.__name__: module for module in loaded.values()})
     return LoadedKernels(
         library=library, group=group, source=f"{library.name} {_version(library, package)} kernels from {package} "
         f"({origin})", modules=loaded, native=False, _call_modules=modules)
 
 
-def _exec_file(library: Library, km: KernelModule, path: Path, standins: dict[str, types.ModuleType]) -> types.ModuleType:
-    dotted = library.dotted(km)
+def _exec_file(library: Library, dotted: str, path: Path, standins: dict[str, types.ModuleType]) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(dotted, path)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
