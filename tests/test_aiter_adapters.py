@@ -8,6 +8,7 @@ path masks what it must not read, the bug's verdict where it does not.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 
@@ -19,6 +20,7 @@ import triton.language as tl
 from nanfuzz.harness.adapters import aiter as aiter_adapters
 from nanfuzz.harness.adapters import aiter_loader, launches
 from nanfuzz.harness.check import check
+from nanfuzz.harness.cli import main
 from nanfuzz.harness.kernels._common import INTERPRETED
 from nanfuzz.harness.registry import resolve
 from nanfuzz.reference.case import Poison
@@ -224,10 +226,31 @@ def test_amd_only_launch_options_are_left_out_elsewhere():
 
 @pytest.mark.gpu
 def test_aiter_kernels_run_on_this_gpu():
-    """On NVIDIA the launches drop waves_per_eu; on ROCm they keep it."""
+    """On NVIDIA the launches leave waves_per_eu out (Triton's NVIDIA backend refuses it); on ROCm they keep it."""
     for name in ("aiter:unified_attention", "aiter:pa_decode", "aiter:pa_prefill", "aiter:chunked_pa_prefill"):
-        out = run(name, consecutive_case(seqs=[(1, 32), (1, 16)]))
-        assert torch.isfinite(out).all(), name
+        wrapped = launches.portable_launches(aiter_loader.launchers(aiter_loader.load(name[6:], SOURCE[0])))
+        assert bool(wrapped) != launches.compiles_for_amd(), name
+        case = consecutive_case(seqs=[(1, 32), (1, 16)])  # full blocks: no tail for the kernels that load it
+        assert check(kernel(name), case, DEVICE).verdict.value == "PASS", name
+
+
+# -- the command line --------------------------------------------------------------
+
+def test_a_campaign_finds_shrinks_and_replays_with_the_aiter_source(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    source = ["--aiter-src", SOURCE[0], "--device", "cpu"]
+    assert main(["list", *source]) == 0
+    listing = capsys.readouterr().out
+    assert "aiter:pa_decode@v2-per-token" in listing and "decode causal heads" in listing
+    assert main(["fuzz", "--kernel", "aiter:chunked_pa_prefill", "--max-examples", "40", "--seed", "1", *source]) == 1
+    out = capsys.readouterr().out
+    assert "NONFINITE" in out and f"--aiter-src {SOURCE[0]}" in out  # the replay line names the tree
+    (repro,) = (tmp_path / ".nanfuzz" / "repros").glob("*.json")
+    case = json.loads(repro.read_text())["case"]
+    assert len(case["sequences"]) == 1 and case["sequences"][0]["query_len"] == 1  # shrunk to one decode query
+    assert main(["replay", str(repro), *source]) == 1
+    monkeypatch.setenv("NANFUZZ_AITER_SRC", SOURCE[0])  # the environment variable does what --aiter-src does
+    assert main(["replay", str(repro), "--device", "cpu"]) == 1
 
 
 # -- loading ------------------------------------------------------------------------
@@ -255,7 +278,7 @@ def test_bogus_source_is_one_clear_line(tmp_path):
     with pytest.raises(NanfuzzError, match="not a directory"):
         resolve("aiter:pa_prefill", aiter_src=str(tmp_path / "nowhere"))  # at resolution, before any case runs
     message = one_line_error("unified_attention", tmp_path)
-    assert "aiter/ops/triton" in message and "unpacked amd_aiter wheel" in message
+    assert "aiter/ops/triton" in message and "an AITER source checkout or an unpacked amd-aiter wheel" in message
 
 
 def test_missing_module_and_function_are_named(tmp_path, aiter_source):

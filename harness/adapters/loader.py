@@ -69,7 +69,8 @@ class Library:
 
     @property
     def tree_hint(self) -> str:
-        return (f"a {self.name} source checkout or an unpacked {self.distribution} wheel "
+        article = "an" if self.name[0] in "AEIOU" else "a"
+        return (f"{article} {self.name} source checkout or an unpacked {self.distribution.replace('_', '-')} wheel "
                 f"(the folder that holds {self.package}/)")
 
     def dotted(self, name: str) -> str:
