@@ -58,6 +58,7 @@ SHAPES = {
     "decode": dict(seqs=[(1, 40), (1, 17), (1, 5)]),             # tails of 8, 15 and 11 dead slots
     "decode-full-blocks": dict(seqs=[(1, 32), (1, 16)]),         # no tail
     "prefill": dict(seqs=[(20, 20), (9, 9)]),
+    "prefill-block-64": dict(seqs=[(20, 20), (9, 9)], block_size=64),  # prefill tiles are 64 slots too
     "mixed": dict(seqs=[(7, 50), (1, 33), (12, 12)]),
     "idle-sequence": dict(seqs=[(3, 30), (0, 21), (1, 9)]),
     "gqa5-d80": dict(seqs=[(7, 60), (1, 33)], q_heads=5, kv_heads=1, head_size=80),
@@ -68,12 +69,13 @@ SHAPES = {
 }
 
 EXPECTED = {
-    # 2D decode tiles are whole blocks (TILE_SIZE = BLOCK_SIZE) loaded without a
-    # mask, so the tail past seq_len reaches P @ V; prefill tiles of 64 are masked
-    # at the longest prefix.  The first tile of a window holds expired keys,
-    # loaded unmasked too.
+    # A 2D tile that is exactly one block (decode tiles always; prefill tiles of 64
+    # on 64-slot blocks) is loaded without a mask, so the tail past seq_len reaches
+    # P @ V; other prefill tiles are masked at the longest prefix.  The first tile
+    # of a window holds expired keys, loaded unmasked too.
     "aiter:unified_attention": {
-        "decode": "NONFINITE", "decode-full-blocks": "PASS", "prefill": "PASS", "mixed": "PASS",
+        "decode": "NONFINITE", "decode-full-blocks": "PASS", "prefill": "PASS", "prefill-block-64": "NONFINITE",
+        "mixed": "PASS",
         "idle-sequence": "PASS", "gqa5-d80": "PASS", "window": "NONFINITE", "fp32": "PASS", "sinks": "PASS"},
     # v1 and v2 mask K and V loads at seq_len (GQA here: see test_pa_decode_mha below).
     "aiter:pa_decode": {"decode": "PASS", "decode-full-blocks": "PASS", "decode-gqa5-d80": "PASS"},
