@@ -156,11 +156,15 @@ def _list(args, settings) -> int:
         rows.append((kernel.name, kernel.expect, where, caps.describe()))
     from nanfuzz.harness.registry import library_kernel_names, resolve
 
+    unavailable = set()
     for name in library_kernel_names(variants=True):
+        if name.partition("@")[0] in unavailable:
+            continue  # its variants load the same files
         try:
             caps = resolve(name, **settings.sources).capabilities
             rows.append((name, "-", "gpu, cpu-interpreter", caps.describe()))
         except NanfuzzError as exc:
+            unavailable.add(name)
             rows.append((name, "-", "unavailable", str(exc)[:100]))
     _table(rows)
     print(f"\nbackend now: {'GPU' if device == 'cuda' else 'CPU under Triton interpreter'}; "
