@@ -255,6 +255,17 @@ def test_a_campaign_finds_shrinks_and_replays_with_the_aiter_source(tmp_path, mo
     assert main(["replay", str(repro), "--device", "cpu"]) == 1
 
 
+def test_the_gate_fuzzes_an_aiter_kernel_and_its_replay_names_the_tree(tmp_path):
+    from tests.test_ci_gate import run_gate
+
+    proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "30", "--max-examples", "40",
+                    "--kernel", "aiter:chunked_pa_prefill", "--aiter-src", SOURCE[0])
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "aiter:chunked_pa_prefill" in summary and "NONFINITE" in summary
+    assert f"--aiter-src {SOURCE[0]}" in summary  # the replay command loads the same tree
+
+
 # -- loading ------------------------------------------------------------------------
 
 def _no_aiter_modules() -> bool:
