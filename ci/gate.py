@@ -40,6 +40,9 @@ from nanfuzz.reference.errors import NanfuzzError  # noqa: E402
 CAMPAIGN_TESTS = CI_DIR / "test_gate_campaign.py"
 DEFAULT_OUT = "nanfuzz-gate"
 VLLM_KERNELS = ("vllm:rocm_attn", "vllm:triton_attn")
+AITER_KERNELS = ("aiter:unified_attention", "aiter:pa_decode", "aiter:pa_prefill", "aiter:chunked_pa_prefill")
+# A kernel library's source tree: the option, its environment variable, the kernels it adds by default.
+LIBRARY_SOURCES = (("vllm_src", "NANFUZZ_VLLM_SRC", VLLM_KERNELS), ("aiter_src", "NANFUZZ_AITER_SRC", AITER_KERNELS))
 MIN_BUDGET = 5.0  # seconds; below it not even one example fits beside the workers' start-up
 
 
@@ -56,11 +59,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = _Parser(prog="ci/gate.py", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", action="append", default=[], metavar="NAME",
-                   help="kernel to gate (repeatable): family@variant, vllm:rocm_attn, vllm:triton_attn or "
-                        "package.module:callable (default: the fixed built-in variants, plus vllm:* when a vLLM "
-                        "source is configured)")
+                   help="kernel to gate (repeatable): family@variant, vllm:rocm_attn, aiter:unified_attention (see "
+                        "nanfuzz list) or package.module:callable (default: the fixed built-in variants, plus vllm:* "
+                        "and aiter:* when a vLLM or AITER source is configured)")
     p.add_argument("--vllm-src", metavar="DIR",
                    help="vLLM source tree or unpacked wheel for vllm:* (or NANFUZZ_VLLM_SRC)")
+    p.add_argument("--aiter-src", metavar="DIR",
+                   help="AITER source tree or unpacked amd-aiter wheel for aiter:* (or NANFUZZ_AITER_SRC)")
     p.add_argument("--profile", choices=("pr-gate", "nightly"), default="pr-gate",
                    help="campaign profile (default pr-gate)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
@@ -135,17 +140,21 @@ def choose_kernels(names: list[str], device: str) -> list[str]:
 
     if not names:
         names = [k.name for k in builtin_kernels().values() if k.expect == "pass"]
-        if os.environ.get("NANFUZZ_VLLM_SRC"):
-            names += list(VLLM_KERNELS)
+        names += [name for _, env_var, kernels in LIBRARY_SOURCES if os.environ.get(env_var) for name in kernels]
     chosen = []
     for name in dict.fromkeys(names):
-        kernel = resolve(name, vllm_src=os.environ.get("NANFUZZ_VLLM_SRC"))
+        kernel = resolve(name, **library_sources())
         caps = kernel.capabilities
         if device == "cpu" and not caps.runnable_dtypes(interpreter=True):
             raise GateUsageError(f"kernel {name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's "
                                  "interpreter; run the gate on a GPU runner or leave this kernel out")
         chosen.append(name)  # the name as given: the workers resolve it again
     return chosen
+
+
+def library_sources() -> dict[str, str | None]:
+    """Each kernel library's source tree, as ``resolve()`` takes them, from the environment the workers share."""
+    return {option: os.environ.get(env_var) or None for option, env_var, _ in LIBRARY_SOURCES}
 
 
 def prepare_state(state_dir: Path, slots: list[str]) -> None:
@@ -262,11 +271,14 @@ def _gate(args) -> int:
     workers = detect(args.device, args.workers, per_gpu=args.workers_per_gpu)
     if workers.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit module is imported
-    if args.vllm_src:
-        if not Path(args.vllm_src).is_dir():
-            raise GateUsageError(f"--vllm-src={args.vllm_src!r} is not a directory; point it at a vLLM checkout "
-                                 "or an unpacked wheel")
-        os.environ["NANFUZZ_VLLM_SRC"] = str(Path(args.vllm_src).resolve())
+    for option, env_var, _ in LIBRARY_SOURCES:
+        given = getattr(args, option)
+        if given:
+            flag = "--" + option.replace("_", "-")
+            if not Path(given).is_dir():
+                raise GateUsageError(f"{flag}={given!r} is not a directory; point it at a source checkout "
+                                     "or an unpacked wheel")
+            os.environ[env_var] = str(Path(given).resolve())  # the workers read it
 
     from gate_report import consolidate, junit_xml, markdown, summary_json
     from nanfuzz.harness.profiles import get_profile
@@ -323,7 +335,7 @@ def _gate(args) -> int:
         raise GateUsageError(f"pytest ran no gate test (exit 5): {_tail(log, 2)}; look for -k, -m or --deselect in "
                              f"PYTEST_ADDOPTS, or see {log}")
     result = consolidate(plan, repro_dir, stopped_at_deadline=stopped, stop_time=ended, pytest_junit=pytest_junit,
-                         vllm_src=args.vllm_src or os.environ.get("NANFUZZ_VLLM_SRC"))
+                         sources=library_sources())
     if stopped:
         result.problems.append(f"the gate stopped pytest {grace:.0f} s past its time budget")
     elif rc not in (0, 1):

@@ -97,7 +97,7 @@ def recover_dead_shard(plan: Plan, record: ShardRecord, *, stopped_at_deadline: 
         return record
     case = cases[0]
     settings = Settings.from_environment(device=plan.device, state_dir=plan.slot_state_dir(record.slot))
-    kernel = resolve(record.kernel, settings.vllm_src)
+    kernel = resolve(record.kernel, **settings.sources)
     subject = make_subject(kernel, settings)
     try:
         outcome = subject.check(case, digest=True)
@@ -139,7 +139,10 @@ def pytest_crash_messages(junit_path: Path) -> dict[str, str]:
 # -- consolidating ------------------------------------------------------------------
 
 def consolidate(plan: Plan, repro_dir: Path, *, stopped_at_deadline: bool, stop_time: float,
-                pytest_junit: Path, vllm_src: str | None = None) -> GateResult:
+                pytest_junit: Path, sources: dict[str, str | None] | None = None) -> GateResult:
+    """``sources``: the kernel libraries' trees (``resolve()``'s keywords), for replay commands."""
+    from nanfuzz.harness.registry import library_of
+
     crashes = pytest_crash_messages(pytest_junit)
     rows: list[Row] = []
     failures: dict[str, Failure] = {}
@@ -170,8 +173,9 @@ def consolidate(plan: Plan, repro_dir: Path, *, stopped_at_deadline: bool, stop_
             key = Path(record.repro[0]).stem if record.repro else f"{kernel}\0{record.verdict}\0{record.summary}"
             if key not in failures:
                 options = f" --kernel {kernel}" if record.kernel_name not in ("", kernel) else ""
-                if vllm_src and kernel.startswith("vllm:"):
-                    options += f" --vllm-src {vllm_src}"
+                library = library_of(kernel)
+                if library and (sources or {}).get(f"{library}_src"):
+                    options += f" --{library}-src {sources[f'{library}_src']}"
                 failures[key] = Failure(len(failures) + 1, kernel, record.verdict, record.summary,
                                         _gather(record.repro, repro_dir), replay_options=options)
                 if failures[key].repro:

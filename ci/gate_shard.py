@@ -36,7 +36,7 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
     settings = Settings.from_environment(device=device, profile=plan.profile,
                                          repro_dir=plan.shard_repro_dir(slot), example_db=plan.example_db,
                                          examples_dir=plan.examples_dir)
-    kernel = resolve(kernel_name, settings.vllm_src)
+    kernel = resolve(kernel_name, **settings.sources)
     record = ShardRecord(kernel=kernel_name, slot=slot, kernel_name=kernel.name,
                          worker=os.environ.get("PYTEST_XDIST_WORKER", "main"), pid=os.getpid(),
                          examples_db=str(settings.examples_path.resolve()),

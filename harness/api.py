@@ -20,7 +20,7 @@ def _settings(device: str | None, **options):
 def _kernel(kernel: Kernel | str, settings) -> Kernel:
     from nanfuzz.harness.registry import resolve
 
-    return kernel if isinstance(kernel, Kernel) else resolve(kernel, settings.vllm_src)
+    return kernel if isinstance(kernel, Kernel) else resolve(kernel, **settings.sources)
 
 
 def fuzz(kernel: Kernel | str, *, device: str | None = None, **options):

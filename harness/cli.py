@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     def common(p):
         p.add_argument("--device", choices=("cpu", "cuda"), help="cuda: the GPU; cpu: Triton's interpreter (default: GPU if present)")
         p.add_argument("--vllm-src", metavar="DIR", help="a vLLM source tree or unpacked wheel for the vllm:* kernels")
+        p.add_argument("--aiter-src", metavar="DIR",
+                       help="an AITER source tree or unpacked amd-aiter wheel for the aiter:* kernels")
         p.add_argument("--state-dir", metavar="DIR",
                        help="pending-case journals and the example database (default $NANFUZZ_STATE_DIR or .nanfuzz)")
         p.add_argument("--launch-timeout", type=float, metavar="S",
@@ -47,8 +49,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fuzz", help="fuzz one kernel, or self-check every built-in kernel")
     common(p)
-    p.add_argument("--kernel", help="family@variant, vllm:rocm_attn, vllm:triton_attn or package.module:callable; "
-                                    "omit to self-check every built-in kernel")
+    p.add_argument("--kernel", help="family@variant, vllm:rocm_attn, aiter:unified_attention (see nanfuzz list) or "
+                                    "package.module:callable; omit to self-check every built-in kernel")
     p.add_argument("--max-examples", type=int, metavar="N", help="examples per kernel (default: from the profile)")
     p.add_argument("--seed", type=int, metavar="S", help="fix Hypothesis's seed")
     p.add_argument("--repro-dir", metavar="D", help=f"where repros go (default STATE/repros: {DEFAULT_REPRO_DIR})")
@@ -141,7 +143,7 @@ def _settings(args, device: str):
     if getattr(args, "launch_timeout", None) is not None and args.launch_timeout <= 0:
         raise NanfuzzError(f"--launch-timeout={args.launch_timeout} must be > 0 seconds")
     options = dict(device=device, state_dir=_path(args.state_dir), vllm_src=args.vllm_src,
-                   launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
+                   aiter_src=args.aiter_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
     if args.command == "fuzz":
         options.update(repro_dir=_path(args.repro_dir), profile=args.profile, max_examples=args.max_examples,
                        time_budget=args.time_budget, seed=args.seed, focus=_focus(args), shrink=not args.no_shrink,
@@ -169,13 +171,17 @@ def _list(args, settings) -> int:
         caps = kernel.capabilities
         where = "gpu, cpu-interpreter (" + "/".join(d.replace("float", "fp") for d in caps.runnable_dtypes(True)) + ")"
         rows.append((kernel.name, kernel.expect, where, caps.describe()))
-    for name in ("vllm:rocm_attn", "vllm:triton_attn"):
-        try:
-            from nanfuzz.harness.registry import resolve
+    from nanfuzz.harness.registry import library_kernel_names, resolve
 
-            caps = resolve(name, vllm_src=settings.vllm_src).capabilities
+    unavailable = set()
+    for name in library_kernel_names(variants=True):
+        if name.partition("@")[0] in unavailable:
+            continue  # its variants load the same files
+        try:
+            caps = resolve(name, **settings.sources).capabilities
             rows.append((name, "-", "gpu, cpu-interpreter", caps.describe()))
         except NanfuzzError as exc:
+            unavailable.add(name)
             rows.append((name, "-", "unavailable", str(exc)[:100]))
     _table(rows)
     print(f"\nbackend now: {'GPU' if device == 'cuda' else 'CPU under Triton interpreter'}; "
@@ -217,7 +223,7 @@ def _fuzz(args, settings) -> int:
     if args.pool is not None and args.pool < 0:
         raise NanfuzzError(f"--pool={args.pool} must be >= 0")
     profile = get_profile(settings.profile)
-    kernels = [resolve(args.kernel, settings.vllm_src)] if args.kernel else list(builtin_kernels().values())
+    kernels = [resolve(args.kernel, **settings.sources)] if args.kernel else list(builtin_kernels().values())
     self_check = args.kernel is None
     mode = "GPU" if settings.device == "cuda" else "CPU, Triton interpreter"
     isolation = "supervised worker" if settings.isolation else "in-process launches"
@@ -313,7 +319,7 @@ def _bench(args, settings) -> int:
                                ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0), ("--jobs", args.jobs, 1)):
         if value < least:
             raise NanfuzzError(f"{flag}={value} must be >= {least}")
-    kernels = [resolve(name, settings.vllm_src) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
+    kernels = [resolve(name, **settings.sources) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
     started = machine()
     mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
     print(f"nanfuzz bench: {len(kernels)} kernel(s), {args.examples} examples each, {args.seeds} seed(s) per "
@@ -340,7 +346,7 @@ def _perf(args, settings) -> int:
     from nanfuzz.harness.perf import perf, table_rows
     from nanfuzz.harness.registry import resolve
 
-    kernel, baseline = resolve(args.kernel, settings.vllm_src), resolve(args.baseline, settings.vllm_src)
+    kernel, baseline = resolve(args.kernel, **settings.sources), resolve(args.baseline, **settings.sources)
     mode = "GPU, triton.testing.do_bench" if device == "cuda" else "CPU, Triton interpreter, tiny shapes, wall clock"
     print(f"nanfuzz perf: {kernel.name} against {baseline.name}, {args.runs} interleaved rounds, {mode}", flush=True)
     result = perf(kernel, baseline, device=device, which=args.shape, threshold=args.threshold, runs=args.runs,

@@ -122,19 +122,19 @@ def make_subject(kernel: Kernel, settings: Settings):
     """
     if not settings.isolation or not reachable_by_path(kernel):
         return InProcess(kernel, settings.device)
-    from nanfuzz.harness.registry import import_path
+    from nanfuzz.harness.registry import import_path, kernel_sources
 
-    spec = WorkerSpec(kernel=import_path(kernel), device=settings.device, vllm_src=kernel.source or settings.vllm_src,
-                      cuda_index=settings.cuda_index)
+    spec = WorkerSpec(kernel=import_path(kernel), device=settings.device, cuda_index=settings.cuda_index,
+                      **kernel_sources(kernel, settings.sources))
     return Supervised(spec, launch_timeout=settings.timeout)
 
 
 def reachable_by_path(kernel: Kernel) -> bool:
     """Does resolving the kernel's import path in a fresh process give this kernel's code?"""
-    from nanfuzz.harness.registry import import_path, resolve
+    from nanfuzz.harness.registry import import_path, kernel_sources, resolve
 
     try:
-        again = resolve(import_path(kernel), vllm_src=kernel.source)
+        again = resolve(import_path(kernel), **kernel_sources(kernel))
     except NanfuzzError:
         return False
     return again.name == kernel.name and _code(again.run) == _code(kernel.run)

@@ -47,7 +47,7 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
         from nanfuzz.harness.fuzz import fuzz, make_subject
         from nanfuzz.harness.registry import resolve
 
-        kernel = resolve(kernel_spec, vllm_src=settings.vllm_src)
+        kernel = resolve(kernel_spec, **settings.sources)
         subject = make_subject(kernel, settings)
         try:
             if warmup:
@@ -93,7 +93,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     """
     from nanfuzz.harness.fuzz import Campaign, make_subject, recover_leftovers
     from nanfuzz.harness.profiles import get_profile
-    from nanfuzz.harness.registry import import_path
+    from nanfuzz.harness.registry import import_path, kernel_sources
 
     settings = (settings or Settings()).replace(**overrides)
     jobs = settings.jobs
@@ -125,7 +125,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     for i, examples in enumerate(split(max_examples, jobs)):
         job_seed = None if seed is None else seed + i
         job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed,
-                                        vllm_src=kernel.source or settings.vllm_src)
+                                        **kernel_sources(kernel, settings.sources))
         processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}", args=(
             i, import_path(kernel), job_settings, i if job_seed is None else job_seed, warmup,
             stop_event, interrupt_event, results, ready)))

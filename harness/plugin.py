@@ -178,7 +178,7 @@ def nanfuzz_kernel(request, nanfuzz_device):
     from nanfuzz.harness.settings import Settings
 
     try:
-        return resolve(name, Settings.from_environment().vllm_src)
+        return resolve(name, **Settings.from_environment().sources)
     except NanfuzzError as exc:
         raise pytest.UsageError(str(exc)) from None
 
@@ -208,7 +208,7 @@ class Nanfuzz:
 
         from nanfuzz.harness.settings import Settings
 
-        return kernel if isinstance(kernel, Kernel) else resolve(kernel, Settings.from_environment().vllm_src)
+        return kernel if isinstance(kernel, Kernel) else resolve(kernel, **Settings.from_environment().sources)
 
     def fuzz(self, kernel, *, max_examples: int | None = None, **options):
         """Run a campaign; on a failure write the repro and fail the test with its picture.

@@ -1,7 +1,7 @@
-"""Kernels under test by name: built-ins, vLLM's, and users' own ``package.module:attr``.
+"""Kernels under test by name: built-ins, vLLM's, AITER's, and users' own ``package.module:attr``.
 
 What a kernel is lives in ``harness.kernel``.  Built-in kernel modules and
-the vLLM adapters are imported lazily, so the caller can decide on
+the library adapters are imported lazily, so the caller can decide on
 ``TRITON_INTERPRET`` before any ``@triton.jit`` is defined.
 """
 from __future__ import annotations
@@ -17,6 +17,10 @@ from nanfuzz.reference.errors import NanfuzzError
 
 # Built-in families: module path under harness.kernels; each exposes KERNELS.
 BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified")
+# Kernel libraries, by the prefix of their kernel names: the adapter module under
+# harness.adapters (its kernel(name, source) and KERNEL_NAMES).  A library's source
+# tree travels as resolve()'s ``<prefix>_src`` and the command line's --<prefix>-src.
+LIBRARIES = ("vllm", "aiter")
 
 
 def builtin_kernels() -> dict[str, Kernel]:
@@ -28,19 +32,43 @@ def builtin_kernels() -> dict[str, Kernel]:
     return kernels
 
 
-def resolve(name: str, vllm_src: str | None = None) -> Kernel:
+def resolve(name: str, vllm_src: str | None = None, aiter_src: str | None = None) -> Kernel:
     """Turn a kernel name from the command line or a repro into a Kernel.
 
-    ``vllm_src``: where ``vllm:*`` kernels load vLLM's kernel files from (None:
-    the installed vllm).
+    ``vllm_src`` / ``aiter_src``: where ``vllm:*`` / ``aiter:*`` kernels load
+    their library's kernel files from (None: the installed package);
+    ``Settings.sources`` holds both.
 
     The Kernel's ``spec`` is ``name``, so ``kernel.resolvable`` resolves it
     again in another process (a job, a replay, a repro script).
     """
     if _is_user_spec(name):
         return replace(_user_kernel(name), spec=name)
-    kernel = _resolve(name, vllm_src)
+    kernel = _resolve(name, {"vllm": vllm_src, "aiter": aiter_src})
     return kernel if kernel.spec else replace(kernel, spec=name)
+
+
+def library_of(name: str) -> str | None:
+    """The kernel library a kernel name belongs to ("vllm", "aiter"), or None."""
+    prefix, colon, _ = name.partition(":")
+    return prefix if colon and prefix in LIBRARIES else None
+
+
+def kernel_sources(kernel: Kernel, sources: dict[str, str | None] | None = None) -> dict[str, str | None]:
+    """resolve()'s source keywords that load ``kernel``'s code again elsewhere: ``sources``
+    (``Settings.sources``) with the tree the kernel was loaded from in its library's place."""
+    chosen = {f"{library}_src": None for library in LIBRARIES}
+    chosen.update(sources or {})
+    library = library_of(import_path(kernel))
+    if library and kernel.source:
+        chosen[f"{library}_src"] = kernel.source
+    return chosen
+
+
+def source_option(kernel: Kernel) -> str:
+    """`` --vllm-src DIR`` (or ``--aiter-src``) where the kernel came from an explicit tree, for replay lines."""
+    library = library_of(import_path(kernel))
+    return f" --{library}-src {kernel.source}" if library and kernel.source else ""
 
 
 def import_path(kernel: Kernel) -> str:
@@ -57,21 +85,33 @@ def import_path(kernel: Kernel) -> str:
     return _find_in_modules(kernel) or kernel.name
 
 
+def library_kernel_names(variants: bool = False) -> list[str]:
+    """Every library kernel's name, with the ``@path`` variants an adapter lists (``VARIANTS``)."""
+    names = []
+    for library in LIBRARIES:
+        adapters = _adapters(library)
+        names += adapters.KERNEL_NAMES
+        names += getattr(adapters, "VARIANTS", ()) if variants else ()
+    return names
+
+
+def _adapters(library: str):
+    return importlib.import_module(f"nanfuzz.harness.adapters.{library}")
+
+
 def _is_user_spec(name: str) -> bool:
-    return ":" in name and "@" not in name and not name.startswith("vllm:")
+    return ":" in name and "@" not in name and library_of(name) is None
 
 
-def _resolve(name: str, vllm_src: str | None) -> Kernel:
-    if name.startswith("vllm:"):
-        from nanfuzz.harness.adapters import vllm as vllm_adapters
-
-        return vllm_adapters.kernel(name, vllm_src)
+def _resolve(name: str, sources: dict[str, str | None]) -> Kernel:
+    library = library_of(name)
+    if library:
+        return _adapters(library).kernel(name, sources[library])
     known = builtin_kernels()
     if name not in known:
-        from nanfuzz.harness.adapters.vllm import KERNEL_NAMES
-
         raise NanfuzzError(f"unknown kernel {name!r}; known: {', '.join(sorted(known))}, "
-                           f"{', '.join(KERNEL_NAMES)}, or package.module:attr (a nanfuzz.Kernel in your adapter module)")
+                           f"{', '.join(library_kernel_names())}, or package.module:attr "
+                           "(a nanfuzz.Kernel in your adapter module)")
     return known[name]
 
 

@@ -37,7 +37,7 @@ def replay(path: str, *, kernel_name: str | None = None, settings: Settings | No
 
     settings = settings or Settings(device=device or "cpu")
     record = load_repro(path)
-    kernel = resolve(kernel_name or record["kernel"], vllm_src=settings.vllm_src)
+    kernel = resolve(kernel_name or record["kernel"], **settings.sources)
     subject = make_subject(kernel, settings)
     try:
         outcome = subject.check(record["case"], digest=True)

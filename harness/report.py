@@ -27,7 +27,9 @@ def report_failure(kernel, campaign, settings, stream=None) -> list[str]:
         campaign.repro_paths = []
         return []
     campaign.repro_paths = paths
-    source = f" --vllm-src {kernel.source}" if kernel.source else ""
+    from nanfuzz.harness.registry import source_option
+
+    source = source_option(kernel)
     stream.write(f"\n{kernel.name}: {outcome.summary}\n{picture(case)}\n"
                  f"repro: {paths[0]}\nreplay: nanfuzz replay {paths[0]}{source}\n\n")
     stream.flush()

@@ -162,7 +162,9 @@ def main(argv=None):
 
         cwd_first_on_path()  # a user's adapter imports from the repository root, as under python -m
         case = Case.from_json(CASE_JSON)
-        kernel = resolve(KERNEL, vllm_src=os.environ.get("NANFUZZ_VLLM_SRC"))  # vllm:* kernels' source
+        # where vllm:* and aiter:* kernels load their library's files from
+        kernel = resolve(KERNEL, vllm_src=os.environ.get("NANFUZZ_VLLM_SRC"),
+                         aiter_src=os.environ.get("NANFUZZ_AITER_SRC"))
         print("recorded: " + KERNEL_NAME + ": " + SUMMARY)
         print(PICTURE)
         batch = materialize(case, device)

@@ -26,6 +26,7 @@ class Settings:
     example_db: str | None = None            # --example-db: a folder, redis://HOST:PORT/DB, readonly:STORE
     repro_dir: Path = Path(".nanfuzz/repros")
     vllm_src: str | None = None              # a vLLM tree for the vllm:* kernels
+    aiter_src: str | None = None             # an AITER tree for the aiter:* kernels
     profile: str | None = None               # None: ci under CI=true, else dev
     max_examples: int | None = None          # None: from the profile
     time_budget: float | None = None         # seconds per kernel; None: from the profile
@@ -52,6 +53,11 @@ class Settings:
         return Path(self.examples_dir) if self.examples_dir else Path(self.state_dir) / "examples"
 
     @property
+    def sources(self) -> dict[str, str | None]:
+        """The kernel libraries' trees as ``resolve()`` takes them: ``resolve(name, **settings.sources)``."""
+        return {"vllm_src": self.vllm_src, "aiter_src": self.aiter_src}
+
+    @property
     def timeout(self) -> float:
         return self.launch_timeout if self.launch_timeout is not None else DEFAULT_LAUNCH_TIMEOUT[self.device]
 
@@ -67,6 +73,7 @@ class Settings:
             "examples_dir": Path(env["NANFUZZ_EXAMPLES_DIR"]) if env.get("NANFUZZ_EXAMPLES_DIR") else None,
             "example_db": env.get("NANFUZZ_EXAMPLE_DB") or None,
             "vllm_src": env.get("NANFUZZ_VLLM_SRC") or None,
+            "aiter_src": env.get("NANFUZZ_AITER_SRC") or None,
             "profile": env.get("NANFUZZ_PROFILE") or ("ci" if env.get("CI") else "dev"),
         }
         values.update({k: v for k, v in options.items() if v is not None})

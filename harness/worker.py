@@ -42,6 +42,7 @@ class WorkerSpec:
     kernel: str                 # the import path or name ``resolve`` takes
     device: str                 # "cuda" or "cpu" (Triton's interpreter)
     vllm_src: str | None = None
+    aiter_src: str | None = None
     cuda_index: int | None = None
 
 
@@ -299,7 +300,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
             import torch
 
             torch.cuda.set_device(spec.cuda_index)
-        kernel = resolve(spec.kernel, vllm_src=spec.vllm_src)
+        kernel = resolve(spec.kernel, vllm_src=spec.vllm_src, aiter_src=spec.aiter_src)
     except NanfuzzError as exc:
         conn.send(("error", str(exc)))
         return

@@ -4,6 +4,8 @@ import os
 import pytest
 
 VLLM_VERSION = "0.33.0"
+# The amd-aiter release the aiter:* tests and regressions run against (a pure-Python wheel).
+AITER_VERSION = "0.1.7.post2.dev18"
 OFFLINE_VAR = "NANFUZZ_OFFLINE"
 
 # Tests that run long campaigns (hundreds of examples under Triton's
@@ -24,26 +26,48 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
-def vllm_tree(version: str = VLLM_VERSION):
-    """vLLM ``version``'s kernel tree, fetched once with pip into nanfuzz's cache.
+def _fetched_tree(project: str, version: str, cached, ensure, cache_dir):
+    """A released wheel's kernel tree, fetched once with pip into nanfuzz's cache.
 
     A failed fetch fails the test, in CI and elsewhere; with NANFUZZ_OFFLINE=1
     nothing is fetched and the test is skipped unless the tree is cached.
     """
-    from nanfuzz.harness.adapters.vllm_fetch import FetchError, cache_dir, cached_vllm_source, ensure_vllm_source
+    from nanfuzz.harness.adapters.fetch import FetchError
 
     if os.environ.get(OFFLINE_VAR) == "1":
-        path = cached_vllm_source(version)
+        path = cached(version)
         if path is None:
-            pytest.skip(f"{OFFLINE_VAR}=1: vllm=={version} is not cached in {cache_dir(version)} and is not fetched")
+            pytest.skip(f"{OFFLINE_VAR}=1: {project}=={version} is not cached in {cache_dir(version)} and is not fetched")
         return path
     try:
-        return ensure_vllm_source(version)
+        return ensure(version)
     except FetchError as exc:
         pytest.fail(f"{exc}; set {OFFLINE_VAR}=1 to skip the tests that need it", pytrace=False)
+
+
+def vllm_tree(version: str = VLLM_VERSION):
+    """vLLM ``version``'s kernel tree (see ``_fetched_tree``)."""
+    from nanfuzz.harness.adapters import vllm_fetch
+
+    return _fetched_tree("vllm", version, vllm_fetch.cached_vllm_source, vllm_fetch.ensure_vllm_source,
+                         vllm_fetch.cache_dir)
+
+
+def aiter_tree(version: str = AITER_VERSION):
+    """AITER ``version``'s Triton kernel tree from the amd-aiter wheel (see ``_fetched_tree``)."""
+    from nanfuzz.harness.adapters import aiter_fetch
+
+    return _fetched_tree("amd-aiter", version, aiter_fetch.cached_aiter_source, aiter_fetch.ensure_aiter_source,
+                         aiter_fetch.cache_dir)
 
 
 @pytest.fixture(scope="session")
 def vllm_source():
     """vLLM 0.33.0's kernel tree (see ``vllm_tree``): pass it as ``resolve(name, vllm_src=...)``."""
     return vllm_tree()
+
+
+@pytest.fixture(scope="session")
+def aiter_source():
+    """AITER's kernel tree of the pinned release (see ``aiter_tree``): pass it as ``resolve(name, aiter_src=...)``."""
+    return aiter_tree()

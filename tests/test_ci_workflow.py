@@ -115,7 +115,7 @@ def _gate_argv(tmp_path, **env) -> list[str]:
     base = {"NANFUZZ_HOME": ".", "GATE_OUT": _job_env("GATE_OUT"), "GATE_STATE": _job_env("GATE_STATE"),
             "PROFILE": plan["profile"], "BUDGET": plan["budget"], "GRACE": plan["grace"], "PER_GPU": "1",
             "EVENT": env.get("EVENT", ""), "RUNNERS": plan["runners"], "SHARD": "1",
-            **dict.fromkeys(("INPUT_KERNELS", "KERNELS", "VLLM_SRC", "EXAMPLE_DB"), "")}
+            **dict.fromkeys(("INPUT_KERNELS", "KERNELS", "VLLM_SRC", "AITER_SRC", "EXAMPLE_DB"), "")}
     gate_env = {k: v for k, v in env.items() if k not in PLAN_INPUTS}
     proc = _bash(script, {**base, **gate_env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -139,6 +139,11 @@ def test_schedule_runs_nightly_with_the_larger_budget(tmp_path, gate_parser):
     args = gate_parser(_gate_argv(tmp_path, EVENT="schedule", KERNELS="vllm:rocm_attn vllm:triton_attn", VLLM_SRC="."))
     assert (args.profile, args.time_budget) == ("nightly", 7200)
     assert args.kernel == ["vllm:rocm_attn", "vllm:triton_attn"] and args.vllm_src == "."
+
+
+def test_an_aiter_checkout_is_passed_to_the_gate(tmp_path, gate_parser):
+    args = gate_parser(_gate_argv(tmp_path, EVENT="pull_request", KERNELS="aiter:unified_attention", AITER_SRC="."))
+    assert args.kernel == ["aiter:unified_attention"] and (args.aiter_src, args.vllm_src) == (".", None)
 
 
 def test_dispatch_inputs_override_the_variables(tmp_path, gate_parser):

@@ -1,4 +1,4 @@
-"""The project's own test configuration: slow and gpu markers, the vLLM fetch policy, the cache folder."""
+"""The project's own test configuration: slow and gpu markers, the vLLM and AITER fetch policy, the cache folder."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from nanfuzz.harness import backend
-from nanfuzz.harness.adapters import vllm_fetch
+from nanfuzz.harness.adapters import aiter_fetch, vllm_fetch
 from nanfuzz.harness.adapters.vllm_fetch import FetchError
-from tests.conftest import SLOW_TESTS, vllm_tree
+from tests.conftest import AITER_VERSION, SLOW_TESTS, aiter_tree, vllm_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,6 +96,18 @@ def test_a_failed_fetch_is_a_failure_not_a_skip(monkeypatch, tmp_path, ci):
     monkeypatch.setattr(vllm_fetch, "ensure_vllm_source", _fetch_fails)
     with pytest.raises(pytest.fail.Exception, match="no package index is reachable.*set NANFUZZ_OFFLINE=1"):
         vllm_tree()
+
+
+def test_a_failed_aiter_fetch_is_a_failure_too(monkeypatch, tmp_path):
+    monkeypatch.setenv("NANFUZZ_CACHE", str(tmp_path))
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.delenv("NANFUZZ_OFFLINE", raising=False)
+    monkeypatch.setattr(aiter_fetch, "ensure_aiter_source", _fetch_fails)
+    with pytest.raises(pytest.fail.Exception, match="no package index is reachable.*set NANFUZZ_OFFLINE=1"):
+        aiter_tree()
+    monkeypatch.setenv("NANFUZZ_OFFLINE", "1")
+    with pytest.raises(pytest.skip.Exception, match=rf"^NANFUZZ_OFFLINE=1: amd-aiter=={AITER_VERSION} is not cached"):
+        aiter_tree()
 
 
 def test_offline_skips_without_fetching_and_says_why(monkeypatch, tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from nanfuzz.harness import encodings
 from nanfuzz.harness.check import check
-from nanfuzz.harness.registry import builtin_kernels, resolve
+from nanfuzz.harness.registry import builtin_kernels, library_of, resolve
 from nanfuzz.harness.repro import load_repro
 
 REPROS = sorted((Path(__file__).parent / "regressions").glob("*.json"))
@@ -22,8 +22,10 @@ def _fixed_sibling(name: str) -> str | None:
 @pytest.mark.parametrize("path", REPROS, ids=[p.stem for p in REPROS])
 def test_regression_keeps_its_verdict(path, nanfuzz_device, request):
     record = load_repro(path)
-    source = str(request.getfixturevalue("vllm_source")) if record["kernel"].startswith("vllm:") else None
-    kernel = resolve(record["kernel"], vllm_src=source)
+    # a library's kernels come from the release the repro was found in (tests/conftest.py pins it)
+    library = library_of(record["kernel"])
+    sources = {f"{library}_src": str(request.getfixturevalue(f"{library}_source"))} if library else {}
+    kernel = resolve(record["kernel"], **sources)
     why = _cache_not_here(kernel, record["case"], nanfuzz_device)
     if why:
         pytest.skip(why)
@@ -31,7 +33,7 @@ def test_regression_keeps_its_verdict(path, nanfuzz_device, request):
     assert outcome.verdict.value == record["verdict"], outcome.summary
     sibling = _fixed_sibling(record["kernel"])
     if sibling:
-        fixed = check(resolve(sibling, vllm_src=source), record["case"], nanfuzz_device)
+        fixed = check(resolve(sibling, **sources), record["case"], nanfuzz_device)
         assert not fixed.failed, f"{sibling}: {fixed.summary}"
 
 
@@ -51,4 +53,6 @@ def _cache_not_here(kernel, case, device: str) -> str | None:
 def test_the_known_bugs_are_on_file():
     kernels = {load_repro(p)["kernel"] for p in REPROS}
     assert {"paged_decode@unmasked", "paged_decode@tail-masked", "prefix_prefill@unmasked",
-            "unified@overshoot", "vllm:rocm_attn", "vllm:triton_attn"} <= kernels
+            "unified@overshoot", "vllm:rocm_attn", "vllm:triton_attn", "aiter:unified_attention",
+            "aiter:unified_attention@3d", "aiter:pa_decode@v1", "aiter:pa_decode@v2", "aiter:pa_prefill",
+            "aiter:chunked_pa_prefill"} <= kernels

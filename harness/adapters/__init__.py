@@ -1,1 +1,1 @@
-"""Adapters that drive kernels living outside nanfuzz (vLLM's attention kernels)."""
+"""Adapters that drive kernels living outside nanfuzz (vLLM's and AMD AITER's attention kernels)."""
