@@ -85,9 +85,11 @@ EXPECTED = {
     # the context loop masks at the context length, but loads keys below the window
     "aiter:pa_prefill": {"decode": "PASS", "mixed": "PASS", "gqa5-d80": "PASS", "window": "NONFINITE", "fp32": "PASS"},
     # its decode kernel (vLLM's kernel_paged_attention_2d before the fix) loads whole
-    # blocks, tail included; every batch with a decode sequence and a partial block shows it
+    # blocks, tail included; every batch with a decode sequence and a partial block shows it.
+    # Without a tail it is still MISMATCH in fp16: its scores are tl.sum(K * Q) of fp16
+    # products rounded to fp16, 4.5x the error of fp16 inputs multiplied into float32.
     "aiter:chunked_pa_prefill": {
-        "decode": "NONFINITE", "decode-full-blocks": "PASS", "prefill": "PASS", "mixed": "NONFINITE",
+        "decode": "NONFINITE", "decode-full-blocks": "MISMATCH", "prefill": "PASS", "mixed": "NONFINITE",
         "window": "NONFINITE"},
 }
 RUNS = [(name, shape) for name, shapes in EXPECTED.items() for shape in shapes]
@@ -243,8 +245,10 @@ def test_a_campaign_finds_shrinks_and_replays_with_the_aiter_source(tmp_path, mo
     source = ["--aiter-src", SOURCE[0], "--device", "cpu"]
     assert main(["list", *source]) == 0
     listing = capsys.readouterr().out
-    assert "aiter:pa_decode@v2-per-token" in listing and "decode causal heads" in listing
-    assert main(["fuzz", "--kernel", "aiter:chunked_pa_prefill", "--max-examples", "40", "--seed", "1", *source]) == 1
+    assert "aiter:pa_decode@v2-per-token" in listing and "decode causal fp32-products tf32 heads" in listing
+    # float32: in fp16 its decode scores' precision (see EXPECTED) may be what is found first
+    assert main(["fuzz", "--kernel", "aiter:chunked_pa_prefill", "--max-examples", "40", "--seed", "1",
+                 "--dtype", "float32", *source]) == 1
     out = capsys.readouterr().out
     assert "NONFINITE" in out and f"--aiter-src {SOURCE[0]}" in out  # the replay line names the tree
     (repro,) = (tmp_path / ".nanfuzz" / "repros").glob("*.json")
@@ -325,7 +329,7 @@ def test_later_trees_keep_the_modules_in_attention_subfolders(tmp_path, aiter_so
             new.write_text(text)
     loaded = aiter_loader.load("chunked_pa_prefill", tmp_path)
     assert loaded["chunked_pa_prefill"].__name__ == "aiter.ops.triton.attention.chunked_pa_prefill"
-    case = consecutive_case(seqs=[(5, 20), (1, 32)])
+    case = consecutive_case(seqs=[(5, 20), (1, 32)], dtype="float32")  # fp16: MISMATCH, see EXPECTED
     assert check(resolve("aiter:chunked_pa_prefill", aiter_src=str(tmp_path)), case, DEVICE).verdict.value == "PASS"
 
 
