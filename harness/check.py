@@ -241,7 +241,6 @@ def _max_change(other: torch.Tensor, result64: torch.Tensor, where: torch.Tensor
 def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, errors, device, timings, events) -> Outcome:
     """The first verdict that applies.  ``timings`` gets the later runs' materialisation
     and launches under their own phases, and their sum under ``_later_runs``."""
-    g = case.geometry
     timings["_later_runs"] = 0.0
     result64 = result.double()
     # -- NONFINITE -------------------------------------------------------------

@@ -27,6 +27,7 @@ from nanfuzz.reference.case import Poison
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import materialize
 from tests.cases import consecutive_case
+from tests.launch_spy import LaunchSpy
 
 DEVICE = "cpu" if INTERPRETED else "cuda"
 SOURCE: list = []  # the fetched kernel tree, for the helpers below
@@ -148,22 +149,6 @@ def test_pa_decode_mha_runs_where_triton_accepts_its_scalar_slices():
 
 
 # -- paths and launches ------------------------------------------------------------
-
-class LaunchSpy:
-    """Stands in for a ``@triton.jit`` kernel in its module and records each launch grid."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-        self.grids: list[tuple] = []
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def record(*args, **kwargs):
-            self.grids.append(tuple(grid))
-            return launch(*args, **kwargs)
-
-        return record
 
 
 def spy(monkeypatch, group: str, module: str, *names: str) -> dict[str, LaunchSpy]:

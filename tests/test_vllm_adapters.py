@@ -23,6 +23,7 @@ from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import materialize
 from nanfuzz.reference.oracle import oracle
 from tests.cases import consecutive_case
+from tests.launch_spy import LaunchSpy
 
 VLLM_VERSION = "0.33.0"
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -62,23 +63,6 @@ def run(name: str, case: Case, *, poisoned: bool = False) -> torch.Tensor:
 def max_error(name: str, case: Case) -> float:
     out = run(name, case)
     return (out.double() - oracle(materialize(case, DEVICE, poisoned=False))).abs().max().item()
-
-
-class LaunchSpy:
-    """Stands in for a ``@triton.jit`` kernel in its module and records each launch grid."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-        self.grids: list[tuple] = []
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def record(*args, **kwargs):
-            self.grids.append(tuple(grid))
-            return launch(*args, **kwargs)
-
-        return record
 
 
 @pytest.fixture

@@ -10,11 +10,13 @@ when asked for more.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import types
-from typing import Any
 
 import torch
+
+from nanfuzz.harness.adapters.standins import standin_module
 
 # Parents of the modules below; they hold no code, and an empty __path__ keeps
 # any other ``aiter.*`` import from silently reaching into a source tree.
@@ -89,20 +91,7 @@ def _device() -> str:
     return {"gfx942": "MI300X", "gfx950": "MI350X"}.get(_arch(), _arch() or "not an AMD GPU")
 
 
-def _module(name: str, attrs: dict[str, Any], *, package: bool = False) -> types.ModuleType:
-    module = types.ModuleType(name, f"nanfuzz stand-in for {name}")
-    module.__dict__.update(attrs)
-    module.__package__ = name if package else name.rpartition(".")[0]
-    if package:
-        module.__path__ = []
-
-    def missing(attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        raise AttributeError(f"nanfuzz's stand-in for {name} has no {attr!r}; this AITER version needs more of its runtime")
-
-    module.__getattr__ = missing  # PEP 562: unknown names fail with a message
-    return module
+_module = functools.partial(standin_module, library="AITER")
 
 
 def build() -> dict[str, types.ModuleType]:

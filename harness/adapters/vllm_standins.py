@@ -9,6 +9,7 @@ the kernels ask, from torch and Triton, and says so when asked for more.
 """
 from __future__ import annotations
 
+import functools
 import enum
 import logging
 import types
@@ -17,6 +18,8 @@ from typing import Any, NamedTuple
 import torch
 import triton
 import triton.language as tl
+
+from nanfuzz.harness.adapters.standins import standin_module
 
 # Parents of the modules below; they hold no code, and an empty __path__ keeps
 # any other ``vllm.*`` import from silently reaching into a source tree.
@@ -126,20 +129,7 @@ def _never_custom_paged_attention(*_args: Any, **_kwargs: Any) -> bool:
     return False
 
 
-def _module(name: str, attrs: dict[str, Any], *, package: bool = False) -> types.ModuleType:
-    module = types.ModuleType(name, f"nanfuzz stand-in for {name}")
-    module.__dict__.update(attrs)
-    module.__package__ = name if package else name.rpartition(".")[0]
-    if package:
-        module.__path__ = []
-
-    def missing(attr: str) -> Any:
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        raise AttributeError(f"nanfuzz's stand-in for {name} has no {attr!r}; this vLLM version needs more of its runtime")
-
-    module.__getattr__ = missing  # PEP 562: unknown names fail with a message
-    return module
+_module = functools.partial(standin_module, library="vLLM")
 
 
 def rocm_platform_module() -> types.ModuleType:
