@@ -227,7 +227,7 @@ def test_aiter_kernels_run_on_this_gpu():
 
 def test_a_campaign_finds_shrinks_and_replays_with_the_aiter_source(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    source = ["--aiter-src", SOURCE[0], "--device", "cpu"]
+    source = ["--aiter-src", SOURCE[0], "--device", DEVICE]
     assert main(["list", *source]) == 0
     listing = capsys.readouterr().out
     assert "aiter:pa_decode@v2-per-token" in listing and "decode causal fp32-products tf32 heads" in listing
@@ -241,13 +241,13 @@ def test_a_campaign_finds_shrinks_and_replays_with_the_aiter_source(tmp_path, mo
     assert len(case["sequences"]) == 1 and case["sequences"][0]["query_len"] == 1  # shrunk to one decode query
     assert main(["replay", str(repro), *source]) == 1
     monkeypatch.setenv("NANFUZZ_AITER_SRC", SOURCE[0])  # the environment variable does what --aiter-src does
-    assert main(["replay", str(repro), "--device", "cpu"]) == 1
+    assert main(["replay", str(repro), "--device", DEVICE]) == 1
 
 
 def test_the_gate_fuzzes_an_aiter_kernel_and_its_replay_names_the_tree(tmp_path):
     from tests.test_ci_gate import run_gate
 
-    proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "30", "--max-examples", "40",
+    proc = run_gate(tmp_path, "--workers", "1", "--time-budget", "30", "--max-examples", "40", "--device", DEVICE,
                     "--kernel", "aiter:chunked_pa_prefill", "--aiter-src", SOURCE[0])
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = (tmp_path / "out" / "summary.md").read_text()
