@@ -1,4 +1,4 @@
-""".ci/run: the README's test command, and its exit status passed on (5, no test collected, included)."""
+""".ci/run: the README's test command and its exit status; a run that collected no test (5) fails."""
 from __future__ import annotations
 
 import os
@@ -47,9 +47,12 @@ def _run_with_pytest_exiting(tmp_path, status: int) -> subprocess.CompletedProce
     return proc
 
 
-@pytest.mark.parametrize("status", [0, 1, 5])
+@pytest.mark.parametrize("status", [0, 1, 2])
 def test_pytest_s_exit_status_is_the_run_s(tmp_path, status):
     proc = _run_with_pytest_exiting(tmp_path, status)
     assert proc.returncode == status, proc.stderr
-    if status == 5:
-        assert "no test" in proc.stderr
+
+
+def test_a_run_that_collects_no_test_fails(tmp_path):
+    proc = _run_with_pytest_exiting(tmp_path, 5)
+    assert proc.returncode == 1 and "no test" in proc.stderr
