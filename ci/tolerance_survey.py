@@ -35,7 +35,7 @@ DTYPES = ("float16", "bfloat16", "float32")
 
 def survey(runs: list[str], dtypes: tuple[str, ...], examples: int, jobs: int, device: str,
            extra: list[str], save) -> dict:
-    from nanfuzz.harness.accuracy import Accuracy, Tally, _bin
+    from nanfuzz.harness.accuracy import Accuracy
 
     merged = Accuracy()
     campaigns = []
@@ -58,12 +58,7 @@ def survey(runs: list[str], dtypes: tuple[str, ...], examples: int, jobs: int, d
                     print(f"{kernel} {dtype}: not run: {line}", flush=True)
                     continue
                 entry = json.loads(summary.read_text())["kernels"][0]
-                for name, data in entry.get("accuracy", {}).items():
-                    tally = merged.tallies.setdefault(name, Tally(bound=data["bound"]))
-                    tally.examples += data["examples"]
-                    tally.worst = max(tally.worst, data["worst"])
-                    for edge, count in data["histogram"].items():
-                        tally.bins[_bin(float(edge))] += count
+                merged.merge(Accuracy.from_dict(entry.get("accuracy", {})))
                 campaigns.append({"kernel": kernel, "flags": flags, "dtype": dtype, "verdict": entry["verdict"],
                                   "examples": entry["examples"], "seconds": round(seconds, 1),
                                   "summary": entry["summary"], "accuracy": entry.get("accuracy", {})})

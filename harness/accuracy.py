@@ -75,6 +75,15 @@ class Accuracy:
                        "histogram": {repr(_upper_edge(i)): t.bins[i] for i in sorted(t.bins)}}
                 for name, t in sorted(self.tallies.items())}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Accuracy":
+        """The inverse of ``to_dict`` (quantiles are derived, so they are not read back)."""
+        tallies = {}
+        for name, entry in data.items():
+            bins = Counter({_bin(float(edge)): count for edge, count in entry["histogram"].items()})
+            tallies[name] = Tally(bound=entry["bound"], examples=entry["examples"], worst=entry["worst"], bins=bins)
+        return cls(tallies)
+
     def table(self) -> str:
         if not self.tallies:
             return "accuracy: no passing example"

@@ -56,22 +56,19 @@ FLOOR = 0.5
 @dataclass(frozen=True)
 class RowErrors:
     """Per (token, head) row, all ``[num_tokens, num_q_heads]`` float64: the kernel's
-    error, the same-precision reference's error, and the ratio's denominator
-    (the reference's error plus the floor)."""
+    error, the same-precision reference's error, the ratio's denominator (the
+    reference's error plus the floor) and the ratio itself (inf where the output
+    is not finite)."""
 
     arithmetic: str
     kernel: torch.Tensor
     reference: torch.Tensor
     denominator: torch.Tensor
+    ratio: torch.Tensor
 
     @property
     def bound(self) -> float:
         return BOUND[self.arithmetic]
-
-    @property
-    def ratio(self) -> torch.Tensor:
-        """The kernel's error in units of the reference's (inf where the output is not finite)."""
-        return self.kernel / self.denominator
 
     def off(self) -> torch.Tensor:
         """Rows beyond the bound."""
@@ -97,4 +94,4 @@ def row_errors(result: torch.Tensor, oracle: torch.Tensor, reference: torch.Tens
     scale = oracle.abs().amax(dim=-1)
     denominator = reference_error + FLOOR * UNIT_ROUNDOFF[name] * scale
     denominator = denominator.clamp_min(torch.finfo(torch.float64).tiny)
-    return RowErrors(name, kernel_error, reference_error, denominator)
+    return RowErrors(name, kernel_error, reference_error, denominator, kernel_error / denominator)

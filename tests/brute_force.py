@@ -12,36 +12,49 @@ from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.semantics import allowed
 
 
+def _rows(batch: PagedBatch):
+    """Every output row: ``(token, head, kv_head, [(block, offset) of each allowed key])``."""
+    case = batch.case
+    g = case.geometry
+    token = 0
+    for seq in case.sequences:
+        for i in range(seq.query_len):
+            position = seq.context_len + i
+            keys = [(seq.block_table[k // g.block_size], k % g.block_size) for k in range(seq.seq_len)
+                    if allowed(position, k, seq.seq_len, case.sliding_window, case.causal)]
+            for h in range(g.num_q_heads):
+                yield token, h, h // g.queries_per_kv, keys
+            token += 1
+
+
+def _by_token(batch: PagedBatch, row) -> list[list[list[float]]]:
+    g = batch.case.geometry
+    out = [[None] * g.num_q_heads for _ in range(batch.case.num_tokens)]
+    for token, h, kv, keys in _rows(batch):
+        out[token][h] = row(token, h, kv, keys)
+    return out
+
+
 def brute_force(batch: PagedBatch) -> list[list[list[float]]]:
     case = batch.case
     g = case.geometry
-    out = []
-    token = 0
-    for s, seq in enumerate(case.sequences):
-        for i in range(seq.query_len):
-            position = seq.context_len + i
-            keys = [k for k in range(seq.seq_len) if allowed(position, k, seq.seq_len, case.sliding_window, case.causal)]
-            rows = []
-            for h in range(g.num_q_heads):
-                kv = h // g.queries_per_kv
-                q = batch.q[token, h].double().tolist()
-                scores = []
-                values = []
-                for k in keys:
-                    block, offset = seq.block_table[k // g.block_size], k % g.block_size
-                    kvec = _dequantized(batch, "k", block, offset, kv)
-                    scores.append(case.scale * sum(a * b for a, b in zip(q, kvec)))
-                    values.append(_dequantized(batch, "v", block, offset, kv))
-                top = max(scores)
-                sink = float(batch.sinks[h]) if batch.sinks is not None else None
-                if sink is not None:
-                    top = max(top, sink)
-                weights = [math.exp(x - top) for x in scores]
-                denom = sum(weights) + (math.exp(sink - top) if sink is not None else 0.0)
-                rows.append([sum(w * v[d] for w, v in zip(weights, values)) / denom for d in range(g.head_size)])
-            out.append(rows)
-            token += 1
-    return out
+
+    def row(token, h, kv, keys):
+        q = batch.q[token, h].double().tolist()
+        scores, values = [], []
+        for block, offset in keys:
+            kvec = _dequantized(batch, "k", block, offset, kv)
+            scores.append(case.scale * sum(a * b for a, b in zip(q, kvec)))
+            values.append(_dequantized(batch, "v", block, offset, kv))
+        top = max(scores)
+        sink = float(batch.sinks[h]) if batch.sinks is not None else None
+        if sink is not None:
+            top = max(top, sink)
+        weights = [math.exp(x - top) for x in scores]
+        denom = sum(weights) + (math.exp(sink - top) if sink is not None else 0.0)
+        return [sum(w * v[d] for w, v in zip(weights, values)) / denom for d in range(g.head_size)]
+
+    return _by_token(batch, row)
 
 
 def _dequantized(batch: PagedBatch, which: str, block: int, offset: int, kv_head: int) -> list[float]:
@@ -67,38 +80,27 @@ def brute_force_in(batch: PagedBatch, arithmetic) -> list[list[list[float]]]:
     g = case.geometry
     f32 = torch.float32
 
-    def operand(x):
-        return arithmetic.operand(x.to(f32))
+    def operand(values):
+        return arithmetic.operand(torch.tensor(values, dtype=torch.float64).to(f32))
 
-    out = []
-    token = 0
-    for seq in case.sequences:
-        for i in range(seq.query_len):
-            position = seq.context_len + i
-            keys = [k for k in range(seq.seq_len) if allowed(position, k, seq.seq_len, case.sliding_window, case.causal)]
-            rows = []
-            for h in range(g.num_q_heads):
-                kv = h // g.queries_per_kv
-                q = operand(batch.q[token, h])
-                scores, values = [], []
-                for k in keys:
-                    block = seq.block_table[k // g.block_size]
-                    kvec = operand(batch.key_cache[block, k % g.block_size, kv])
-                    scores.append(torch.dot(q, kvec) * case.scale)
-                    values.append(operand(batch.value_cache[block, k % g.block_size, kv]))
-                top = torch.stack(scores).max()
-                sink = batch.sinks[h].to(f32) if batch.sinks is not None else None
-                if sink is not None:
-                    top = torch.maximum(top, sink)
-                weights = [torch.exp(s - top) for s in scores]
-                denom = torch.zeros((), dtype=f32)
-                acc = torch.zeros(g.head_size, dtype=f32)
-                for w, v in zip(weights, values):
-                    denom = denom + w
-                    acc = acc + arithmetic.probabilities(w.reshape(1)) * v
-                if sink is not None:
-                    denom = denom + torch.exp(sink - top)
-                rows.append(arithmetic.output(acc / denom).double().tolist())
-            out.append(rows)
-            token += 1
-    return out
+    def row(token, h, kv, keys):
+        q = arithmetic.operand(batch.q[token, h].to(f32))
+        scores, values = [], []
+        for block, offset in keys:
+            scores.append(torch.dot(q, operand(_dequantized(batch, "k", block, offset, kv))) * case.scale)
+            values.append(operand(_dequantized(batch, "v", block, offset, kv)))
+        top = torch.stack(scores).max()
+        sink = batch.sinks[h].to(f32) if batch.sinks is not None else None
+        if sink is not None:
+            top = torch.maximum(top, sink)
+        denom = torch.zeros((), dtype=f32)
+        acc = torch.zeros(g.head_size, dtype=f32)
+        for s, v in zip(scores, values):
+            w = torch.exp(s - top)
+            denom = denom + w
+            acc = acc + arithmetic.probabilities(w.reshape(1)) * v
+        if sink is not None:
+            denom = denom + torch.exp(sink - top)
+        return arithmetic.output(acc / denom).double().tolist()
+
+    return _by_token(batch, row)

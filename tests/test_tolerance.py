@@ -156,3 +156,18 @@ def test_mismatch_evidence_is_in_units_of_the_reference_and_absolute():
     assert ev["worst"][:2] == [0, 0] and ev["arithmetic"] == "bfloat16" and ev["bound"] == BOUND["bfloat16"]
     assert ev["ratio"] > ev["bound"] and ev["max_abs_error"] > 0
     assert f"token 0 head 0: {ev['ratio']:.3g}x the bfloat16 reference's error, bound 2.5x" in outcome.summary
+
+
+def test_the_accuracy_tally_merges_round_trips_and_reads_its_quantiles():
+    from nanfuzz.harness.accuracy import Accuracy
+
+    jobs = [Accuracy(), Accuracy()]
+    for i, ratio in enumerate((0.0, 0.5, 0.9, 1.2, 2.2)):
+        jobs[i % 2].add({"max_error_ratio": ratio, "arithmetic": "float16", "bound": 2.5})
+    jobs[0].add({"max_abs_error": 0.1})  # no ratio (not a PASS): not tallied
+    merged = jobs[0].merge(jobs[1])
+    tally = merged.tallies["float16"]
+    assert tally.examples == 5 and tally.worst == 2.2
+    assert 0.9 <= tally.quantile(0.5) <= 1.0 and tally.quantile(0.999) == 2.2  # upper edge of the median's bin
+    assert Accuracy.from_dict(merged.to_dict()).to_dict() == merged.to_dict()
+    assert "float16" in merged.table() and "2.5x" in merged.table()
