@@ -20,7 +20,8 @@ QUANTILES = (0.5, 0.99, 0.999)
 def _bin(ratio: float) -> int:
     if ratio <= 0:
         return -10**6
-    return math.ceil(math.log2(ratio) * _BINS_PER_OCTAVE)
+    # rounded first: a bin's own upper edge (read back from JSON) must land in that bin
+    return math.ceil(round(math.log2(ratio) * _BINS_PER_OCTAVE, 9))
 
 
 def _upper_edge(index: int) -> float:
