@@ -184,6 +184,9 @@ def pytest_command(plan: Plan, workers, junit: Path, restarts: int) -> list[str]
         env = {SLOT_ENV: slot.name, "NANFUZZ_STATE_DIR": str(plan.slot_state_dir(slot.name)), **slot.env}
         if plan.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = str(threads)
+        if plan.device == "cuda" and "NANFUZZ_COMPILE_JOBS" not in os.environ:
+            # each GPU worker's compile farm (harness.precompile) gets its share of the cores
+            env["NANFUZZ_COMPILE_JOBS"] = str(max(1, len(os.sched_getaffinity(0)) // len(workers.slots)))
         if any("//" in v for v in env.values()):
             raise GateUsageError(f"a worker's environment cannot carry '//' (execnet's separator): {env}")
         specs += ["--tx", "popen" + "".join(f"//env:{k}={v}" for k, v in env.items())]

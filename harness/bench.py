@@ -21,11 +21,12 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from nanfuzz.harness.fuzz import fuzz, make_subject
+from nanfuzz.harness.fuzz import compile_plan, fuzz, make_subject, start_farm
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.parallel import fuzz_parallel
 from nanfuzz.harness.settings import Settings
@@ -36,6 +37,8 @@ WARMUP_EXAMPLES = 5
 DETECT_EXAMPLES = 300  # the CI profile's campaign length: a bug not caught by then counts as missed
 _WARMUP_SEED = 1_000_003  # apart from the measured seeds 0, 1, ...
 _PROFILE = "dev"  # fixed, so that NANFUZZ_PROFILE or CI=true cannot change what is measured
+_POOL_SEED = 0  # the throughput's campaigns share one pool, as a --jobs run's jobs do
+_UNBOUNDED = 10**9  # examples of a campaign bounded by time
 
 
 @dataclass
@@ -46,6 +49,8 @@ class Throughput:
     phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     specialisations: int | None = None  # new kernel specialisations after the warm-up (GPU: compiles)
     busy_seconds: float | None = None  # several jobs: the sum of their own times (phases are shares of it)
+    first_example_s: float | None = None  # from the start (worker, farm, warm-up) to the first measured example
+    farm: dict | None = None  # what the compile farm did (harness.precompile.Farm.summary)
 
     def add(self, campaign, campaigns: int = 1) -> None:
         """Count ``campaign`` in; time outside its measured phases is generation."""
@@ -58,6 +63,10 @@ class Throughput:
         self.phase_seconds["generation"] += busy - sum(campaign.phase_times.values())
         if campaign.busy_seconds is not None:
             self.busy_seconds = (self.busy_seconds or 0.0) + busy
+        if self.first_example_s is None:
+            self.first_example_s = campaign.time_to_first_example
+        if campaign.farm is not None and self.farm is None:
+            self.farm = campaign.farm
 
     @property
     def per_second(self) -> float:
@@ -73,6 +82,8 @@ class Throughput:
             "share": {p: (s / busy if busy > 0 else 0.0) for p, s in self.phase_seconds.items()},
             "busy_seconds": self.busy_seconds,
             "specialisations_after_warmup": self.specialisations,
+            "time_to_first_example_s": self.first_example_s,
+            "compile_farm": self.farm,
         }
 
 
@@ -124,26 +135,48 @@ def fresh_state(settings: Settings) -> Iterator[Settings]:
 
 
 def measure_throughput(kernel: Kernel, settings: Settings, examples: int, warmup: int = WARMUP_EXAMPLES,
-                       jobs: int = 1) -> Throughput:
+                       jobs: int = 1, seconds: float | None = None) -> Throughput:
+    """Examples per second over ``examples`` examples, or over ``seconds`` of campaigning.
+
+    Every campaign (warm-up included) draws from the same specialisation
+    pool, pool 0; the seeds vary everything else.  A compile farm
+    (``harness.precompile``) builds the pool from the start, so with
+    ``warmup=0`` on an empty Triton cache the figure is the cold start's.
+    """
+    if seconds is not None:
+        settings, examples = settings.replace(time_budget=seconds), _UNBOUNDED
     if jobs > 1:
         return _parallel_throughput(kernel, settings, examples, warmup, jobs)
     total = Throughput()
+    started = time.perf_counter()
     with fresh_state(settings) as run:
+        farm = start_farm([compile_plan(kernel, run, _POOL_SEED)], run)
         subject = make_subject(kernel, run)  # one worker for the warm-up and every measured campaign
+        handle = farm.handle if farm is not None else None
         try:
             if warmup:
-                fuzz(kernel, run.replace(max_examples=warmup, seed=_WARMUP_SEED), subject=subject)
+                fuzz(kernel, run.replace(max_examples=warmup, seed=_WARMUP_SEED, time_budget=None), subject=subject,
+                     pool_seed=_POOL_SEED, farm=handle)
             before = subject.specialisations
             seed = 0
             while total.examples < examples and total.campaigns < examples:
+                campaign_start = time.perf_counter()
                 campaign = fuzz(kernel, run.replace(max_examples=examples - total.examples, seed=seed),
-                                subject=subject)
+                                subject=subject, pool_seed=_POOL_SEED, farm=handle)
+                if campaign.time_to_first_example is not None and not total.campaigns:
+                    # from the bench's start: the worker's and the farm's start-up count
+                    campaign.time_to_first_example += campaign_start - started
                 seed += 1
                 total.add(campaign)
+                if seconds is not None:
+                    break
             after = subject.specialisations
             total.specialisations = None if before is None or after is None else after - before
         finally:
             subject.close()
+            if farm is not None:
+                farm.close()
+                total.farm = farm.summary()
     return total
 
 
@@ -158,9 +191,11 @@ def _parallel_throughput(kernel: Kernel, settings: Settings, examples: int, warm
     with fresh_state(settings) as run:
         while total.examples < examples and total.campaigns < examples:
             campaign = fuzz_parallel(kernel, run.replace(jobs=jobs, max_examples=max(jobs, examples - total.examples),
-                                                         seed=seed), warmup=warmup)
+                                                         seed=seed), warmup=warmup, pool_seed=_POOL_SEED)
             seed += jobs
             total.add(campaign, campaigns=jobs)
+            if run.time_budget is not None:
+                break
     return total
 
 
@@ -195,7 +230,7 @@ def _seed_line(kernel_name: str, run: dict) -> str:
 def bench(kernels: list[Kernel], *, settings: Settings, examples: int, seeds: int, warmup: int = WARMUP_EXAMPLES,
           detect_examples: int = DETECT_EXAMPLES, skip_unrunnable: bool = False,
           progress: Callable[[str], None] | None = None, jobs: int = 1,
-          detect_all: bool = False) -> list[KernelBench]:
+          detect_all: bool = False, seconds: float | None = None) -> list[KernelBench]:
     """Throughput for every kernel (``jobs`` processes at once); detection for the known-bad ones (one process).
 
     ``detect_all``: time to detect for every kernel (one with a known bug
@@ -207,7 +242,8 @@ def bench(kernels: list[Kernel], *, settings: Settings, examples: int, seeds: in
     for kernel in kernels:
         result = KernelBench(kernel.name, kernel.expect)
         try:
-            result.throughput = measure_throughput(kernel, settings, examples, warmup, jobs)
+            if examples or seconds:
+                result.throughput = measure_throughput(kernel, settings, examples, warmup, jobs, seconds)
             if (kernel.expect == "caught" or detect_all) and seeds > 0:
                 result.detection = measure_detection(kernel, settings, seeds, detect_examples, progress)
         except NanfuzzError as exc:
@@ -223,7 +259,8 @@ def bench(kernels: list[Kernel], *, settings: Settings, examples: int, seeds: in
 def _progress_line(r: KernelBench) -> str:
     if r.skipped:
         return f"  {r.kernel}: skipped ({r.skipped})"
-    line = f"  {r.kernel}: {r.throughput.per_second:.2f} examples/s over {r.throughput.examples}"
+    line = (f"  {r.kernel}: {r.throughput.per_second:.2f} examples/s over {r.throughput.examples}"
+            if r.throughput else f"  {r.kernel}: no throughput measured")
     if r.detection is not None:
         d = r.detection.to_dict()
         line += f"; caught on {d['caught']}/{d['seeds']} seeds"
@@ -256,22 +293,30 @@ def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _throughput_cells(throughput: Throughput | None) -> list[str]:
+    if throughput is None:
+        return ["-"] * 11
+    t = throughput.to_dict()
+    per = t["seconds_per_example"]
+    specs = "-" if t["specialisations_after_warmup"] is None else str(t["specialisations_after_warmup"])
+    farm = t["compile_farm"]
+    farm_s = "-" if not farm or farm["wall_seconds"] is None else f"{farm['wall_seconds']:.1f}"
+    return [f"{t['examples_per_second']:.2f}", *(_ms(per[p]) for p in PHASES), _ms(per.get("compile")), specs,
+            _s(t["time_to_first_example_s"]), farm_s]
+
+
 def table_rows(results: list[KernelBench]) -> list[tuple]:
-    rows = [("kernel", "expect", "ex/s", "ms/ex: gen", "mat", "kernel", "oracle", "ref", "verdict", "new specs",
-             "caught", "detect s med/max", "shrink s med/max")]
+    rows = [("kernel", "expect", "ex/s", "ms/ex: gen", "mat", "kernel", "oracle", "ref", "verdict", "wait",
+             "new specs", "1st ex s", "farm s", "caught", "detect s med/max", "shrink s med/max")]
     for r in results:
         if r.skipped:
-            rows.append((r.kernel, r.expect, "skipped", *[""] * 10))
+            rows.append((r.kernel, r.expect, "skipped", *[""] * 13))
             continue
-        t = r.throughput.to_dict()
-        per = t["seconds_per_example"]
         caught = detect = shrink = "-"
         if r.detection is not None:
             d = r.detection.to_dict()
             caught = f"{d['caught']}/{d['seeds']}"
             detect = f"{_s(d['time_to_first_failure_s']['median'])}/{_s(d['time_to_first_failure_s']['max'])}"
             shrink = f"{_s(d['shrink_s']['median'])}/{_s(d['shrink_s']['max'])}"
-        specs = "-" if t["specialisations_after_warmup"] is None else str(t["specialisations_after_warmup"])
-        rows.append((r.kernel, r.expect, f"{t['examples_per_second']:.2f}", *(_ms(per[p]) for p in PHASES),
-                     specs, caught, detect, shrink))
+        rows.append((r.kernel, r.expect, *_throughput_cells(r.throughput), caught, detect, shrink))
     return rows

@@ -44,6 +44,32 @@ def _parser() -> argparse.ArgumentParser:
                        help="run launches in this process, not a supervised worker (for debugging; a kernel that "
                             "kills its process then ends the campaign)")
 
+    def focus_options(p):
+        p.add_argument("--decode-only", action="store_true")
+        p.add_argument("--prefill-only", action="store_true")
+        p.add_argument("--no-window", action="store_true")
+        p.add_argument("--causal-only", action="store_true")
+        p.add_argument("--non-causal-only", action="store_true")
+        p.add_argument("--dtype", choices=DTYPES)
+        p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
+                       help="fuzz only this KV-cache dtype (auto: unquantized; fp8 with per-tensor or per-token-head "
+                            "scales; int8 with per-token-head scales); default: every one the kernel takes and the "
+                            "device runs")
+        p.add_argument("--kv-scales", choices=SCALE_MODES,
+                       help="quantized caches with per-tensor scales only, or per-token-head scale caches only")
+        p.add_argument("--poison", action="append", metavar="CLASS",
+                       choices=POISON_CLASS_NAMES,
+                       help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES))
+
+    def compile_options(p):
+        p.add_argument("--pool", type=int, metavar="N",
+                       help="draw each case's compile-time part (shape, causality, window, sinks) from a pool of N "
+                            "per campaign; 0: draw freely (default: the kernel's own pool on a GPU, none under the "
+                            "interpreter)")
+        p.add_argument("--compile-jobs", type=int, metavar="N",
+                       help="on a GPU, compile the pool's kernel specialisations ahead of the search in N processes "
+                            "(default: one per core; 0: compile each one when the search first meets it)")
+
     p = sub.add_parser("list", help="kernels, variants, capabilities, where they run")
     common(p)
 
@@ -57,21 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=("dev", "ci", "pr-gate", "nightly"), help="default: ci under CI=true, else dev")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="wall-time bound per kernel")
     p.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
-    p.add_argument("--decode-only", action="store_true")
-    p.add_argument("--prefill-only", action="store_true")
-    p.add_argument("--no-window", action="store_true")
-    p.add_argument("--causal-only", action="store_true")
-    p.add_argument("--non-causal-only", action="store_true")
-    p.add_argument("--dtype", choices=DTYPES)
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
-                   help="fuzz only this KV-cache dtype (auto: unquantized; fp8 with per-tensor or per-token-head "
-                        "scales; int8 with per-token-head scales); default: every one the kernel takes and the "
-                        "device runs")
-    p.add_argument("--kv-scales", choices=SCALE_MODES,
-                   help="quantized caches with per-tensor scales only, or per-token-head scale caches only")
-    p.add_argument("--poison", action="append", metavar="CLASS",
-                   choices=POISON_CLASS_NAMES,
-                   help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES))
+    focus_options(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON (with the statistics)")
     p.add_argument("--show-statistics", action="store_true",
                    help="after each kernel, the share of examples that exercised each situation (decode, windows, "
@@ -82,9 +94,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="the example database that replays known failures first: a folder (default STATE/examples), "
                         "redis://HOST:PORT/DB (a Redis or Valkey server shared by a fleet; needs nanfuzz[redis]), or "
                         "readonly:STORE to read a folder or server without writing to it (default $NANFUZZ_EXAMPLE_DB)")
-    p.add_argument("--pool", type=int, metavar="N",
-                   help="draw each case's compile-time part (shape, causality, window, sinks) from a pool of N per "
-                        "campaign; 0: draw freely (default: the kernel's own pool on a GPU, none under the interpreter)")
+    compile_options(p)
 
     p = sub.add_parser("replay", help="re-run a repro; exit 1 while it still fails")
     common(p)
@@ -94,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="examples per second of the fuzz loop, and time to catch each known-bad kernel")
     common(p)
     p.add_argument("--kernel", action="append", metavar="K", help="kernel to bench (repeatable; default: every built-in kernel)")
-    p.add_argument("--examples", type=int, default=100, metavar="N", help="examples per kernel for the throughput (default 100)")
+    p.add_argument("--examples", type=int, default=100, metavar="N", help="examples per kernel for the throughput (default 100; 0: time to detect only)")
     p.add_argument("--seeds", type=int, default=5, metavar="N",
                    help="campaigns per known-bad kernel for the time to detect (default 5)")
     p.add_argument("--warmup", type=int, default=5, metavar="N", help="warm-up examples per kernel, not measured (default 5)")
@@ -104,6 +114,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="time to detect for every kernel benched, not only the known-bad built-ins")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="throughput of N campaigns at once on the device, one process each (default 1)")
+    p.add_argument("--seconds", type=float, metavar="S",
+                   help="measure the throughput over S seconds of campaigning instead of a number of examples "
+                        "(with --warmup 0 on an empty Triton cache: the cold-start figure)")
+    focus_options(p)
+    compile_options(p)
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
     p = sub.add_parser("perf", help="is kernel A slower than baseline B on realistic decode and prefill shapes?")
@@ -146,8 +161,16 @@ def _settings(args, device: str):
                    aiter_src=args.aiter_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
     if args.command == "fuzz":
         options.update(repro_dir=_path(args.repro_dir), profile=args.profile, max_examples=args.max_examples,
-                       time_budget=args.time_budget, seed=args.seed, focus=_focus(args), shrink=not args.no_shrink,
-                       pool_size=args.pool, jobs=args.jobs, example_db=args.example_db)
+                       time_budget=args.time_budget, seed=args.seed, shrink=not args.no_shrink,
+                       jobs=args.jobs, example_db=args.example_db)
+    if args.command in ("fuzz", "bench"):
+        if args.pool is not None and args.pool < 0:
+            raise NanfuzzError(f"--pool={args.pool} must be >= 0")
+        options.update(focus=_focus(args), pool_size=args.pool)
+    if getattr(args, "compile_jobs", None) is not None:
+        if args.compile_jobs < 0:
+            raise NanfuzzError(f"--compile-jobs={args.compile_jobs} must be >= 0")
+        options["compile_jobs"] = args.compile_jobs
     settings = Settings.from_environment(**options)
     if args.command == "fuzz":
         from nanfuzz.harness.example_db import check
@@ -209,19 +232,14 @@ def _focus(args):
 
 def _fuzz(args, settings) -> int:
     from nanfuzz.harness.example_db import parse
-    from nanfuzz.harness.fuzz import fuzz
-    from nanfuzz.harness.parallel import fuzz_parallel
+    from nanfuzz.harness.fuzz import compile_plan, start_farm
     from nanfuzz.harness.profiles import get_profile
-    from nanfuzz.harness.progress import Progress
-    from nanfuzz.harness.registry import builtin_kernels, import_path, resolve
-    from nanfuzz.harness.report import print_notes, report_failure
+    from nanfuzz.harness.registry import builtin_kernels, resolve
 
     if args.max_examples is not None and args.max_examples < 1:
         raise NanfuzzError(f"--max-examples={args.max_examples} must be >= 1")
     if args.jobs < 1:
         raise NanfuzzError(f"--jobs={args.jobs} must be >= 1")
-    if args.pool is not None and args.pool < 0:
-        raise NanfuzzError(f"--pool={args.pool} must be >= 0")
     profile = get_profile(settings.profile)
     kernels = [resolve(args.kernel, **settings.sources)] if args.kernel else list(builtin_kernels().values())
     self_check = args.kernel is None
@@ -230,13 +248,32 @@ def _fuzz(args, settings) -> int:
     shared = f", example database {parse(settings.example_db).shown}" if settings.example_db else ""
     print(f"nanfuzz fuzz: {len(kernels)} kernel(s), profile {profile.name}, {mode}, {isolation}{shared}", flush=True)
     rows = [("kernel", "expect", "verdict", "examples", "first failure", "shrink", "time", "result")]
+    # The self-check's kernels are known up front: one farm compiles all their pools,
+    # in the order the campaigns run, while the first campaign starts.
+    farm = start_farm([compile_plan(k, settings) for k in kernels], settings) if self_check else None
+    try:
+        return _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm)
+    finally:
+        if farm is not None:
+            farm.close()
+
+
+def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> int:
+    """Each kernel's campaign in turn (``farm``: the self-check's compile farm); the table and the exit status."""
+    from nanfuzz.harness.fuzz import fuzz
+    from nanfuzz.harness.parallel import fuzz_parallel
+    from nanfuzz.harness.progress import Progress
+    from nanfuzz.harness.registry import import_path
+    from nanfuzz.harness.report import print_notes, report_failure
+
     summary = []
     all_good = True
     any_failure = False
     interrupted = False
+    handle = farm.handle if farm is not None else None
     for kernel in kernels:
         if settings.jobs > 1:
-            campaign = fuzz_parallel(kernel, settings)
+            campaign = fuzz_parallel(kernel, settings, farm=handle)
         else:
             progress = Progress(kernel.name, target_examples=settings.max_examples or profile.max_examples,
                                 time_budget=settings.time_budget if settings.time_budget is not None
@@ -246,7 +283,7 @@ def _fuzz(args, settings) -> int:
                 progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
 
             try:
-                campaign = fuzz(kernel, settings, on_example=show)
+                campaign = fuzz(kernel, settings, on_example=show, farm=handle)
             finally:
                 progress.finish()
         print_notes(campaign)
@@ -274,16 +311,23 @@ def _fuzz(args, settings) -> int:
                         "notes": campaign.notes, "worker_restarts": campaign.worker_restarts,
                         "statistics": campaign.statistics.to_dict(),
                         "accuracy": campaign.accuracy.to_dict(),
-                        "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()}})
+                        "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()},
+                        "time_to_first_example_s": campaign.time_to_first_example,
+                        "compiles": campaign.compiles, "compile_farm": campaign.farm})
         if campaign.interrupted:
             interrupted = True
             break
     print()
     _table(rows)
+    compiled = farm.summary() if farm is not None else None
+    if compiled:
+        print(f"\ncompiled ahead: {compiled['compiled']} of {compiled['entries']} pool entries in "
+              f"{compiled['processes']} processes ({compiled['compile_seconds']:.0f} s of compiling)")
     if args.summary_json:
         try:
             Path(args.summary_json).write_text(json.dumps({"device": settings.device, "profile": profile.name,
-                                                           "kernels": summary}, indent=1, default=str))
+                                                           "kernels": summary, "compile_farm": compiled},
+                                                          indent=1, default=str))
         except OSError as exc:
             print(f"nanfuzz: cannot write --summary-json {args.summary_json!r} ({exc.strerror})", file=sys.stderr)
     if interrupted:
@@ -315,10 +359,12 @@ def _bench(args, settings) -> int:
     from nanfuzz.harness.bench import bench, machine, report, table_rows
     from nanfuzz.harness.registry import builtin_kernels, resolve
 
-    for flag, value, least in (("--examples", args.examples, 1), ("--detect-examples", args.detect_examples, 1),
+    for flag, value, least in (("--examples", args.examples, 0), ("--detect-examples", args.detect_examples, 1),
                                ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0), ("--jobs", args.jobs, 1)):
         if value < least:
             raise NanfuzzError(f"{flag}={value} must be >= {least}")
+    if args.seconds is not None and args.seconds <= 0:
+        raise NanfuzzError(f"--seconds={args.seconds} must be > 0")
     kernels = [resolve(name, **settings.sources) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
     started = machine()
     mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
@@ -327,15 +373,17 @@ def _bench(args, settings) -> int:
     start = time.perf_counter()
     results = bench(kernels, settings=settings, examples=args.examples, seeds=args.seeds, warmup=args.warmup,
                     detect_examples=args.detect_examples, skip_unrunnable=not args.kernel, jobs=args.jobs,
-                    detect_all=args.detect,
+                    detect_all=args.detect, seconds=args.seconds,
                     progress=lambda line: print(line, file=sys.stderr, flush=True))
     summary = report(results, device=device, examples=args.examples, seeds=args.seeds, started=started,
                      seconds=time.perf_counter() - start)
     print()
     _table(table_rows(results))
     specs = "each a compile, or a load from Triton's cache" if device == "cuda" else "each would be a compile on a GPU"
-    print(f"\nms/ex: milliseconds per example by phase (gen: Hypothesis and bookkeeping); new specs: kernel "
-          f"specialisations after the warm-up ({specs}); load average at the end {summary['machine_at_end']['load_average']}")
+    print(f"\nms/ex: milliseconds per example by phase (gen: Hypothesis and bookkeeping; wait: for the compile "
+          f"farm); new specs: kernel specialisations after the warm-up ({specs}); 1st ex s: seconds to the first "
+          f"example; farm s: the compile farm's wall time; load average at the end "
+          f"{summary['machine_at_end']['load_average']}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
     return 0

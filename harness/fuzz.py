@@ -32,7 +32,9 @@ from nanfuzz.harness.profiles import Profile, get_profile
 from nanfuzz.harness.settings import Settings
 from nanfuzz.harness.accuracy import Accuracy
 from nanfuzz.harness.statistics import Statistics
+from nanfuzz.harness.precompile import Farm, FarmHandle, Plan, default_processes
 from nanfuzz.harness.worker import InProcess, Supervised, WorkerSpec
+from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.strategies import STRATEGY_VERSION, paged_cases
@@ -102,6 +104,9 @@ class Campaign:
     accuracy: Accuracy = field(default_factory=Accuracy)        # how close passing outputs came to the bound
     interrupted: bool = False
     worker_restarts: int = 0
+    time_to_first_example: float | None = None  # seconds from the start to the first example judged
+    compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
+    farm: dict | None = None      # what its own compile farm did (Farm.summary())
 
     @property
     def failed(self) -> bool:
@@ -120,13 +125,69 @@ def make_subject(kernel: Kernel, settings: Settings):
     A worker rebuilds the kernel from its import path; a Kernel made on the
     fly in the caller's code has none, and runs in this process instead.
     """
-    if not settings.isolation or not reachable_by_path(kernel):
+    spec = worker_spec(kernel, settings) if settings.isolation else None
+    if spec is None:
         return InProcess(kernel, settings.device)
+    return Supervised(spec, launch_timeout=settings.timeout)
+
+
+def worker_spec(kernel: Kernel, settings: Settings) -> WorkerSpec | None:
+    """How another process loads ``kernel`` (None for a Kernel made on the fly, which has no import path)."""
+    if not reachable_by_path(kernel):
+        return None
     from nanfuzz.harness.registry import import_path, kernel_sources
 
-    spec = WorkerSpec(kernel=import_path(kernel), device=settings.device, cuda_index=settings.cuda_index,
+    return WorkerSpec(kernel=import_path(kernel), device=settings.device, cuda_index=settings.cuda_index,
                       **kernel_sources(kernel, settings.sources))
-    return Supervised(spec, launch_timeout=settings.timeout)
+
+
+def campaign_capabilities(kernel: Kernel, settings: Settings) -> tuple[Capabilities, list[str]]:
+    """What the campaign draws cases under (the kernel's capabilities, its focus, what the
+    device's Triton runs), and a note for each KV-cache encoding left out."""
+    interpreter = settings.device == "cpu"
+    caps = settings.focus.apply(kernel.capabilities, kernel.name)
+    if interpreter and not caps.runnable_dtypes(interpreter=True):
+        raise NanfuzzError(f"kernel {kernel.name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's interpreter; "
+                           "use --device cuda")
+    caps, skipped = encodings.runnable(caps, settings.device)
+    if not caps.kv_cache_dtypes and not caps.token_head_dtypes:
+        raise NanfuzzError(f"kernel {kernel.name}: no KV cache it takes runs here ({'; '.join(skipped)})")
+    return caps, skipped
+
+
+def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | None = None) -> tuple[tuple | None, int]:
+    """The campaign's specialisation pool (None: free draws) and the seed that picked it."""
+    interpreter = settings.device == "cpu"
+    pool_size = settings.pool_size
+    if pool_size is None:
+        # the kernel's own pool is for compiles, and under the interpreter nothing compiles
+        pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
+    pool_seed = pool_seed if pool_seed is not None else (settings.seed or 0)
+    return (campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter) if pool_size else None), pool_seed
+
+
+def compile_plan(kernel: Kernel, settings: Settings, pool_seed: int | None = None) -> Plan | None:
+    """What a compile farm (``harness.precompile``) builds ahead of ``kernel``'s campaign:
+    None under the interpreter, without a pool, or for a kernel no other process can load."""
+    if settings.device == "cpu" or settings.compile_jobs == 0:
+        return None
+    try:
+        caps, _ = campaign_capabilities(kernel, settings)
+    except NanfuzzError:
+        return None  # the campaign itself says why
+    pool, _ = campaign_pool_of(caps, settings, pool_seed)
+    spec = worker_spec(kernel, settings) if pool else None
+    if spec is None:
+        return None
+    return Plan(spec, caps, settings.focus.poison_classes, pool)
+
+
+def start_farm(plans: list[Plan | None], settings: Settings) -> Farm | None:
+    """A compile farm for the plans there are (None when there is none)."""
+    plans = [p for p in plans if p is not None]
+    if not plans:
+        return None
+    return Farm(plans, settings.compile_jobs or default_processes())
 
 
 def reachable_by_path(kernel: Kernel) -> bool:
@@ -166,29 +227,40 @@ def recover_leftovers(kernel: Kernel, settings: Settings, subject) -> tuple[Camp
     return None, notes
 
 
+class _FarmWait:
+    """Before a case: wait while the compile farm still builds its entry (time kept as the "compile" phase)."""
+
+    def __init__(self, farm: FarmHandle | None, spec: WorkerSpec | None):
+        self.farm, self.kernel = (farm, spec.kernel) if farm is not None and spec is not None else (None, None)
+
+    def __call__(self, case: Case, campaign: Campaign) -> None:
+        if self.farm is None:
+            return
+        waited = self.farm.wait_for(self.kernel, case)
+        if waited:
+            campaign.phase_times["compile"] = campaign.phase_times.get("compile", 0.0) + waited
+
+
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callable[[Campaign], None] | None = None,
          should_stop: Callable[[], bool] | None = None, interrupted: Callable[[], bool] | None = None,
          pool_seed: int | None = None, subject=None, check_leftovers: bool = True,
-         shrink_budget: float = DEFAULT_SHRINK_BUDGET, **overrides) -> Campaign:
+         shrink_budget: float = DEFAULT_SHRINK_BUDGET, farm: FarmHandle | None = None, **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
 
     ``settings`` fields may be overridden by keyword (``device=``, ``max_examples=``, ...).
     ``should_stop`` is asked before each example while no failure is found
     (a sibling job found one); ``interrupted`` before every example, shrinking
     included (stop now, keep the smallest failure so far).  ``pool_seed``
-    picks the specialisation pool (default: the seed, else 0).
+    picks the specialisation pool (default: the seed, else 0).  ``farm``: the
+    compile farm of a caller that started one for this campaign (jobs, the
+    self-check); otherwise a GPU campaign with a pool starts its own.
     """
     settings = (settings or Settings()).replace(**overrides) if overrides else (settings or Settings())
     profile = get_profile(settings.profile) if not isinstance(settings.profile, Profile) else settings.profile
     device = settings.device
     interpreter = device == "cpu"
-    caps = settings.focus.apply(kernel.capabilities, kernel.name)
-    if interpreter and not caps.runnable_dtypes(interpreter=True):
-        raise NanfuzzError(f"kernel {kernel.name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's interpreter; "
-                           "use --device cuda")
-    caps, skipped = encodings.runnable(caps, device)
-    if not caps.kv_cache_dtypes and not caps.token_head_dtypes:
-        raise NanfuzzError(f"kernel {kernel.name}: no KV cache it takes runs here ({'; '.join(skipped)})")
+    caps, skipped = campaign_capabilities(kernel, settings)
+    pool, pool_seed = campaign_pool_of(caps, settings, pool_seed)
     max_examples = settings.max_examples or profile.max_examples
     time_budget = settings.time_budget if settings.time_budget is not None else profile.time_budget
     use_database = settings.use_database
@@ -198,8 +270,19 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
     campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
     start = time.perf_counter()
 
+    own_farm = None
+    if farm is None and subject is None and pool:
+        # started before the worker, so that both warm up at once
+        own_farm = start_farm([compile_plan(kernel, settings, pool_seed)], settings)
+        farm = own_farm.handle if own_farm else None
     own_subject = subject is None
-    subject = make_subject(kernel, settings) if own_subject else subject
+    try:
+        subject = make_subject(kernel, settings) if own_subject else subject
+    except BaseException:
+        if own_farm is not None:
+            own_farm.close()
+        raise
+    waiting = _FarmWait(farm, worker_spec(kernel, settings) if farm else None)
     try:
         if check_leftovers:
             leftover, notes = recover_leftovers(kernel, settings, subject)
@@ -214,7 +297,7 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
             if database is None or not _replay_known(kernel, caps, campaign, subject, journal, database, known_key,
                                                      interpreter, start, on_example):
                 _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
-                        database, pool_seed, on_example, should_stop, interrupted, shrink_budget)
+                        database, pool, pool_seed, on_example, should_stop, interrupted, shrink_budget, waiting)
         if database is not None and campaign.failed:
             known_failures.remember(database, known_key, campaign.failing_case)
         if campaign.failed and settings.replays and not campaign.interrupted:
@@ -222,7 +305,11 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
     finally:
         if own_subject:
             campaign.worker_restarts = getattr(subject, "restarts", 0)
+            campaign.compiles = getattr(subject, "specialisations", None)
             subject.close()
+        if own_farm is not None:
+            own_farm.close()
+            campaign.farm = own_farm.summary()
     campaign.elapsed = time.perf_counter() - start
     if campaign.failure is not None and campaign.time_to_first_failure is not None:
         campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
@@ -263,7 +350,7 @@ def database_label(kernel_name: str, device: str, focus_label: str, caps, pool, 
 
 
 def _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
-            database, pool_seed, on_example, should_stop, interrupted, shrink_budget) -> None:
+            database, pool, pool_seed, on_example, should_stop, interrupted, shrink_budget, waiting) -> None:
     """Hypothesis runs until the examples or the time are spent, or a failure is shrunk."""
     device = settings.device
     interpreter = device == "cpu"
@@ -278,6 +365,7 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
             campaign.notes.append(f"{kernel.name}: shrinking stopped after {shrink_budget:.0f} s; "
                                   "the repro is the smallest failing case found by then")
             raise StopRequested()
+        waiting(case, campaign)
         journal.record(case)
         try:
             outcome = subject.check(case)
@@ -285,6 +373,8 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
             raise _Aborted(exc) from None
         journal.clear()
         campaign.count(outcome)
+        if campaign.time_to_first_example is None:
+            campaign.time_to_first_example = time.perf_counter() - start
         campaign.statistics.add(case)
         campaign.accuracy.add(outcome.evidence)
         if outcome.failed:
@@ -299,12 +389,6 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
         if outcome.failed:
             raise _FAILURE_TYPES[outcome.verdict](outcome, case)
 
-    pool_size = settings.pool_size
-    if pool_size is None:
-        # the kernel's own pool is for compiles, and under the interpreter nothing compiles
-        pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
-    pool_seed = pool_seed if pool_seed is not None else (settings.seed or 0)
-    pool = campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter) if pool_size else None
     strategy = paged_cases(caps, interpreter=interpreter, poison_classes=settings.focus.poison_classes, pool=pool)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if settings.shrink else [])
     remaining = max_examples

@@ -4,9 +4,11 @@ A campaign spends most of its time in Python (Hypothesis, building the case,
 the verdict) while the GPU idles, so ``jobs`` processes sharing the device
 run that many times the examples.  Job ``i`` runs the ordinary campaign
 runner (``harness.fuzz``) with seed ``seed + i`` (its own random draws when
-no seed is given) and, for kernels that compile per shape, pool ``seed + i``
-(or ``i``), so the same jobs meet the same pools, database entries and
-compiles run after run.  Each job has its own supervised worker and its own
+no seed is given).  For kernels that compile per shape, every job draws from
+the campaign's one pool (picked by ``seed``, else 0), which a compile farm
+(``harness.precompile``) builds once for all of them on the host's cores
+while the jobs start: a cold run pays each compile once, not once per job.
+Each job has its own supervised worker and its own
 journal, and they share the example database.  The first job to fail asks
 the others to stop and shrinks; the merged campaign reports its failure, the
 examples of all jobs, and times measured from the start of the whole run.
@@ -32,7 +34,7 @@ _INTERRUPT_GRACE = 2.0
 
 
 def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, warmup: int,
-             stop_event, interrupt_event, results, ready) -> None:
+             stop_event, interrupt_event, results, ready, farm=None) -> None:
     """A job process: one campaign, after ``warmup`` unmeasured examples and
     a wait at ``ready`` until every job has warmed up (so the measured
     campaigns run side by side).
@@ -53,7 +55,8 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
             if warmup:
                 fuzz(kernel, settings.replace(max_examples=warmup, seed=pool_seed + _WARMUP_SEED, shrink=False,
                                               use_database=False, replays=0),
-                     pool_seed=pool_seed, subject=subject, check_leftovers=False, interrupted=interrupt_event.is_set)
+                     pool_seed=pool_seed, subject=subject, check_leftovers=False, interrupted=interrupt_event.is_set,
+                     farm=farm)
                 try:
                     ready.wait(timeout=_READY_TIMEOUT)
                 except threading.BrokenBarrierError:
@@ -66,7 +69,8 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
 
             campaign = fuzz(kernel, settings, on_example=note_failure, should_stop=stop_event.is_set,
                             interrupted=interrupt_event.is_set, pool_seed=pool_seed, subject=subject,
-                            check_leftovers=False)
+                            check_leftovers=False, farm=farm)
+            campaign.compiles = subject.specialisations
         finally:
             subject.close()
     except NanfuzzError as exc:
@@ -84,16 +88,18 @@ def split(total: int, jobs: int) -> list[int]:
     return [total // jobs + (1 if i < total % jobs else 0) for i in range(jobs)]
 
 
-def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: int = 0, **overrides):
+def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: int = 0, farm=None,
+                  pool_seed: int | None = None, **overrides):
     """One campaign of ``settings.max_examples`` spread over ``settings.jobs`` processes; see the module notes.
 
     ``warmup``: each job first runs that many unmeasured examples (its
     compiles, imports, caches); the campaign's times then run from the
-    earliest measured start to the last job's end.
+    earliest measured start to the last job's end.  ``farm``: a compile
+    farm's handle the caller started for this campaign (else one starts here).
+    ``pool_seed`` picks the jobs' one pool (default: the seed, else 0).
     """
-    from nanfuzz.harness.fuzz import Campaign, make_subject, recover_leftovers
+    from nanfuzz.harness.fuzz import compile_plan, make_subject, recover_leftovers, start_farm
     from nanfuzz.harness.profiles import get_profile
-    from nanfuzz.harness.registry import import_path, kernel_sources
 
     settings = (settings or Settings()).replace(**overrides)
     jobs = settings.jobs
@@ -104,31 +110,46 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     if max_examples < jobs:
         raise NanfuzzError(f"{max_examples} examples cannot be shared by {jobs} jobs; use fewer jobs")
     seed = settings.seed
-    # Job i fuzzes pool i (or seed + i): the same jobs meet the same pools, database entries and compiles.
     if seed is None and profile.derandomize:
         seed = 0
-
-    subject = make_subject(kernel, settings)
+    if pool_seed is None:
+        pool_seed = seed if seed is not None else 0  # one pool for every job
+    start = time.time()
+    own_farm = start_farm([compile_plan(kernel, settings, pool_seed)], settings) if farm is None else None
     try:
-        leftover, notes = recover_leftovers(kernel, settings, subject)
+        subject = make_subject(kernel, settings)
+        try:
+            leftover, notes = recover_leftovers(kernel, settings, subject)
+        finally:
+            subject.close()
+        if leftover is not None:
+            return leftover
+        merged = _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, notes,
+                           farm if own_farm is None else own_farm.handle, start)
     finally:
-        subject.close()
-    if leftover is not None:
-        return leftover
+        if own_farm is not None:
+            own_farm.close()
+    if own_farm is not None:
+        merged.farm = own_farm.summary()
+    return merged
+
+
+def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, notes, farm, start):
+    from nanfuzz.harness.fuzz import Campaign
+    from nanfuzz.harness.registry import import_path, kernel_sources
 
     # spawn, not fork: a forked child of a process that used CUDA cannot use it
     context = multiprocessing.get_context("spawn")
     stop_event, interrupt_event = context.Event(), context.Event()
     results, ready = context.Queue(), context.Barrier(jobs)
-    start = time.time()
     processes = []
     for i, examples in enumerate(split(max_examples, jobs)):
         job_seed = None if seed is None else seed + i
         job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed,
                                         **kernel_sources(kernel, settings.sources))
         processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}", args=(
-            i, import_path(kernel), job_settings, i if job_seed is None else job_seed, warmup,
-            stop_event, interrupt_event, results, ready)))
+            i, import_path(kernel), job_settings, pool_seed, warmup,
+            stop_event, interrupt_event, results, ready, farm)))
         processes[-1].start()
     done: dict[int, tuple] = {}
     died: list[int] = []
@@ -194,6 +215,12 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.examples += campaign.examples
         merged.notes += campaign.notes
         merged.worker_restarts += campaign.worker_restarts
+        if campaign.compiles is not None:
+            merged.compiles = (merged.compiles or 0) + campaign.compiles
+        if campaign.time_to_first_example is not None:
+            first = started - start + campaign.time_to_first_example
+            if merged.time_to_first_example is None or first < merged.time_to_first_example:
+                merged.time_to_first_example = first
         merged.statistics.merge(campaign.statistics)
         merged.accuracy.merge(campaign.accuracy)
         for verdict, n in campaign.verdicts.items():

@@ -35,6 +35,8 @@ class Settings:
     shrink: bool = True
     use_database: bool | None = None         # None: from the profile
     pool_size: int | None = None             # None: the kernel's own pool on a GPU
+    compile_jobs: int | None = None          # compile-farm processes on a GPU; None: one per core, 0: no farm
+                                             # (NANFUZZ_COMPILE_JOBS; the gate gives each GPU worker its share)
     jobs: int = 1
     isolation: bool = True                   # launches in a supervised worker process
     launch_timeout: float | None = None      # None: DEFAULT_LAUNCH_TIMEOUT for the device
@@ -76,7 +78,21 @@ class Settings:
             "aiter_src": env.get("NANFUZZ_AITER_SRC") or None,
             "profile": env.get("NANFUZZ_PROFILE") or ("ci" if env.get("CI") else "dev"),
         }
+        if (env.get("NANFUZZ_COMPILE_JOBS") or "").strip():
+            values["compile_jobs"] = _count("NANFUZZ_COMPILE_JOBS", env["NANFUZZ_COMPILE_JOBS"])
         values.update({k: v for k, v in options.items() if v is not None})
         if "repro_dir" not in options or options["repro_dir"] is None:
             values["repro_dir"] = Path(values["state_dir"]) / "repros"
         return cls(**values)
+
+
+def _count(name: str, text: str) -> int:
+    from nanfuzz.reference.errors import NanfuzzError
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise NanfuzzError(f"{name}={text!r} must be a whole number >= 0")
+    return value

@@ -34,6 +34,11 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
 
+# Every constexpr combination is a compile on a GPU (block size, padded head size, query
+# rows, window, sinks, cache encoding, dtype: hundreds of them): GPU campaigns draw
+# them from a pool of this many (see strategies.specialisations), compiled ahead by
+# harness.precompile.
+GPU_POOL = 16
 # tl.dot wants at least 16 along each dimension on current GPUs.
 MIN_DOT_SIZE = 16
 # Fixed before any kernel module is imported, as Triton itself reads it.  The

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanfuzz.harness.kernels._common import (PER_TENSOR_DTYPES, device_function, dot_rows, family_kernels, kv_quant,
+from nanfuzz.harness.kernels._common import (GPU_POOL, PER_TENSOR_DTYPES, device_function, dot_rows, family_kernels, kv_quant,
                                              scale_arguments, softmax_step)
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
@@ -219,7 +219,7 @@ def paged_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
 
 # For decode (p = seq_len - 1) the symmetric non-causal window allows the same keys.
 CAPABILITIES = Capabilities(max_query_len=1, causal=True, non_causal=True, sliding_window=True, sinks=True,
-                            kv_cache_dtypes=PER_TENSOR_DTYPES, precision="ieee")
+                            kv_cache_dtypes=PER_TENSOR_DTYPES, precision="ieee", specialisation_pool=GPU_POOL)
 
 KERNELS = family_kernels("paged_decode", paged_decode, CAPABILITIES,
                          {"unmasked": "caught", "tail-masked": "caught", "masked": "pass"})

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanfuzz.harness.kernels._common import (INTERPRETED, PER_TENSOR_DTYPES, device_function, dot_rows, family_kernels,
+from nanfuzz.harness.kernels._common import (GPU_POOL, INTERPRETED, PER_TENSOR_DTYPES, device_function, dot_rows, family_kernels,
                                              kv_quant, scale_arguments, sinks_argument, softmax_step)
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
@@ -281,6 +281,6 @@ def prefix_prefill(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> tor
 
 
 CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True,
-                            kv_cache_dtypes=PER_TENSOR_DTYPES, precision="ieee")
+                            kv_cache_dtypes=PER_TENSOR_DTYPES, precision="ieee", specialisation_pool=GPU_POOL)
 
 KERNELS = family_kernels("prefix_prefill", prefix_prefill, CAPABILITIES, {"unmasked": "caught", "masked": "pass"})

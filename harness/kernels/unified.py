@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from nanfuzz.harness.kernels._common import (INTERPRETED, MIN_DOT_SIZE, PER_TENSOR_DTYPES, TOKEN_HEAD_DTYPES,
+from nanfuzz.harness.kernels._common import (GPU_POOL, INTERPRETED, MIN_DOT_SIZE, PER_TENSOR_DTYPES, TOKEN_HEAD_DTYPES,
                                              device_function, dot_rows, family_kernels, kv_quant, scale_arguments,
                                              sinks_argument, softmax_step)
 from nanfuzz.reference.batch import PagedBatch
@@ -324,6 +324,6 @@ def _unit_stride_heads(*tensors: torch.Tensor) -> bool:
 
 CAPABILITIES = Capabilities(causal=True, non_causal=True, sliding_window=True, sinks=True,
                             kv_cache_dtypes=PER_TENSOR_DTYPES, token_head_dtypes=TOKEN_HEAD_DTYPES,
-                            precision="ieee")
+                            precision="ieee", specialisation_pool=GPU_POOL)
 
 KERNELS = family_kernels("unified", unified_attention, CAPABILITIES, {"overshoot": "caught", "masked": "pass"})

@@ -1,0 +1,296 @@
+"""Compile a campaign's kernel specialisations ahead of its search, on the host's cores.
+
+On a GPU a campaign with a specialisation pool (``strategies.specialisations``)
+meets a known, finite set of compile-time combinations, and compiling them is
+most of a cold campaign's time: one compile takes a second or more, in one
+process at a time.  A ``Farm`` compiles the whole pool at once, one process
+per core, while the campaign's worker is still starting.  Each farm process
+draws a few cases of an entry (derandomized Hypothesis draws, so decode and
+mixed batches both occur), materialises them on the device and calls the
+kernel with every Triton launch turned into a compile-only warm-up
+(``JITFunction.run(warmup=True)``): nothing runs on the device, and the
+binaries land in Triton's on-disk cache, where the campaign's worker (and
+every job of a ``--jobs`` run) loads them in milliseconds.
+
+Before a case is checked, its campaign waits for its entry if the farm still
+holds it (``FarmHandle.wait_for``) instead of compiling the same binary a
+second time.  A farm process that dies, or spends longer than its task
+timeout on one entry (a kernel under review may crash or hang in its host
+code too), gives up only that entry: the campaign's worker then compiles it
+itself, as it would without a farm, and meets whatever the kernel does there.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case
+from nanfuzz.strategies.geometry import Shape
+from nanfuzz.strategies.specialisations import Specialisation
+
+SAMPLES_PER_ENTRY = 4
+TASK_TIMEOUT = 300.0   # seconds one entry may take in a farm process (big kernels compile for tens of seconds on ROCm)
+_POLL = 0.02
+_FINISHED = "FINISHED"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A campaign's pool, as a farm process rebuilds it: the kernel as a worker loads it
+    (``harness.worker.WorkerSpec``), the capabilities its cases are drawn under, and the entries."""
+
+    spec: object                     # WorkerSpec
+    capabilities: Capabilities       # after the campaign's focus and the device's encodings
+    poison_classes: tuple[str, ...] | None
+    entries: tuple[Specialisation, ...]
+
+
+def entry_of(case: Case) -> Specialisation:
+    """The pool entry a case was drawn from: its compile-time part."""
+    g = case.geometry
+    cache = (case.kv_cache.dtype, case.kv_cache.quantized and case.kv_cache.token_head)
+    return Specialisation(Shape(g.dtype, g.num_q_heads, g.num_kv_heads, g.head_size, g.block_size),
+                          case.causal, case.sliding_window, case.sinks, cache)
+
+
+def entry_key(kernel: str, entry: Specialisation) -> str:
+    return hashlib.sha256(repr((kernel, entry)).encode()).hexdigest()[:20]
+
+
+@dataclass(frozen=True)
+class FarmHandle:
+    """What a campaign (in any process) needs to wait for the farm's entries: its folder."""
+
+    folder: str
+
+    def wait_for(self, kernel: str, case: Case, limit: float = TASK_TIMEOUT + 60.0) -> float:
+        """Wait while the farm still holds ``case``'s entry; the seconds waited (0 when it does not)."""
+        folder = Path(self.folder)
+        key = entry_key(kernel, entry_of(case))
+        planned, done = folder / f"{key}.planned", folder / f"{key}.done"
+        if not planned.exists() or done.exists():
+            return 0.0
+        start = time.monotonic()
+        while not done.exists() and not (folder / _FINISHED).exists() and folder.exists():
+            if time.monotonic() - start > limit:
+                break
+            time.sleep(_POLL)
+        return time.monotonic() - start
+
+
+class Farm:
+    """Farm processes compiling ``plans``' entries, entries of the first plan first.
+
+    ``close()`` stops it whatever it is doing; what it compiled stays in
+    Triton's cache.  ``summary()`` says what it did.
+    """
+
+    def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT):
+        from nanfuzz.harness.worker import _context
+
+        self._context = _context()
+        self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
+        self.handle = FarmHandle(self.folder)
+        self._plans = plans
+        self.task_timeout = task_timeout
+        self._tasks = [(p, e) for p, plan in enumerate(plans) for e in range(len(plan.entries))]
+        for p, e in self._tasks:
+            self._marker(p, e, "planned").touch()
+        self._queue = self._context.Queue()
+        for task in range(len(self._tasks)):
+            self._queue.put(task)
+        count = max(1, min(processes, len(self._tasks)))
+        for _ in range(count):
+            self._queue.put(None)
+        # per farm process: the task it is on (-1: none) and since when (CLOCK_MONOTONIC)
+        self._current = self._context.RawArray("l", [-1] * count)
+        self._since = self._context.RawArray("d", count)
+        self._processes = []
+        self.started = time.monotonic()
+        self.finished_at: float | None = None
+        self._stopping = threading.Event()
+        for slot in range(count):
+            process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
+                slot, plans, self._tasks, self._queue, self._current, self._since, self.folder))
+            process.start()
+            self._processes.append(process)
+        self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
+        self._monitor.start()
+
+    def _marker(self, plan: int, entry: int, state: str) -> Path:
+        spec = self._plans[plan].spec
+        return Path(self.folder) / f"{entry_key(spec.kernel, self._plans[plan].entries[entry])}.{state}"
+
+    def _give_up(self, task: int, why: str) -> None:
+        done = self._marker(*self._tasks[task], "done")
+        if not done.exists():
+            done.write_text(json.dumps({"ok": False, "error": why, "seconds": None}))
+
+    def _watch(self) -> None:
+        """Give up the entry of a farm process that died or overran its task; mark the end."""
+        while not self._stopping.is_set():
+            alive = 0
+            for slot, process in enumerate(self._processes):
+                task = self._current[slot]
+                if process.exitcode is None:
+                    alive += 1
+                    if task >= 0 and time.monotonic() - self._since[slot] > self.task_timeout:
+                        process.kill()
+                        self._give_up(task, f"no result in {self.task_timeout:g} s")
+                elif task >= 0:
+                    self._give_up(task, f"the compile process died (exit status {process.exitcode})")
+                    self._current[slot] = -1
+            if not alive:
+                break
+            time.sleep(0.1)
+        self.finished_at = time.monotonic()
+        if os.path.isdir(self.folder):
+            Path(self.folder, _FINISHED).touch()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until every entry is done (True) or ``timeout`` passes (False)."""
+        self._monitor.join(timeout)
+        return not self._monitor.is_alive()
+
+    def summary(self) -> dict:
+        """Entries compiled, given up, left; compile seconds summed over the farm processes;
+        seconds from the farm's start to its end (None while it runs)."""
+        results = []
+        for p, e in self._tasks:
+            done = self._marker(p, e, "done")
+            try:
+                results.append(json.loads(done.read_text()))
+            except (OSError, ValueError):
+                pass
+        seconds = sum(r["seconds"] or 0.0 for r in results)
+        failed = [r["error"] for r in results if not r["ok"]]
+        return {"entries": len(self._tasks), "compiled": len(results) - len(failed), "given_up": len(failed),
+                "processes": len(self._processes), "compile_seconds": round(seconds, 3),
+                "wall_seconds": None if self.finished_at is None else round(self.finished_at - self.started, 3),
+                "first_error": failed[0] if failed else None}
+
+    def close(self) -> None:
+        self._stopping.set()
+        for process in self._processes:
+            if process.exitcode is None:
+                process.kill()
+        for process in self._processes:
+            process.join(timeout=5)
+        self._monitor.join(timeout=5)
+        if self.finished_at is None:
+            self.finished_at = time.monotonic()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> "Farm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def default_processes(jobs: int = 1) -> int:
+    """One farm process per core this process may use: the campaign's own processes mostly wait
+    for compiles while the farm runs."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores)
+
+
+# -- a farm process ------------------------------------------------------------------
+
+def _serve(slot, plans, tasks, queue, current, since, folder) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when the farm stops
+    if plans[0].spec.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit import (the harness's own tests)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    from nanfuzz.harness.worker import _exit_with_parent
+
+    _exit_with_parent()
+    _compile_only()
+    kernels: dict = {}
+    while True:
+        task = queue.get()
+        if task is None:
+            return
+        since[slot] = time.monotonic()
+        current[slot] = task
+        plan_index, entry_index = tasks[task]
+        plan = plans[plan_index]
+        started = time.perf_counter()
+        try:
+            kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, _load(plan.spec))
+            _compile_entry(kernel, plan, plan.entries[entry_index])
+            result = {"ok": True, "error": None}
+        except BaseException as exc:  # the kernel's own failure is for the campaign to find
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+        result["seconds"] = time.perf_counter() - started
+        key = entry_key(plan.spec.kernel, plan.entries[entry_index])
+        Path(folder, f"{key}.done.tmp").write_text(json.dumps(result))
+        os.replace(Path(folder, f"{key}.done.tmp"), Path(folder, f"{key}.done"))
+        current[slot] = -1
+
+
+def _load(spec):
+    from nanfuzz.harness.registry import resolve
+
+    if spec.device == "cuda" and spec.cuda_index is not None:
+        import torch
+
+        torch.cuda.set_device(spec.cuda_index)
+    return resolve(spec.kernel, vllm_src=spec.vllm_src, aiter_src=spec.aiter_src)
+
+
+def _compile_only() -> None:
+    """Every Triton launch in this process compiles (or loads from the cache) without running."""
+    from triton.runtime.jit import JITFunction
+
+    launch = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        return launch(self, *args, grid=grid, warmup=True, **kwargs)
+
+    JITFunction.run = run
+
+
+def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENTRY) -> list[Case]:
+    """``count`` cases of ``entry`` as the campaign draws them, the simplest first (same every time)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from nanfuzz.strategies import paged_cases
+
+    found: list[Case] = []
+
+    @settings(max_examples=count, phases=[Phase.generate], database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,)))
+    def collect(case):
+        found.append(case)
+
+    collect()
+    return found
+
+
+def _compile_entry(kernel, plan: Plan, entry: Specialisation) -> None:
+    import torch
+
+    from nanfuzz.reference.materialize import materialize
+
+    device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
+    for case in sample_cases(plan, entry):
+        batch = materialize(case, device)
+        g = case.geometry
+        out = torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=batch.q.dtype, device=device)
+        kernel(batch, out)

@@ -1,0 +1,19 @@
+"""Kernels for the compile farm's tests: correct plain-torch attention whose host code, on
+windowed cases, is slow (as a compile is), raises, or ends its process."""
+from __future__ import annotations
+
+import time
+
+from nanfuzz.harness.kernel import Kernel
+from tests.subjects import _before_windowed_launches
+from tests.torch_kernels import CAPS
+
+
+def _planted_error():
+    raise RuntimeError("planted error in the kernel's host code")
+
+
+slow = Kernel(name="farm@slow", run=_before_windowed_launches(lambda: time.sleep(0.5)), capabilities=CAPS,
+              spec="tests.farm_subjects:slow")
+raises = Kernel(name="farm@raises", run=_before_windowed_launches(_planted_error), capabilities=CAPS,
+                spec="tests.farm_subjects:raises")

@@ -1,0 +1,103 @@
+"""The compile farm (harness.precompile): every entry of a plan is visited once, a campaign
+waits for the entries the farm still holds, and a kernel that raises, dies or hangs in the
+farm gives up its entry only (the campaign then meets it in its own worker)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nanfuzz.harness.fuzz import campaign_capabilities, campaign_pool_of, compile_plan, fuzz, worker_spec
+from nanfuzz.harness.precompile import Farm, Plan, entry_key, entry_of, sample_cases
+from nanfuzz.harness.registry import resolve
+from nanfuzz.harness.settings import Settings
+
+POOL_SIZE, POOL_SEED = 4, 5
+
+
+def _plan(spec: str) -> Plan:
+    kernel = resolve(spec)
+    settings = Settings(device="cpu", pool_size=POOL_SIZE)
+    caps, _ = campaign_capabilities(kernel, settings)
+    pool, _ = campaign_pool_of(caps, settings, POOL_SEED)
+    return Plan(worker_spec(kernel, settings), caps, None, pool)
+
+
+def _windowed(plan: Plan) -> list:
+    return [e for e in plan.entries if e.window]
+
+
+def test_samples_are_cases_of_their_entry_and_the_same_every_time():
+    plan = _plan("tests.farm_subjects:slow")
+    for entry in plan.entries:
+        cases = sample_cases(plan, entry)
+        assert len(cases) >= 2 and {entry_of(c) for c in cases} == {entry}
+        assert sample_cases(plan, entry) == cases
+    assert len({entry_key("k", e) for e in plan.entries}) == len(plan.entries)
+
+
+def test_no_farm_under_the_interpreter_nor_when_switched_off():
+    kernel = resolve("tests.farm_subjects:slow")
+    assert compile_plan(kernel, Settings(device="cpu", pool_size=POOL_SIZE)) is None
+    assert compile_plan(kernel, Settings(device="cuda", pool_size=POOL_SIZE, compile_jobs=0)) is None
+    assert compile_plan(kernel, Settings(device="cuda", pool_size=0)) is None
+
+
+def test_the_farm_visits_every_entry_and_a_raising_kernel_gives_up_only_its_windowed_ones():
+    plan = _plan("tests.farm_subjects:raises")
+    assert _windowed(plan) and len(_windowed(plan)) < len(plan.entries)
+    with Farm([plan], processes=2) as farm:
+        assert farm.wait(timeout=120)
+        summary = farm.summary()
+    assert summary["entries"] == len(plan.entries)
+    assert summary["given_up"] == len(_windowed(plan))
+    assert summary["compiled"] == len(plan.entries) - len(_windowed(plan))
+    assert "planted error in the kernel's host code" in summary["first_error"]
+
+
+@pytest.mark.parametrize("spec, why", [("tests.subjects:exits", "died"), ("tests.subjects:hangs", "no result in 3 s")])
+def test_a_kernel_that_kills_or_hangs_its_farm_process_costs_only_its_entries(spec, why):
+    plan = _plan(spec)
+    with Farm([plan], processes=1, task_timeout=3.0) as farm:
+        assert farm.wait(timeout=120)
+        summary = farm.summary()
+        waited = farm.handle.wait_for(plan.spec.kernel, sample_cases(plan, _windowed(plan)[0])[0])
+    assert why in summary["first_error"]
+    # the one farm process is gone after the first windowed entry: the rest are given up, none is lost
+    assert summary["given_up"] >= 1 and summary["compiled"] + summary["given_up"] <= summary["entries"]
+    assert waited < 1.0  # nothing to wait for once the farm is finished
+
+
+def test_a_campaign_waits_for_the_entries_the_farm_holds_and_runs_as_usual(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plan = _plan("tests.farm_subjects:slow")
+    kernel = resolve("tests.farm_subjects:slow")
+    with Farm([plan], processes=1) as farm:
+        start = time.monotonic()
+        campaign = fuzz(kernel, device="cpu", max_examples=20, seed=1, use_database=False, pool_size=POOL_SIZE,
+                        pool_seed=POOL_SEED, farm=farm.handle)
+        elapsed = time.monotonic() - start
+    assert not campaign.failed and campaign.examples == 20
+    # a windowed entry takes the farm >= 4 x 0.5 s: the campaign met one before the farm was done with it
+    assert campaign.phase_times.get("compile", 0.0) > 0.2
+    assert campaign.time_to_first_example is not None and campaign.time_to_first_example < elapsed
+
+
+@pytest.mark.parametrize("argv", [["fuzz", "--compile-jobs", "-1"], ["bench", "--compile-jobs", "-2"],
+                                  ["bench", "--seconds", "0"]])
+def test_a_bad_count_is_one_line_and_exit_2(argv, capsys):
+    from nanfuzz.harness.cli import main
+
+    assert main([*argv, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nanfuzz: ") and "\n" not in err and argv[1] in err
+
+
+def test_the_environment_sets_the_farm_size_and_rejects_nonsense():
+    from nanfuzz.reference.errors import NanfuzzError
+
+    assert Settings.from_environment({"NANFUZZ_COMPILE_JOBS": "3"}).compile_jobs == 3
+    assert Settings.from_environment({"NANFUZZ_COMPILE_JOBS": "0"}).compile_jobs == 0
+    assert Settings.from_environment({}).compile_jobs is None
+    with pytest.raises(NanfuzzError, match="NANFUZZ_COMPILE_JOBS='many'"):
+        Settings.from_environment({"NANFUZZ_COMPILE_JOBS": "many"})
