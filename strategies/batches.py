@@ -1,12 +1,14 @@
 """Sequences, windows and block tables: the batch situations that break masking."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import CHUNKED_PREFILL, DECODE, PADDING, PREFILL
+from nanfuzz.strategies.draws import integers, pick
 
 
 @dataclass(frozen=True)
@@ -15,7 +17,7 @@ class Lengths:
     seq_len: int
 
 
-def _allowed_kinds(caps: Capabilities, padding: bool) -> list[str]:
+def _allowed_kinds(caps: Capabilities, padding: bool) -> tuple[str, ...]:
     kinds = []
     if caps.min_query_len <= 1:
         kinds.append(DECODE)
@@ -23,26 +25,34 @@ def _allowed_kinds(caps: Capabilities, padding: bool) -> list[str]:
         kinds += [PREFILL, CHUNKED_PREFILL]
     if padding:
         kinds.append(PADDING)
-    return kinds
+    return tuple(kinds)
 
 
-@st.composite
-def sequence_lengths(draw, caps: Capabilities, max_len: int, max_query: int, padding: bool = True) -> Lengths:
+@functools.lru_cache(maxsize=64)
+def sequence_lengths(caps: Capabilities, max_len: int, max_query: int, padding: bool = True):
     """One request; shrinks toward a decode of one key.  ``padding`` allows Q = L = 0."""
-    kind = draw(st.sampled_from(_allowed_kinds(caps, padding)))
+    kinds = _allowed_kinds(caps, padding)
     q_lo = max(1, caps.min_query_len)
     q_hi = max_query if caps.max_query_len is None else min(max_query, caps.max_query_len)
-    if kind == DECODE:
-        return Lengths(1, draw(st.integers(1, max_len)))
-    if kind == PADDING:
-        return Lengths(0, 0)
-    q = draw(st.integers(q_lo, max(q_lo, q_hi)))
-    if kind == PREFILL:
-        return Lengths(q, q)
-    context = draw(st.integers(1, max(1, max_len - q)))
-    return Lengths(q, context + q)
+    queries = integers(q_lo, max(q_lo, q_hi))
+
+    @st.composite
+    def one(draw) -> Lengths:
+        kind = pick(draw, kinds)
+        if kind == DECODE:
+            return Lengths(1, draw(integers(1, max_len)))
+        if kind == PADDING:
+            return Lengths(0, 0)
+        q = draw(queries)
+        if kind == PREFILL:
+            return Lengths(q, q)
+        context = draw(integers(1, max(1, max_len - q)))
+        return Lengths(q, context + q)
+
+    return one()
 
 
+@functools.lru_cache(maxsize=1024)
 def windows(caps: Capabilities, longest: int, block_size: int, causal: bool = True):
     """No window, a one-key window, or any width up to a little past the longest sequence.
 
@@ -55,5 +65,6 @@ def windows(caps: Capabilities, longest: int, block_size: int, causal: bool = Tr
     return st.one_of(st.just(0), st.just(1), st.integers(2, max(2, longest + block_size)))
 
 
+@functools.lru_cache(maxsize=64)
 def causal_flags(caps: Capabilities):
     return st.sampled_from(caps.modes())

@@ -8,11 +8,12 @@ from hypothesis import strategies as st
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
 from nanfuzz.strategies.batches import causal_flags, sequence_lengths, windows
+from nanfuzz.strategies.draws import BOOLEANS, integers
 from nanfuzz.strategies.geometry import shapes
-from nanfuzz.strategies.poison import poisons
+from nanfuzz.strategies.poison import draw_poison
 from nanfuzz.strategies.quantization import kv_caches
 from nanfuzz.strategies.specialisations import Specialisation, specialisation_pool
-from nanfuzz.strategies.tables import block_tables
+from nanfuzz.strategies.tables import draw_block_tables
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,10 @@ def campaign_pool(caps: Capabilities, entries: int, seed: int, *,
                                max_kv_heads=size.max_kv_heads)
 
 
-@st.composite
-def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
+def paged_cases(capabilities: Capabilities = Capabilities(), *,
                 interpreter: bool = False, size: Size | None = None,
                 poison_classes: tuple[str, ...] | None = None,
-                pool: tuple[Specialisation, ...] | None = None) -> Case:
+                pool: tuple[Specialisation, ...] | None = None) -> st.SearchStrategy[Case]:
     """A valid, poisoned paged-attention batch that ``capabilities`` accepts.
 
     Shrinks toward one decode sequence of one key, one KV head, the smallest
@@ -66,36 +66,55 @@ def paged_cases(draw, capabilities: Capabilities = Capabilities(), *,
     """
     size = size or default_size(interpreter)
     caps = size.bound(capabilities)
-    fixed = draw(st.sampled_from(pool)) if pool else None
-    shape = fixed.shape if fixed else draw(shapes(caps, interpreter=interpreter, max_kv_heads=size.max_kv_heads))
-    kv_cache = draw(kv_caches(caps, fixed.kv_cache if fixed else None))
-    bs = shape.block_size
-    max_len = size.max_blocks_per_sequence * bs
-    # The first sequence has a query, so every batch has at least one output row.
-    first = draw(sequence_lengths(caps, max_len, size.max_query_len, padding=False))
-    lengths = [first] + draw(st.lists(sequence_lengths(caps, max_len, size.max_query_len),
-                                      max_size=size.max_sequences - 1))
-    if fixed:
-        causal, window, sinks = fixed.causal, fixed.window, fixed.sinks
-    else:
-        causal = draw(causal_flags(caps))
-        longest = max(x.seq_len for x in lengths)
-        window = draw(windows(caps, longest, bs, causal))
-        sinks = draw(st.booleans()) if caps.sinks else False
+    # Everything that does not depend on a drawn value is built here, once per strategy.
+    fixed_parts = st.sampled_from(pool) if pool else None
+    free_shapes = None if pool else shapes(caps, interpreter=interpreter, max_kv_heads=size.max_kv_heads)
+    free_caches = None if pool else kv_caches(caps)
+    poison_classes = tuple(poison_classes) if poison_classes is not None else None
+    by_block_size = {bs: _lengths(caps, size, bs) for bs in caps.block_sizes}
 
-    # Which logical blocks hold live keys follows from the lengths and the
-    # window alone; the real tables depend on it.
-    live_blocks = [Sequence(x.query_len, x.seq_len, ()).live_blocks(window, bs) for x in lengths]
-    tables = draw(block_tables(lengths, live_blocks, bs))
+    @st.composite
+    def cases(draw) -> Case:
+        fixed = draw(fixed_parts) if pool else None
+        shape = fixed.shape if fixed else draw(free_shapes)
+        kv_cache = draw(kv_caches(caps, fixed.kv_cache) if fixed else free_caches)
+        bs = shape.block_size
+        first_lengths, more_lengths = by_block_size[bs]
+        # The first sequence has a query, so every batch has at least one output row.
+        lengths = [draw(first_lengths)] + draw(more_lengths)
+        if fixed:
+            causal, window, sinks = fixed.causal, fixed.window, fixed.sinks
+        else:
+            causal = draw(causal_flags(caps))
+            longest = max(x.seq_len for x in lengths)
+            window = draw(windows(caps, longest, bs, causal))
+            sinks = draw(BOOLEANS) if caps.sinks else False
 
-    unpoisoned = Case(
-        geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, bs,
-                          tables.num_blocks, shape.dtype),
-        sequences=tuple(Sequence(x.query_len, x.seq_len, row) for x, row in zip(lengths, tables.rows)),
-        sliding_window=window, causal=causal, sinks=sinks,
-        padding_block=tables.padding_block, poison=Poison(), data_seed=0, kv_cache=kv_cache)
-    poison = draw(poisons(unpoisoned, poison_classes))
-    seed = draw(st.integers(0, 2**32 - 1))
-    case = unpoisoned.replace(poison=poison, data_seed=seed).validate()
-    assert capabilities.unsupported(case, interpreter=interpreter) is None, capabilities.unsupported(case, interpreter=interpreter)
-    return case
+        # Which logical blocks hold live keys follows from the lengths and the
+        # window alone; the real tables depend on it.
+        live_blocks = [Sequence(x.query_len, x.seq_len, ()).live_blocks(window, bs) for x in lengths]
+        tables = draw_block_tables(draw, lengths, live_blocks, bs)
+
+        unpoisoned = Case(
+            geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, bs,
+                              tables.num_blocks, shape.dtype),
+            sequences=tuple(Sequence(x.query_len, x.seq_len, row) for x, row in zip(lengths, tables.rows)),
+            sliding_window=window, causal=causal, sinks=sinks,
+            padding_block=tables.padding_block, poison=Poison(), data_seed=0, kv_cache=kv_cache)
+        poison = draw_poison(draw, unpoisoned, poison_classes)
+        seed = draw(DATA_SEEDS)
+        case = unpoisoned.replace(poison=poison, data_seed=seed).validate()
+        assert capabilities.unsupported(case, interpreter=interpreter) is None, capabilities.unsupported(case, interpreter=interpreter)
+        return case
+
+    return cases()
+
+
+DATA_SEEDS = integers(0, 2**32 - 1)
+
+
+def _lengths(caps: Capabilities, size: Size, block_size: int):
+    """The first sequence's lengths (it has a query) and the other sequences' list, for one block size."""
+    max_len = size.max_blocks_per_sequence * block_size
+    return (sequence_lengths(caps, max_len, size.max_query_len, padding=False),
+            st.lists(sequence_lengths(caps, max_len, size.max_query_len), max_size=size.max_sequences - 1))

@@ -1,6 +1,8 @@
 """Quantized KV caches: unquantized, fp8 with per-tensor scales, or per-token-head scales."""
 from __future__ import annotations
 
+import functools
+
 from hypothesis import strategies as st
 
 from nanfuzz.reference.capabilities import Capabilities
@@ -12,6 +14,7 @@ from nanfuzz.reference.case import KVCache
 SCALE_RANGE = (2.0 ** -10, 4.0)
 
 
+@functools.lru_cache(maxsize=1)
 def per_tensor_scales():
     """Shrinks toward 1."""
     return st.one_of(st.just(1.0), st.floats(*SCALE_RANGE, width=32))
@@ -26,6 +29,7 @@ def kv_cache_options(caps: Capabilities) -> list[tuple[str, bool]]:
     return options
 
 
+@functools.lru_cache(maxsize=256)
 def kv_caches(caps: Capabilities, fixed: tuple[str, bool] | None = None):
     """A cache ``caps`` takes (or the ``fixed`` dtype and scale mode, drawing only its scales).
 
