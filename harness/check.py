@@ -24,8 +24,8 @@ from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.materialize import materialize, refill_dead_slots
-from nanfuzz.reference.oracle import computed_in, oracle
-from nanfuzz.reference.precision import same_precision
+from nanfuzz.reference.oracle import attend_in
+from nanfuzz.reference.precision import FLOAT64, same_precision
 from nanfuzz.reference.redzones import OUT_GUARD_ROWS
 
 GUARD_ROWS = OUT_GUARD_ROWS  # canary rows after the last token's output row
@@ -146,8 +146,9 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
           interpreter: bool | None = None, digest_pass: bool = True, events=_no_events,
           explain: bool = False) -> Outcome:
     """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
-    materialize (every batch), kernel (every launch), oracle (float64), reference (the
-    same-precision yardstick, harness/tolerance.py), verdict (the rest).
+    materialize (every batch), kernel (every launch), oracle (the gather of the live keys
+    and the float64 pass), reference (the same-precision pass from the same gather, and
+    the row errors: harness/tolerance.py), verdict (the rest).
     ``digest_pass=False`` leaves a PASS without its output digest (a copy to
     the host and a hash that a fuzz loop has no use for).  ``events`` is told
     "launch" before and "returned" after each launch (the supervisor's watchdog).
@@ -180,13 +181,17 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
         return Outcome(Verdict.CRASH, f"CRASH: kernel returned shape {tuple(result.shape)}, expected {expected_shape}",
                        {"error": "wrong output shape"})
 
-    t0 = time.perf_counter()
-    reference = oracle(batch)
-    _sync(device)
-    timings["oracle"] += time.perf_counter() - t0
-    t0 = time.perf_counter()
     precision = effective_precision(kernel.capabilities.precision, interpreter)
-    yardstick = computed_in(batch, same_precision(g.dtype, precision))
+    t0 = time.perf_counter()
+
+    def lap(i: int) -> None:  # the gather and the float64 pass are the oracle's, the other pass the reference's
+        nonlocal t0
+        _sync(device)
+        now = time.perf_counter()
+        timings[("oracle", "reference")[i]] += now - t0
+        t0 = now
+
+    reference, yardstick = attend_in(batch, (FLOAT64, same_precision(g.dtype, precision)), lap)
     errors = row_errors(result.double(), reference, yardstick, g.dtype, precision)
     _sync(device)
     timings["reference"] += time.perf_counter() - t0

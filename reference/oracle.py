@@ -6,16 +6,20 @@ poison it holds; a quantized cache's live codes are dequantized (code x
 scale) on the way, its dead codes and scales never read.  Vectorised over sequences, queries and heads; sequences are
 processed in chunks so that the gathered K/V stay within a memory budget.
 
-:func:`computed_in` is the same attention from the same gather in another
-arithmetic: a kernel's own precision (reference/precision.py).
+:func:`attend_in` computes the same attention in several arithmetics (the
+oracle's float64 and a kernel's own precision, reference/precision.py) from
+one gather per chunk; :func:`computed_in` is that for one arithmetic.
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
 from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.case import Case
 from nanfuzz.reference.materialize import host_to_device, token_layout
 from nanfuzz.reference.precision import FLOAT64, Arithmetic
 from nanfuzz.reference.quantization import live_values
@@ -32,12 +36,25 @@ def oracle(batch: PagedBatch) -> torch.Tensor:
 
 def computed_in(batch: PagedBatch, arithmetic: Arithmetic) -> torch.Tensor:
     """The oracle's attention computed in ``arithmetic``, returned as float64."""
+    return attend_in(batch, (arithmetic,))[0]
+
+
+def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
+              lap: Callable[[int], None] | None = None) -> tuple[torch.Tensor, ...]:
+    """The oracle's attention in each of ``arithmetics`` (float64 ``[num_tokens,
+    num_q_heads, head_size]`` each), from one gather of each chunk of sequences.
+
+    Each result is bit-identical to :func:`computed_in` in its arithmetic alone.
+    ``lap(i)`` is called when arithmetic ``i`` is done with a chunk: the work
+    since the previous call (a chunk's gather, for the first) was its own.
+    """
     case = batch.case
     g = case.geometry
     device = batch.q.device
-    out = torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=torch.float64, device=device)
+    outs = tuple(torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=torch.float64, device=device)
+                 for _ in arithmetics)
     if case.num_tokens == 0:
-        return out
+        return outs
     seq_of, _ = token_layout(case)
     per_seq = max(1, case.max_seq_len) * g.num_kv_heads * g.head_size
     chunk = max(1, _CHUNK_ELEMENTS // per_seq)
@@ -46,11 +63,37 @@ def computed_in(batch: PagedBatch, arithmetic: Arithmetic) -> torch.Tensor:
         last = min(first + chunk, len(case.sequences))
         if starts[last] == starts[first]:
             continue
-        out[starts[first]:starts[last]] = _attend(batch, first, last, seq_of[starts[first]:starts[last]], arithmetic)
-    return out
+        live = _gather(batch, first, last, seq_of[starts[first]:starts[last]])
+        for i, (arithmetic, out) in enumerate(zip(arithmetics, outs)):
+            out[starts[first]:starts[last]] = live.attend(arithmetic)
+            if lap is not None:
+                lap(i)
+    return outs
 
 
-def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int], arithmetic: Arithmetic) -> torch.Tensor:
+@dataclass(frozen=True)
+class _Gathered:
+    """One chunk's queries, live keys and values (float64, zero-padded), its allowed set,
+    and where each of its tokens sits in the padding."""
+
+    case: Case
+    q: torch.Tensor             # [n, max_q, hkv, group, d]
+    k: torch.Tensor             # [n, max_len, hkv, d]
+    v: torch.Tensor             # [n, max_len, hkv, d]
+    allowed: torch.Tensor       # bool [n, max_q, max_len]
+    sinks: torch.Tensor | None  # [1, hkv, group, 1, 1]
+    tok_seq: torch.Tensor       # [chunk tokens]: its sequence in the chunk
+    tok_row: torch.Tensor       # [chunk tokens]: its query row in the sequence
+
+    def attend(self, arithmetic: Arithmetic) -> torch.Tensor:
+        """float64 ``[chunk tokens, num_q_heads, head_size]`` in ``arithmetic``."""
+        g = self.case.geometry
+        with _ieee_float32_matmuls():
+            out = _softmax_pv(self.q, self.k, self.v, self.allowed, self.case.scale, self.sinks, arithmetic)
+        return out[self.tok_seq, self.tok_row].reshape(len(self.tok_seq), g.num_q_heads, g.head_size).double()
+
+
+def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gathered:
     case = batch.case
     g = case.geometry
     device = batch.q.device
@@ -103,9 +146,7 @@ def _attend(batch: PagedBatch, first: int, last: int, seq_of: list[int], arithme
         allowed &= distance < case.sliding_window
 
     sinks = batch.sinks.view(1, hkv, group, 1, 1) if batch.sinks is not None else None
-    with _ieee_float32_matmuls():
-        out = _softmax_pv(q, k, v, allowed, case.scale, sinks, arithmetic)
-    return out[tok_seq, tok_row].reshape(len(seq_of), g.num_q_heads, d).double()
+    return _Gathered(case, q, k, v, allowed, sinks, tok_seq, tok_row)
 
 
 @contextlib.contextmanager
