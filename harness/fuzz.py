@@ -207,15 +207,27 @@ def _code(run) -> tuple:
     return getattr(run, "__module__", None), getattr(run, "__qualname__", None), getattr(run, "__code__", None)
 
 
-def recover_leftovers(kernel: Kernel, settings: Settings, subject) -> tuple[Campaign | None, list[str]]:
+def recover_leftovers(kernel: Kernel, settings: Settings, subject=None) -> tuple[Campaign | None, list[str]]:
     """Cases that campaigns which died unobserved left in flight, replayed before anything else.
 
     A leftover that crashes or hangs again is the campaign's failure; one that
     does not is a note, never a verdict (the process may have died of a signal
-    from outside).  Returns the failure, if any, and the notes.
+    from outside).  Returns the failure, if any, and the notes.  Without a
+    ``subject``, one is started only if there is a leftover to replay.
     """
+    cases = leftovers(settings.state_dir, kernel.name)
+    if cases and subject is None:
+        subject = make_subject(kernel, settings)
+        try:
+            return _replay_leftovers(kernel, settings, subject, cases)
+        finally:
+            subject.close()
+    return _replay_leftovers(kernel, settings, subject, cases)
+
+
+def _replay_leftovers(kernel, settings, subject, cases) -> tuple[Campaign | None, list[str]]:
     notes: list[str] = []
-    for case in leftovers(settings.state_dir, kernel.name):
+    for case in cases:
         outcome = subject.check(case, digest=True)
         if outcome.verdict in (Verdict.CRASH, Verdict.HANG):
             notes.append(f"{kernel.name}: a campaign process died while running this case earlier; "

@@ -271,13 +271,15 @@ class Supervised:
 
 
 def _context():
-    """Workers are forked from a fork server that has imported torch, Triton and nanfuzz but never
-    touched a GPU (a forked CUDA context is unusable): a fresh worker after a crash costs a fork,
-    not a second of imports.  Where there is no fork server, workers are spawned."""
+    """Workers (and ``--jobs`` jobs, and compile-farm processes) are forked from a fork server that
+    has imported torch, Triton and nanfuzz but never touched a GPU (a forked CUDA context is
+    unusable): a fresh worker after a crash costs a fork, not a second of imports.  Where there
+    is no fork server, they are spawned."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "triton", "nanfuzz.harness.check", "nanfuzz.harness.registry"])
+    context.set_forkserver_preload(["torch", "triton", "nanfuzz.harness.check", "nanfuzz.harness.registry",
+                                    "nanfuzz.harness.fuzz"])
     return context
 
 
