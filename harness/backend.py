@@ -93,8 +93,9 @@ def wrong_mode_message(device: str, kernels: list[str], fix: str) -> str:
 
 
 @contextlib.contextmanager
-def host_threads(device: str):
-    """One thread for torch and for the BLAS and OpenMP pools while kernels run on the CPU.
+def host_threads(device: str, *, own_process: bool = False):
+    """One thread for torch and for the BLAS and OpenMP pools while kernels run on the CPU,
+    and on any device in a process of nanfuzz's own (``own_process``: a supervised worker).
 
     Every host tensor of a case is small, so a second thread buys nothing;
     and on a CPU shared with other work (xdist workers, ``--jobs``), a pool
@@ -102,10 +103,12 @@ def host_threads(device: str):
     materialisation and the oracle 10 to 40 times slower (3 ms became 100+
     ms per case on a loaded 2-core machine), and NumPy's OpenBLAS pool
     (the interpreter's ``tl.dot``) made two interpreter processes on two
-    cores take 220-310 ms per launch instead of 90-150.
+    cores take 220-310 ms per launch instead of 90-150.  On a GPU host the
+    same holds for the workers: with ``--jobs 14`` and the compile farm they
+    share the cores, and their host work is small.
     """
-    if device != "cpu":
-        yield
+    if device != "cpu" and not own_process:
+        yield  # a user's GPU session keeps its threads
         return
     import torch
     from threadpoolctl import threadpool_limits

@@ -216,7 +216,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
     for campaign, (started, _) in results:
         merged.busy_seconds += campaign.elapsed
         merged.examples += campaign.examples
-        merged.notes += campaign.notes
+        merged.notes += [note for note in campaign.notes if note not in merged.notes]  # each job says the same
         merged.worker_restarts += campaign.worker_restarts
         if campaign.compiles is not None:
             merged.compiles = (merged.compiles or 0) + campaign.compiles

@@ -118,6 +118,7 @@ class Farm:
         self.started = time.monotonic()
         self.finished_at: float | None = None
         self._stopping = threading.Event()
+        self._closed: dict | None = None
         for slot in range(count):
             process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
                 slot, plans, self._tasks, self._queue, self._current, self._since, self.folder))
@@ -164,6 +165,8 @@ class Farm:
     def summary(self) -> dict:
         """Entries compiled, given up, left; compile seconds summed over the farm processes;
         seconds from the farm's start to its end (None while it runs)."""
+        if self._closed is not None:
+            return self._closed
         results = []
         for p, e in self._tasks:
             done = self._marker(p, e, "done")
@@ -179,6 +182,9 @@ class Farm:
                 "first_error": failed[0] if failed else None}
 
     def close(self) -> None:
+        """Stop the farm; ``summary()`` still answers afterwards."""
+        if self._closed is not None:
+            return
         self._stopping.set()
         for process in self._processes:
             if process.exitcode is None:
@@ -188,6 +194,7 @@ class Farm:
         self._monitor.join(timeout=5)
         if self.finished_at is None:
             self.finished_at = time.monotonic()
+        self._closed = self.summary()
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def __enter__(self) -> "Farm":

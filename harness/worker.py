@@ -316,7 +316,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
     conn.send(("ready", None))
     from nanfuzz.harness.compiles import count_specialisations
 
-    with host_threads(spec.device), count_specialisations(interpreter=spec.device == "cpu") as seen:
+    with host_threads(spec.device, own_process=True), count_specialisations(interpreter=spec.device == "cpu") as seen:
         while True:
             try:
                 message = conn.recv()
