@@ -38,8 +38,12 @@ def test_regression_keeps_its_verdict(path, nanfuzz_device, request):
 
 
 def _cache_not_here(kernel, case, device: str) -> str | None:
-    """Why a repro's quantized cache cannot run here: the device lacks its fp8 type, or (vLLM's kernels)
-    the platform's fp8 is another one."""
+    """Why a repro cannot run here: a bfloat16 repro under the interpreter (which has no bfloat16
+    arithmetic: such repros come from GPU campaigns and run on GPU runners), the device lacks its
+    fp8 type, or (vLLM's kernels) the platform's fp8 is another one."""
+    reason = kernel.capabilities.unsupported(case, interpreter=device == "cpu")
+    if device == "cpu" and reason and "under the interpreter" in reason:
+        return f"{kernel.name}: {reason}"
     kv = case.kv_cache
     if not kv.quantized:
         return None
