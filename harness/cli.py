@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="after each kernel, the share of examples that exercised each situation (decode, windows, "
                         "each poison class a launch could reach, reused blocks, GQA, dtypes, block sizes, ...)")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="campaigns at once on the device, one process each, sharing the examples (default 1)")
+                   help="campaigns at once on the device, one process each, sharing the examples and the "
+                        "specialisation pool (default 1)")
     p.add_argument("--example-db", metavar="URL",
                    help="the example database that replays known failures first: a folder (default STATE/examples), "
                         "redis://HOST:PORT/DB (a Redis or Valkey server shared by a fleet; needs nanfuzz[redis]), or "
