@@ -52,10 +52,13 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
                         max_kv_heads: int = 4) -> tuple[Specialisation, ...]:
     """``size`` distinct specialisations ``caps`` accepts (more if the fixed ones need it), simplest first.
 
-    Always holds the simplest one of each mode (causal, non-causal) with and
-    without a one-key window, so every campaign meets each mode and shrinks
-    to the smallest repro of its kind.  The cache dtype and scale mode are
-    part of an entry (a quantized cache is a compile of its own).
+    Holds the simplest one of each mode (causal, non-causal) with and without
+    a one-key window, so every campaign meets each mode and shrinks to the
+    smallest repro of its kind; in a pool too small for all of them and
+    drawn entries besides, those come first and take at most half of it (a
+    pool of two is the simplest entry and one drawn, not two of the
+    smallest shape).  The cache dtype and scale mode are part of an entry
+    (a quantized cache is a compile of its own).
     """
     if size < 1:
         raise ValueError(f"a specialisation pool needs at least one entry, not {size}")
@@ -64,11 +67,13 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
     kv_cap = min(max_kv_heads, caps.max_q_heads)
     smallest = Shape(dtypes[0], 1, 1, min(caps.head_sizes), caps.block_sizes[0])
     caches = kv_cache_options(caps)
-    pool: dict[Specialisation, None] = {}
+    simplest = []
     for causal in caps.modes():
-        pool[Specialisation(smallest, causal, 0, False, caches[0])] = None
+        simplest.append(Specialisation(smallest, causal, 0, False, caches[0]))
         if caps.windowed(causal):
-            pool[Specialisation(smallest, causal, 1, False, caches[0])] = None
+            simplest.append(Specialisation(smallest, causal, 1, False, caches[0]))
+    kept = simplest if size >= 2 * len(simplest) else simplest[:max(1, size // 2)]
+    pool: dict[Specialisation, None] = dict.fromkeys(kept)
     for _ in range(50 * size):
         if len(pool) >= size:
             break

@@ -25,6 +25,17 @@ def test_the_pool_starts_with_the_simplest_of_each_mode():
     assert keys == sorted(keys)
 
 
+def test_a_small_pool_keeps_the_simplest_entry_and_draws_the_rest():
+    windowed = Capabilities(non_causal=True)  # four simplest entries: each mode, with and without a window
+    smallest = Shape("float16", 1, 1, 32, 16)
+    for size in (1, 2, 3, 4, 7):
+        pool = specialisation_pool(windowed, size, seed=3)
+        assert len(pool) == size and pool[0] == Specialisation(smallest, True, 0, False)
+        assert sum(s.shape == smallest and not s.sinks for s in pool) <= max(1, size // 2) + 1  # not all the smallest
+    assert {Specialisation(smallest, c, w, False) for c in (True, False) for w in (0, 1)} <= set(
+        specialisation_pool(windowed, 8, seed=3))
+
+
 def test_the_pool_respects_the_capabilities():
     assert not any(s.window and not s.causal for s in POOL), "this kernel has no non-causal window"
     for s in specialisation_pool(CAPS.restrict(sliding_window=False, sinks=False), 20, seed=1):
@@ -49,7 +60,9 @@ def test_a_campaign_with_a_pool_stays_inside_it_and_still_catches_a_bug(tmp_path
     from tests.torch_kernels import CAPS as TORCH_CAPS, attention, torch_kernel
 
     monkeypatch.chdir(tmp_path)
-    pool = specialisation_pool(TORCH_CAPS, 3, seed=5, interpreter=True, max_kv_heads=2)
+    from nanfuzz.strategies.cases import campaign_pool
+
+    pool = campaign_pool(TORCH_CAPS, 3, 5, interpreter=True)  # the campaign's own pool
     seen = []
 
     def spy(batch, out):
