@@ -167,11 +167,9 @@ def _settings(args, device: str):
     if args.command in ("fuzz", "bench"):
         if args.pool is not None and args.pool < 0:
             raise NanfuzzError(f"--pool={args.pool} must be >= 0")
-        options.update(focus=_focus(args), pool_size=args.pool)
-    if getattr(args, "compile_jobs", None) is not None:
-        if args.compile_jobs < 0:
+        if args.compile_jobs is not None and args.compile_jobs < 0:
             raise NanfuzzError(f"--compile-jobs={args.compile_jobs} must be >= 0")
-        options["compile_jobs"] = args.compile_jobs
+        options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs)
     settings = Settings.from_environment(**options)
     if args.command == "fuzz":
         from nanfuzz.harness.example_db import check

@@ -242,8 +242,11 @@ def _replay_leftovers(kernel, settings, subject, cases) -> tuple[Campaign | None
 class _FarmWait:
     """Before a case: wait while the compile farm still builds its entry (time kept as the "compile" phase)."""
 
-    def __init__(self, farm: FarmHandle | None, spec: WorkerSpec | None):
-        self.farm, self.kernel = (farm, spec.kernel) if farm is not None and spec is not None else (None, None)
+    def __init__(self, farm: FarmHandle | None, kernel: Kernel):
+        from nanfuzz.harness.registry import import_path
+
+        self.farm = farm
+        self.kernel = import_path(kernel) if farm is not None else None  # what the farm's plan names it by
 
     def __call__(self, case: Case, campaign: Campaign) -> None:
         if self.farm is None:
@@ -288,14 +291,10 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
         own_farm = start_farm([compile_plan(kernel, settings, pool_seed)], settings)
         farm = own_farm.handle if own_farm else None
     own_subject = subject is None
+    waiting = _FarmWait(farm, kernel)
     try:
-        subject = make_subject(kernel, settings) if own_subject else subject
-    except BaseException:
-        if own_farm is not None:
-            own_farm.close()
-        raise
-    waiting = _FarmWait(farm, worker_spec(kernel, settings) if farm else None)
-    try:
+        if own_subject:
+            subject = make_subject(kernel, settings)
         if check_leftovers:
             leftover, notes = recover_leftovers(kernel, settings, subject)
             campaign.notes += notes
@@ -315,7 +314,7 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
         if campaign.failed and settings.replays and not campaign.interrupted:
             _replay_found(campaign, subject, settings.replays)
     finally:
-        if own_subject:
+        if own_subject and subject is not None:
             campaign.worker_restarts = getattr(subject, "restarts", 0)
             campaign.compiles = getattr(subject, "specialisations", None)
             subject.close()

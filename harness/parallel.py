@@ -82,12 +82,6 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
     results.put((index, campaign, (started, time.time())))
 
 
-def job_context():
-    from nanfuzz.harness.worker import _context
-
-    return _context()
-
-
 def split(total: int, jobs: int) -> list[int]:
     """``total`` examples over ``jobs`` jobs, the first ones taking the remainder."""
     return [total // jobs + (1 if i < total % jobs else 0) for i in range(jobs)]
@@ -138,11 +132,12 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
 def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, notes, farm, start):
     from nanfuzz.harness.fuzz import Campaign
     from nanfuzz.harness.registry import import_path, kernel_sources
+    from nanfuzz.harness.worker import fork_server_context
 
     # Not fork: a forked child of a process that used CUDA cannot use it.  Jobs come from the
     # workers' fork server, which has imported torch, Triton and the campaign runner but never
     # touched a GPU, so fourteen jobs start in milliseconds instead of importing torch each.
-    context = job_context()
+    context = fork_server_context()
     stop_event, interrupt_event = context.Event(), context.Event()
     results, ready = context.Queue(), context.Barrier(jobs)
     processes = []

@@ -66,6 +66,11 @@ def entry_key(kernel: str, entry: Specialisation) -> str:
     return hashlib.sha256(repr((kernel, entry)).encode()).hexdigest()[:20]
 
 
+def _marker(folder, kernel: str, entry: Specialisation, state: str) -> Path:
+    """An entry's marker in the farm's folder: ``planned`` when the farm starts, ``done`` when it is built or given up."""
+    return Path(folder) / f"{entry_key(kernel, entry)}.{state}"
+
+
 @dataclass(frozen=True)
 class FarmHandle:
     """What a campaign (in any process) needs to wait for the farm's entries: its folder."""
@@ -74,9 +79,8 @@ class FarmHandle:
 
     def wait_for(self, kernel: str, case: Case, limit: float = TASK_TIMEOUT + 60.0) -> float:
         """Wait while the farm still holds ``case``'s entry; the seconds waited (0 when it does not)."""
-        folder = Path(self.folder)
-        key = entry_key(kernel, entry_of(case))
-        planned, done = folder / f"{key}.planned", folder / f"{key}.done"
+        folder, entry = Path(self.folder), entry_of(case)
+        planned, done = _marker(folder, kernel, entry, "planned"), _marker(folder, kernel, entry, "done")
         if not planned.exists() or done.exists():
             return 0.0
         start = time.monotonic()
@@ -95,9 +99,9 @@ class Farm:
     """
 
     def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT):
-        from nanfuzz.harness.worker import _context
+        from nanfuzz.harness.worker import fork_server_context
 
-        self._context = _context()
+        self._context = fork_server_context()
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
         self.handle = FarmHandle(self.folder)
         self._plans = plans
@@ -128,8 +132,7 @@ class Farm:
         self._monitor.start()
 
     def _marker(self, plan: int, entry: int, state: str) -> Path:
-        spec = self._plans[plan].spec
-        return Path(self.folder) / f"{entry_key(spec.kernel, self._plans[plan].entries[entry])}.{state}"
+        return _marker(self.folder, self._plans[plan].spec.kernel, self._plans[plan].entries[entry], state)
 
     def _give_up(self, task: int, why: str) -> None:
         done = self._marker(*self._tasks[task], "done")
@@ -204,7 +207,7 @@ class Farm:
         self.close()
 
 
-def default_processes(jobs: int = 1) -> int:
+def default_processes() -> int:
     """One farm process per core this process may use: the campaign's own processes mostly wait
     for compiles while the farm runs."""
     try:
@@ -245,26 +248,16 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot) -> None:
         plan = plans[plan_index]
         started = time.perf_counter()
         try:
-            kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, _load(plan.spec))
+            kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, plan.spec.load())
             _compile_entry(kernel, plan, plan.entries[entry_index])
             result = {"ok": True, "error": None}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         result["seconds"] = time.perf_counter() - started
-        key = entry_key(plan.spec.kernel, plan.entries[entry_index])
-        Path(folder, f"{key}.done.tmp").write_text(json.dumps(result))
-        os.replace(Path(folder, f"{key}.done.tmp"), Path(folder, f"{key}.done"))
+        done = _marker(folder, plan.spec.kernel, plan.entries[entry_index], "done")
+        done.with_suffix(".tmp").write_text(json.dumps(result))
+        os.replace(done.with_suffix(".tmp"), done)  # whole, or not there
         current[slot] = -1
-
-
-def _load(spec):
-    from nanfuzz.harness.registry import resolve
-
-    if spec.device == "cuda" and spec.cuda_index is not None:
-        import torch
-
-        torch.cuda.set_device(spec.cuda_index)
-    return resolve(spec.kernel, vllm_src=spec.vllm_src, aiter_src=spec.aiter_src)
 
 
 def _compile_only() -> None:

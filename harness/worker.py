@@ -45,6 +45,16 @@ class WorkerSpec:
     aiter_src: str | None = None
     cuda_index: int | None = None
 
+    def load(self):
+        """The Kernel, in this process (pinned to ``cuda_index`` on a GPU)."""
+        from nanfuzz.harness.registry import resolve
+
+        if self.device == "cuda" and self.cuda_index is not None:
+            import torch
+
+            torch.cuda.set_device(self.cuda_index)
+        return resolve(self.kernel, vllm_src=self.vllm_src, aiter_src=self.aiter_src)
+
 
 class LaunchClock:
     """When the worker's current launch started, and whether Triton is compiling, in shared memory.
@@ -117,7 +127,7 @@ class Supervised:
         self.spec = spec
         self.launch_timeout = launch_timeout
         self.restarts = 0
-        self._context = _context()
+        self._context = fork_server_context()
         self._process = None
         self._conn = None
         self._log = None
@@ -270,7 +280,7 @@ class Supervised:
         return outcome
 
 
-def _context():
+def fork_server_context():
     """Workers (and ``--jobs`` jobs, and compile-farm processes) are forked from a fork server that
     has imported torch, Triton and nanfuzz but never touched a GPU (a forked CUDA context is
     unusable): a fresh worker after a crash costs a fork, not a second of imports.  Where there
@@ -296,13 +306,8 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
     try:
         from nanfuzz.harness.backend import host_threads
         from nanfuzz.harness.check import check
-        from nanfuzz.harness.registry import resolve
 
-        if spec.device == "cuda" and spec.cuda_index is not None:
-            import torch
-
-            torch.cuda.set_device(spec.cuda_index)
-        kernel = resolve(spec.kernel, vllm_src=spec.vllm_src, aiter_src=spec.aiter_src)
+        kernel = spec.load()
     except NanfuzzError as exc:
         conn.send(("error", str(exc)))
         return
