@@ -176,17 +176,17 @@ def prepare_state(state_dir: Path, slots: list[str]) -> None:
 # -- running pytest --------------------------------------------------------------------
 
 def pytest_command(plan: Plan, workers, junit: Path, restarts: int) -> list[str]:
-    from gate_devices import default_cpu_workers
+    from gate_devices import default_cpu_workers, usable_cores
 
     specs = []
     threads = max(1, default_cpu_workers() // len(workers.slots))
+    compile_jobs = max(1, usable_cores() // len(workers.slots))  # each GPU worker's share of the cores
     for slot in workers.slots:
         env = {SLOT_ENV: slot.name, "NANFUZZ_STATE_DIR": str(plan.slot_state_dir(slot.name)), **slot.env}
         if plan.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = str(threads)
         if plan.device == "cuda" and "NANFUZZ_COMPILE_JOBS" not in os.environ:
-            # each GPU worker's compile farm (harness.precompile) gets its share of the cores
-            env["NANFUZZ_COMPILE_JOBS"] = str(max(1, len(os.sched_getaffinity(0)) // len(workers.slots)))
+            env["NANFUZZ_COMPILE_JOBS"] = str(compile_jobs)  # for its compile farm (harness.precompile)
         if any("//" in v for v in env.values()):
             raise GateUsageError(f"a worker's environment cannot carry '//' (execnet's separator): {env}")
         specs += ["--tx", "popen" + "".join(f"//env:{k}={v}" for k, v in env.items())]

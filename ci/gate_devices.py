@@ -35,12 +35,16 @@ class Workers:
     description: str               # for the log and the summary
 
 
-def default_cpu_workers() -> int:
+def usable_cores() -> int:
+    """The cores this process may run on."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_CPU_WORKERS))
+        return os.cpu_count() or 1
+
+
+def default_cpu_workers() -> int:
+    return max(1, min(usable_cores(), MAX_CPU_WORKERS))
 
 
 def cpu_workers(count: int | None) -> Workers:

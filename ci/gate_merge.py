@@ -27,7 +27,8 @@ CI_DIR = Path(__file__).resolve().parent
 if str(CI_DIR) not in sys.path:
     sys.path.insert(0, str(CI_DIR))
 
-from gate_report import Failure, GateResult, Row, failure_lines, junit_xml, shown  # noqa: E402
+from gate_report import (Failure, GateResult, Row, closing_lines, headline, junit_xml, shown,  # noqa: E402
+                         table_row)
 
 DEFAULT_OUT = "nanfuzz-fleet"
 
@@ -128,7 +129,6 @@ def merge(runners: list[Runner], repro_dir: Path) -> tuple[GateResult, dict[int,
                 failures[key] = FleetFailure(failure)
             fleet_failure = failures[key]
             fleet_failure.found_by.setdefault(runner.label, []).append(f"{row.shard} ({row.worker})")
-            fleet_failure.failure.shards.append(f"{runner.label}: {row.shard} ({row.worker})")
             row.failure = fleet_failure.failure.number
     result = GateResult(rows, [f.failure for f in failures.values()], problems, list(notes))
     return result, {f.failure.number: f.found_by for f in failures.values()}
@@ -151,37 +151,17 @@ def _found_by(runners: dict[str, list[str]]) -> str:
 
 
 def markdown(result: GateResult, found_by: dict, runners: list[Runner], *, replay_prefix: str) -> str:
-    kernels = sorted({r.kernel for r in result.rows})
-    failed_kernels = {f.kernel for f in result.failures}
-    if result.passed:
-        examples = sum(r.examples or 0 for r in result.rows)
-        head = f"## nanfuzz fleet: PASS ({len(runners)} runner(s), {len(kernels)} kernel(s), {examples} examples)"
-    elif not result.failures:
-        head = "## nanfuzz fleet: INCOMPLETE (no failure found, but not every runner or shard ran)"
-    else:
-        head = (f"## nanfuzz fleet: FAIL ({len(result.failures)} failure(s) in {len(failed_kernels)} of "
-                f"{len(kernels)} kernel(s), {len(runners)} runner(s))")
-    lines = [head, "", "| runner | shard of fleet | device | profile | wall | verdict |", "|---|---|---|---|---:|---|"]
+    kernels = len({r.kernel for r in result.rows})
+    lines = [headline(result, "fleet", kernels, runners=len(runners)), "",
+             "| runner | shard of fleet | device | profile | wall | verdict |", "|---|---|---|---|---:|---|"]
     for runner in runners:
         s = runner.summary
         verdict = "PASS" if s.get("passed") else "FAIL"
         lines.append(f"| `{runner.label}` | {runner.shard}/{runner.shards} | {s.get('device', '-')} | "
                      f"`{s.get('profile', '-')}` | {s.get('wall_s', 0):.0f} s | {verdict} |")
     lines += ["", "| runner | kernel | shard | worker | examples | time | verdict |", "|---|---|---|---|---:|---:|---|"]
-    for row in result.rows:
-        verdict = row.verdict if row.failure is None else f"**{row.verdict}** (failure {row.failure})"
-        if row.verdict in ("NOT RUN", "ERROR"):
-            verdict = f"**{row.verdict}**: {row.summary}".replace("|", "\\|")
-        examples = "-" if row.examples is None else str(row.examples)
-        elapsed = "-" if row.elapsed is None else f"{row.elapsed:.1f} s"
-        lines.append(f"| `{row.runner}` | `{row.kernel}` | {row.shard} ({row.slot}) | {row.worker} | {examples} | "
-                     f"{elapsed} | {verdict} |")
-    for problem in result.problems:
-        lines += ["", f"> {problem}"]
-    for note in result.notes:
-        lines += ["", f"> note: {note}"]
-    for failure in result.failures:
-        lines += failure_lines(failure, _found_by(found_by[failure.number]), replay_prefix)
+    lines += [f"| `{row.runner}` {table_row(row)}" for row in result.rows]
+    lines += closing_lines(result, lambda failure: _found_by(found_by[failure.number]), replay_prefix)
     return "\n".join(lines) + "\n"
 
 

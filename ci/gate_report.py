@@ -15,6 +15,7 @@ import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from gate_plan import Plan, ShardRecord
 
@@ -204,34 +205,52 @@ def _seconds(value: float | None) -> str:
 
 def markdown(result: GateResult, plan: Plan, *, workers: str, budget: float, wall: float,
              replay_prefix: str) -> str:
-    failed_kernels = {f.kernel for f in result.failures}
-    if result.passed:
-        examples = sum(r.examples or 0 for r in result.rows)
-        head = f"## nanfuzz gate: PASS ({len(plan.kernels)} kernel(s), {examples} examples)"
-    elif not result.failures:
-        head = "## nanfuzz gate: INCOMPLETE (no failure found, but not every shard ran)"
-    else:
-        head = (f"## nanfuzz gate: FAIL ({len(result.failures)} failure(s) in {len(failed_kernels)} of "
-                f"{len(plan.kernels)} kernel(s))")
     fleet = f"runner `{plan.runner}`, shard {plan.shard}/{plan.shards} · " if plan.shards > 1 else ""
-    lines = [head, "",
+    lines = [headline(result, "gate", len(plan.kernels)), "",
              f"{fleet}profile `{plan.profile}` · {workers} · time budget {budget:.0f} s · wall {wall:.0f} s",
              ""]
     lines += ["| kernel | shard | worker | examples | time | verdict |", "|---|---|---|---:|---:|---|"]
-    for row in result.rows:
-        verdict = row.verdict if row.failure is None else f"**{row.verdict}** (failure {row.failure})"
-        if row.verdict in ("NOT RUN", "ERROR"):
-            verdict = f"**{row.verdict}**: {row.summary}".replace("|", "\\|")  # a table cell
-        examples = "-" if row.examples is None else str(row.examples)
-        lines.append(f"| `{row.kernel}` | {row.shard} ({row.slot}) | {row.worker} | {examples} | "
-                     f"{_seconds(row.elapsed)} | {verdict} |")
+    lines += [table_row(row) for row in result.rows]
+    lines += closing_lines(result, lambda failure: f"Found by shard {', '.join(failure.shards)}.", replay_prefix)
+    return "\n".join(lines) + "\n"
+
+
+def headline(result: GateResult, title: str, kernels: int, *, runners: int | None = None) -> str:
+    """A summary's first line: PASS, INCOMPLETE or FAIL with its counts (a fleet's counts its runners too)."""
+    fleet = "" if runners is None else f"{runners} runner(s)"
+    if result.passed:
+        examples = sum(r.examples or 0 for r in result.rows)
+        counts = ", ".join(filter(None, (fleet, f"{kernels} kernel(s)", f"{examples} examples")))
+        return f"## nanfuzz {title}: PASS ({counts})"
+    if not result.failures:
+        ran = "every shard" if runners is None else "every runner or shard"
+        return f"## nanfuzz {title}: INCOMPLETE (no failure found, but not {ran} ran)"
+    failed_kernels = len({f.kernel for f in result.failures})
+    counts = ", ".join(filter(None, (f"{len(result.failures)} failure(s) in {failed_kernels} of {kernels} kernel(s)",
+                                     fleet)))
+    return f"## nanfuzz {title}: FAIL ({counts})"
+
+
+def table_row(row: Row) -> str:
+    """A shard's row of the summary's table: kernel, shard (slot), worker, examples, time, verdict."""
+    verdict = row.verdict if row.failure is None else f"**{row.verdict}** (failure {row.failure})"
+    if row.verdict in ("NOT RUN", "ERROR"):
+        verdict = f"**{row.verdict}**: {row.summary}".replace("|", "\\|")  # a table cell
+    examples = "-" if row.examples is None else str(row.examples)
+    return (f"| `{row.kernel}` | {row.shard} ({row.slot}) | {row.worker} | {examples} | "
+            f"{_seconds(row.elapsed)} | {verdict} |")
+
+
+def closing_lines(result: GateResult, found_by: Callable[[Failure], str], replay_prefix: str) -> list[str]:
+    """What follows the table: the problems, the notes, and each failure's section."""
+    lines = []
     for problem in result.problems:
         lines += ["", f"> {problem}"]
     for note in result.notes:
         lines += ["", f"> note: {note}"]
     for failure in result.failures:
-        lines += failure_lines(failure, f"Found by shard {', '.join(failure.shards)}.", replay_prefix)
-    return "\n".join(lines) + "\n"
+        lines += failure_lines(failure, found_by(failure), replay_prefix)
+    return lines
 
 
 def failure_lines(failure: Failure, found_by: str, replay_prefix: str) -> list[str]:

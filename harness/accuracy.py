@@ -14,18 +14,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 _BINS_PER_OCTAVE = 4
+_ZERO_BIN = -10**6   # ratio 0 (an exact row): below every bin of a positive ratio
 QUANTILES = (0.5, 0.99, 0.999)
 
 
 def _bin(ratio: float) -> int:
     if ratio <= 0:
-        return -10**6
+        return _ZERO_BIN
     # rounded first: a bin's own upper edge (read back from JSON) must land in that bin
     return math.ceil(round(math.log2(ratio) * _BINS_PER_OCTAVE, 9))
 
 
 def _upper_edge(index: int) -> float:
-    return 0.0 if index == -10**6 else 2.0 ** (index / _BINS_PER_OCTAVE)
+    return 0.0 if index == _ZERO_BIN else 2.0 ** (index / _BINS_PER_OCTAVE)
 
 
 @dataclass

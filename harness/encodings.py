@@ -28,7 +28,7 @@ import torch
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import FP8_DTYPES, Case
 from nanfuzz.reference.errors import NanfuzzError
-from nanfuzz.reference.quantization import ENCODINGS
+from nanfuzz.reference.quantization import ENCODINGS, as_encoding
 
 TRITON_TYPES = {"fp8_e4m3fn": "fp8e4nv", "fp8_e4m3fnuz": "fp8e4b8", "fp8_e5m2": "fp8e5"}
 NATIVE = {"fp8_e4m3fnuz": "e4m3fnuz is native on MI300-class (gfx94x) GPUs only"}
@@ -133,20 +133,24 @@ def _decode_kernel():
     return InterpretedFunction(_decode)
 
 
+def _every_code(name: str) -> torch.Tensor:
+    """The 256 codes of encoding ``name``, in code order, as its torch dtype."""
+    return as_encoding(torch.arange(256, dtype=torch.int32).to(torch.uint8), name)
+
+
 def _wrong_decodes() -> dict[str, tuple[int, float, float]]:
     """Encodings whose decode (to fp16, bf16 and fp32) under the interpreter differs from torch's on
     some code, each with its first wrong code, what the interpreter gave and what torch gives."""
     kernel = _decode_kernel()
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     wrong = {}
     for name in FP8_DTYPES:
-        source = codes.view(ENCODINGS[name].torch_dtype)
+        source = _every_code(name)
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             out = torch.empty(256, dtype=dtype)
             kernel[(1,)](source, out)
             expected = source.to(dtype)
-            same = (out.view(torch.int16 if dtype.itemsize == 2 else torch.int32)
-                    == expected.view(torch.int16 if dtype.itemsize == 2 else torch.int32))
+            bits = torch.int16 if dtype.itemsize == 2 else torch.int32
+            same = out.view(bits) == expected.view(bits)
             same |= torch.isnan(out) & torch.isnan(expected)
             if not bool(same.all()):
                 code = int((~same).nonzero()[0])
@@ -173,11 +177,10 @@ def _correct_interpreter_decode() -> bool:
     wide = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
     as_bits = {2: (torch.int16, np.uint16), 4: (torch.int32, np.uint32), 8: (torch.int64, np.uint64)}
     tables = {}
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     for name, triton_type in TRITON_TYPES.items():
         for out_name, dtype in wide.items():
             signed, unsigned = as_bits[dtype.itemsize]
-            decoded = codes.view(ENCODINGS[name].torch_dtype).to(dtype).view(signed).numpy()
+            decoded = _every_code(name).to(dtype).view(signed).numpy()
             tables[triton_type, out_name] = decoded.view(unsigned)
 
     def convert(input, input_dtype, output_dtype, rounding_mode):

@@ -130,15 +130,15 @@ def check(text: str | None) -> Store | None:
 def open_database(text: str | None, local: Path, note: Callable[[str], None]):
     """The database a campaign reads and writes: the local folder alone, or it in front of a store.
 
-    ``note`` receives one line for each trouble the campaign should tell its user about.
-    Returns None when there is no usable database at all.
+    ``local`` is the local folder, ``Settings.examples_path`` (the store itself when that is a
+    plain folder).  ``note`` receives one line for each trouble the campaign should tell its
+    user about.  Returns None when there is no usable database at all.
     """
     store = parse(text)
-    folder = Path(store.location) if store is not None and not store.layered else Path(local)
+    folder = Path(local)
     local_db = _local_folder(folder, note)
-    if store is None or not store.layered:
-        return local_db
-    if store.shown in _lost:  # it stopped answering earlier in this process: the note was given then
+    # no store behind the folder, or one that stopped answering earlier in this process (noted then)
+    if store is None or not store.layered or store.shown in _lost:
         return local_db
     if store.server:
         from hypothesis.extra.redis import RedisExampleDatabase

@@ -7,6 +7,8 @@ same arguments give bit-identical tensors on any device.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from nanfuzz.reference import quantization, redzones, values
@@ -107,9 +109,7 @@ def _fill(cache: torch.Tensor, slots: torch.Tensor, make) -> None:
     that need it gives the same bits as computing it for the whole cache.
     """
     if slots.numel():
-        width = cache.shape[1]
-        index = slots[:, None] * width + torch.arange(width, device=cache.device, dtype=torch.int64)
-        cache[slots] = make(index).to(cache.dtype)
+        cache[slots] = make(_element_index(slots, cache.shape[1])).to(cache.dtype)
 
 
 def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed: int):
@@ -139,23 +139,21 @@ def _quantized_cache(case: Case, which: str, slots: dict[str, torch.Tensor], gar
     """
     g = case.geometry
     kv = case.kv_cache
-    device = slots["live"].device
-    width = g.num_kv_heads * g.head_size
-    codes = torch.empty(g.num_blocks * g.block_size, width, dtype=torch.uint8, device=device)
     live = slots["live"]
+    width = g.num_kv_heads * g.head_size
+    codes = torch.empty(g.num_blocks * g.block_size, width, dtype=torch.uint8, device=live.device)
     scale_cache = None
+    if kv.token_head:
+        scale_cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads, dtype=torch.float32, device=live.device)
     if live.numel():
         x = values.uniform(case.data_seed, f"cache_{which}", _element_index(live, width))
         if kv.token_head:
             x = x.view(-1, g.num_kv_heads, g.head_size)
             scale = quantization.token_head_scales(x, kv.dtype)
             codes[live] = quantization.quantize(x, scale.double()[..., None], kv.dtype).view(-1, width)
+            scale_cache[live] = scale
         else:
             codes[live] = quantization.quantize(x, kv.k_scale if which == "k" else kv.v_scale, kv.dtype)
-    if kv.token_head:
-        scale_cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads, dtype=torch.float32, device=device)
-        if live.numel():
-            scale_cache[live] = scale
     _fill_dead_codes(case, which, codes, scale_cache, slots["garbage"], slots.get("garbage_scales"), garbage_seed)
     seed = _derive(case.data_seed, 1)
     if "poison" in slots and slots["poison"].numel():
@@ -266,11 +264,11 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
         index = torch.arange(g.num_q_heads, device=device, dtype=torch.int64)
         sinks = (values.uniform(case.data_seed, "sinks", index) * 2.0).to(torch.float32)
     scales = {}
-    if kv.quantized and not kv.token_head:
+    if kv.token_head:
+        scales = {"k_scale_cache": k_scale_cache, "v_scale_cache": v_scale_cache}
+    elif kv.quantized:
         scales = {"k_scale": torch.tensor([kv.k_scale], dtype=torch.float32, device=device),
                   "v_scale": torch.tensor([kv.v_scale], dtype=torch.float32, device=device)}
-    elif kv.token_head:
-        scales = {"k_scale_cache": k_scale_cache, "v_scale_cache": v_scale_cache}
 
     margin = _margin_fill(case, garbage_seed, poisoned)
     cache_margin = _code_margin(case, garbage_seed, poisoned) if kv.quantized else margin
@@ -290,10 +288,7 @@ def _margin_fill(case: Case, garbage_seed: int, poisoned: bool):
             return float("nan")
 
         def make(shape):
-            count = 1
-            for n in shape:
-                count *= n
-            return _garbage(seed, stream, torch.arange(count, dtype=torch.int64)).view(shape)
+            return _garbage(seed, stream, torch.arange(math.prod(shape), dtype=torch.int64)).view(shape)
         return make
 
     return garbage
@@ -309,9 +304,7 @@ def _code_margin(case: Case, garbage_seed: int, poisoned: bool):
 
     def margin(stream: str):
         def make(shape):
-            count = 1
-            for n in shape:
-                count *= n
+            count = math.prod(shape)
             if poisoned:
                 codes = torch.full((count,), (enc.nan_codes or (enc.max_code,))[0], dtype=torch.uint8)
             else:

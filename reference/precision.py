@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
-PRECISIONS = ("ieee", "tf32")   # how a kernel multiplies float32 operands
+from nanfuzz.reference.materialize import TORCH_DTYPES
 
-_TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+PRECISIONS = ("ieee", "tf32")   # how a kernel multiplies float32 operands
 
 
 def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
@@ -72,5 +72,5 @@ def same_precision(dtype: str, precision: str) -> Arithmetic:
         rounding = round_to_tf32 if precision == "tf32" else _identity
         return Arithmetic(name, torch.float32, operand=rounding, probabilities=rounding)
     # fp16 x fp16 and bf16 x bf16 products are exact in float32: only P and the output round.
-    to_dtype = _rounder(_TORCH[dtype])
+    to_dtype = _rounder(TORCH_DTYPES[dtype])
     return Arithmetic(name, torch.float32, operand=to_dtype, probabilities=to_dtype, output=to_dtype)

@@ -16,7 +16,6 @@ ENV_VAR = "NANFUZZ_AITER_SRC"
 TESTED_VERSION = "0.1.7.post2.dev18"
 
 
-
 def _module(name: str, functions: tuple[str, ...]) -> KernelModule:
     """A module of ``aiter/ops/triton/`` (launchers) or ``_triton_kernels/`` (the kernels); later
     AITER trees keep both in an ``attention/`` subfolder, which is looked for second."""

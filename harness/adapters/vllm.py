@@ -54,12 +54,12 @@ import functools
 import torch
 
 from nanfuzz.harness.adapters import vllm_loader
-from nanfuzz.reference.quantization import codes_of
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.quantization import codes_of
 
 KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn")
 UNIFIED_PATHS = ("2d", "3d")

@@ -9,8 +9,8 @@ the kernels ask, from torch and Triton, and says so when asked for more.
 """
 from __future__ import annotations
 
-import functools
 import enum
+import functools
 import logging
 import types
 from typing import Any, NamedTuple
