@@ -34,3 +34,14 @@ def test_gpu_runs_leave_threads_alone():
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(session)
+
+
+def test_nanfuzz_own_processes_hold_one_thread_on_a_gpu_too():
+    session = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with host_threads("cuda", own_process=True):
+            assert torch.get_num_threads() == 1 and _pool_threads() <= {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(session)

@@ -102,3 +102,16 @@ def test_perf_without_a_common_shape_is_a_usage_error(capsys, nanfuzz_device):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("nanfuzz: perf: no shape both kernels support") and "\n" not in err
+
+
+def test_bench_measures_over_seconds_or_only_time_to_detect(tmp_path, nanfuzz_device):
+    timed, detect = tmp_path / "timed.json", tmp_path / "detect.json"
+    assert main(["bench", "--device", nanfuzz_device, "--kernel", "paged_decode@masked", "--seconds", "3",
+                 "--warmup", "0", "--seeds", "0", "--json", str(timed)]) == 0
+    t = json.loads(timed.read_text())["kernels"][0]["throughput"]
+    assert t["examples"] >= 1 and t["seconds"] >= 3 and t["campaigns"] == 1  # one campaign bounded by time
+    assert 0 < t["time_to_first_example_s"] <= t["seconds"] + 5
+    assert main(["bench", "--device", nanfuzz_device, "--kernel", "paged_decode@unmasked", "--examples", "0",
+                 "--seeds", "1", "--detect-examples", "50", "--json", str(detect)]) == 0
+    only = json.loads(detect.read_text())["kernels"][0]
+    assert only["throughput"] is None and only["detection"]["caught"] == 1
