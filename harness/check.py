@@ -23,10 +23,10 @@ from nanfuzz.harness.tolerance import effective_precision, row_errors
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.batch import PagedBatch
-from nanfuzz.reference.materialize import materialize, refill_dead_slots
+from nanfuzz.reference.materialize import build_on_host, materialize, refill_dead_slots
 from nanfuzz.reference.oracle import attend_in
 from nanfuzz.reference.precision import FLOAT64, same_precision
-from nanfuzz.reference.redzones import OUT_GUARD_ROWS
+from nanfuzz.reference.redzones import OUT_GUARD_ROWS, shared_buffer
 
 GUARD_ROWS = OUT_GUARD_ROWS  # canary rows after the last token's output row
 
@@ -64,8 +64,20 @@ class Outcome:
 
 
 def _sync(device: torch.device) -> None:
+    """Wait for the device: asleep, not spinning (a GPU's default wait spins a core, and a
+    ``--jobs`` run has more processes waiting than the host has cores), then for every
+    stream (a kernel may launch on its own)."""
     if device.type == "cuda":
+        _wait_asleep(device)
         torch.cuda.synchronize(device)
+
+
+def _wait_asleep(device: torch.device) -> None:
+    """Until the work queued on ``device``'s current stream is done, without spinning a core."""
+    if device.type == "cuda":
+        event = torch.cuda.Event(blocking=True)
+        event.record(torch.cuda.current_stream(device))
+        event.synchronize()
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -148,7 +160,10 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
     materialize (every batch), kernel (every launch), oracle (the gather of the live keys
     and the float64 pass), reference (the same-precision pass from the same gather, and
-    the row errors: harness/tolerance.py), verdict (the rest).
+    the row errors: harness/tolerance.py), verdict (the rest).  They are the host's
+    seconds: on a GPU the host waits for the device only after each launch and before
+    reading the verdict's flags back, so device work queued by the oracle and the
+    reference is counted where it is waited for, in the verdict.
     ``digest_pass=False`` leaves a PASS without its output digest (a copy to
     the host and a hash that a fuzz loop has no use for).  ``events`` is told
     "launch" before and "returned" after each launch (the supervisor's watchdog).
@@ -164,9 +179,9 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     g = case.geometry
     timings = {"materialize": 0.0, "kernel": 0.0, "oracle": 0.0, "reference": 0.0, "verdict": 0.0}
     t0 = time.perf_counter()
-    batch = materialize(case, device)
+    host = build_on_host(case)
+    batch = host.in_one_buffer(device)
     snapshot = batch.clone()
-    _sync(device)
     timings["materialize"] += time.perf_counter() - t0
 
     # -- the poisoned run ------------------------------------------------------
@@ -186,18 +201,16 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
 
     def lap(i: int) -> None:  # the gather and the float64 pass are the oracle's, the other pass the reference's
         nonlocal t0
-        _sync(device)
         now = time.perf_counter()
         timings[("oracle", "reference")[i]] += now - t0
         t0 = now
 
     reference, yardstick = attend_in(batch, (FLOAT64, same_precision(g.dtype, precision)), lap)
     errors = row_errors(result.double(), reference, yardstick, g.dtype, precision)
-    _sync(device)
     timings["reference"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    outcome = _judge(kernel, case, batch, snapshot, result, out, buffer, reference, errors, device, timings, events)
+    outcome = _judge(kernel, case, batch, snapshot, host, result, out, buffer, reference, errors, device, timings, events)
     if outcome.output_sha256 is None and digest_pass:  # only a PASS comes back without one
         outcome.output_sha256 = digest(result)
     timings["verdict"] += time.perf_counter() - t0 - timings.pop("_later_runs")
@@ -226,7 +239,6 @@ def _rerun(kernel, make_batch, device, events, timings, when) -> tuple[torch.Ten
     their phases and to ``_later_runs`` (which the verdict phase must not count)."""
     t0 = time.perf_counter()
     batch = make_batch()
-    _sync(device)
     t1 = time.perf_counter()
     try:
         output, _, _ = _launch(kernel, batch, device, events)
@@ -243,13 +255,14 @@ def _max_change(other: torch.Tensor, result64: torch.Tensor, where: torch.Tensor
     return float((other.double() - result64).abs().nan_to_num(float("inf"))[where].max())
 
 
-def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, errors, device, timings, events) -> Outcome:
+def _judge(kernel, case, batch, snapshot, host, result, out, buffer, reference, errors, device, timings, events) -> Outcome:
     """The first verdict that applies.  ``timings`` gets the later runs' materialisation
     and launches under their own phases, and their sum under ``_later_runs``."""
     timings["_later_runs"] = 0.0
     result64 = result.double()
     # -- NONFINITE -------------------------------------------------------------
     nonfinite = ~torch.isfinite(result64) & torch.isfinite(reference)
+    _wait_asleep(device)
     if nonfinite.any():
         ev = describe_rows(case, nonfinite)
         value = "NaN" if torch.isnan(result64[nonfinite]).any() else "Inf"
@@ -259,24 +272,27 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, errors
                        f"poison they can reach: {classes_line(ev)}", ev, digest(result))
 
     # -- NONDETERMINISTIC: the same inputs again, bit-identical output ----------
+    # Its flag is read back from the device with the later verdicts' flags: one wait, not two.
+    unstable = None
     if kernel.capabilities.deterministic:
         repeat, crash = _rerun(kernel, snapshot.clone, device, events, timings, "on the repeated run")
         if crash:
             return crash
         unstable = _differing(repeat, result)
-        if bool(unstable.any()):
-            ev = describe_rows(case, unstable)
-            ev["max_change"] = _max_change(repeat, result64, unstable)
-            return Outcome(Verdict.NONDETERMINISTIC,
-                           f"NONDETERMINISTIC: {ev['bad_rows']}/{ev['total_rows']} output rows differ between two "
-                           f"launches on identical inputs (max change {ev['max_change']:.3g}; tokens "
-                           f"{span(ev['tokens'])}, heads {span(ev['heads'])})", ev, digest(result))
+
+    def nondeterministic() -> Outcome:
+        ev = describe_rows(case, unstable)
+        ev["max_change"] = _max_change(repeat, result64, unstable)
+        return Outcome(Verdict.NONDETERMINISTIC,
+                       f"NONDETERMINISTIC: {ev['bad_rows']}/{ev['total_rows']} output rows differ between two "
+                       f"launches on identical inputs (max change {ev['max_change']:.3g}; tokens "
+                       f"{span(ev['tokens'])}, heads {span(ev['heads'])})", ev, digest(result))
 
     # -- LEAK: different finite garbage in every dead slot, bit-identical output
-    other, crash = _rerun(kernel, lambda: refill_dead_slots(snapshot, garbage_seed=1), device, events, timings,
-                          "on the finite-garbage run")
+    other, crash = _rerun(kernel, lambda: refill_dead_slots(host, garbage_seed=1).in_one_buffer(device), device,
+                          events, timings, "on the finite-garbage run")
     if crash:
-        return crash
+        return nondeterministic() if unstable is not None and bool(unstable.any()) else crash
     differs = _differing(other, result)
     if not kernel.capabilities.deterministic:
         # two launches of this kernel may differ anyway: only a change beyond the bound is a leak
@@ -286,17 +302,19 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, errors
     # The remaining verdicts' flags, read back from the device in one go.
     guarded = result.data_ptr() == out.data_ptr()
     written_guard = ~torch.isnan(buffer[case.num_tokens:]).all() if guarded else torch.zeros((), dtype=torch.bool, device=device)
-    now, before = batch.bases(), snapshot.bases()
-    changed = {name: _bits(before[name]) != _bits(now[name]) for name in before}
-    regions = _regions(batch)
-    written_inputs = [(_rows(changed[name], inside.dim()) & inside).any() for name, inside in regions]
+    written_inputs = _any_written(batch, snapshot)
     zero = torch.zeros((), dtype=torch.float64, device=device)
     worst_error = errors.kernel.max() if errors.kernel.numel() else zero
     worst_ratio = ratio.max() if ratio.numel() else zero
-    read = torch.stack([worst_error, worst_ratio,
-                        *(f.double() for f in (differs.any(), off.any(), written_guard, *written_inputs))])
+    unstable_any = unstable.any() if unstable is not None else torch.zeros((), dtype=torch.bool, device=device)
+    read = torch.stack([worst_error, worst_ratio, *(f.double() for f in (
+        unstable_any, differs.any(), off.any(), written_guard, written_inputs))])
+    _wait_asleep(device)
     max_error, max_ratio, *flags = read.tolist()
-    leaks, mismatches, guard_hit, inputs_hit = flags[0] != 0, flags[1] != 0, flags[2] != 0, [f != 0 for f in flags[3:]]
+    unstable_hit, leaks, mismatches, guard_hit, inputs_hit = (f != 0 for f in flags)
+
+    if unstable_hit:
+        return nondeterministic()
 
     if leaks:
         ev = describe_rows(case, differs)
@@ -319,7 +337,8 @@ def _judge(kernel, case, batch, snapshot, result, out, buffer, reference, errors
 
     # -- CLOBBER -----------------------------------------------------------------
     written = ["output guard rows past the last token"] if guard_hit else []
-    written += [label for (label, _), hit in zip(_region_labels(batch), inputs_hit) if hit]
+    if inputs_hit:
+        written += _written_regions(batch, snapshot) or ["the memory between its inputs' allocations"]
     if written:
         return Outcome(Verdict.CLOBBER, f"CLOBBER: the kernel wrote into {', '.join(written)}",
                        {"written": written}, digest(result))
@@ -366,6 +385,25 @@ def redzone_reads(kernel: Kernel, case: Case, device: str | torch.device, events
 def _rows(changed: torch.Tensor, dims: int) -> torch.Tensor:
     """``changed`` reduced to its leading ``dims`` dimensions: did anything in that row change?"""
     return changed.flatten(dims).any(-1) if changed.dim() > dims else changed
+
+
+def _any_written(batch: PagedBatch, snapshot: PagedBatch) -> torch.Tensor:
+    """bool scalar on the device: does any bit of ``batch``'s allocations differ from ``snapshot``'s?
+    One comparison where each batch is one buffer (a GPU batch), one per input otherwise."""
+    now, before = shared_buffer(batch.allocations), shared_buffer(snapshot.allocations)
+    if now is not None and before is not None and now.numel() == before.numel():
+        return (now != before).any()
+    pairs = zip(batch.bases().values(), snapshot.bases().values())
+    return torch.stack([(_bits(a) != _bits(b)).any() for a, b in pairs]).any()
+
+
+def _written_regions(batch: PagedBatch, snapshot: PagedBatch) -> list[str]:
+    """The labels of the regions (inputs and their redzones' sides) whose bits changed."""
+    now, before = batch.bases(), snapshot.bases()
+    changed = {name: _bits(before[name]) != _bits(now[name]) for name in before}
+    hits = [(_rows(changed[name], inside.dim()) & inside).any() for name, inside in _regions(batch)]
+    flags = torch.stack(hits).tolist() if hits else []
+    return [label for (label, _), hit in zip(_region_labels(batch), flags) if hit]
 
 
 def _region_labels(batch: PagedBatch) -> list[tuple[str, str]]:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import warnings
@@ -140,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         from nanfuzz.harness.backend import choose_backend
 
         device = choose_backend(args.device)  # before any @triton.jit import
+        if args.command in ("fuzz", "bench") and not args.no_isolation:
+            from nanfuzz.harness.worker import start_fork_server
+
+            start_fork_server()  # it imports torch and Triton while this process reads the kernel
         # The interpreter evaluates poisoned lanes in numpy; its NaN warnings are the point, not news.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         settings = _settings(args, device)
@@ -320,8 +323,9 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     _table(rows)
     compiled = farm.summary() if farm is not None else None
     if compiled:
+        built = f"; {compiled['already_built']} built by an earlier run" if compiled["already_built"] else ""
         print(f"\ncompiled ahead: {compiled['compiled']} of {compiled['entries']} pool entries in "
-              f"{compiled['processes']} processes ({compiled['compile_seconds']:.0f} s of compiling)")
+              f"{compiled['processes']} processes ({compiled['compile_seconds']:.0f} s of compiling{built})")
     if args.summary_json:
         try:
             Path(args.summary_json).write_text(json.dumps({"device": settings.device, "profile": profile.name,

@@ -15,6 +15,8 @@ which has kept every finding.
 """
 from __future__ import annotations
 
+import os
+import tempfile
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,9 +157,10 @@ def open_database(text: str | None, local: Path, note: Callable[[str], None]):
 def _local_folder(path: Path, note: Callable[[str], None]):
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".nanfuzz-write-test"
-        probe.write_text("")
-        probe.unlink()
+        # a probe of its own: the jobs of a --jobs run all probe the same folder at once
+        fd, probe = tempfile.mkstemp(prefix=".nanfuzz-write-test-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         note(f"example database {str(path)!r} is not writable ({exc.strerror}); running without it")
         return None

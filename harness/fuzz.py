@@ -119,16 +119,17 @@ class Campaign:
             self.phase_times[phase] = self.phase_times.get(phase, 0.0) + seconds
 
 
-def make_subject(kernel: Kernel, settings: Settings):
+def make_subject(kernel: Kernel, settings: Settings, prefer_fork: bool = False):
     """The kernel behind a supervised worker, or in this process with ``isolation=False``.
 
     A worker rebuilds the kernel from its import path; a Kernel made on the
     fly in the caller's code has none, and runs in this process instead.
+    ``prefer_fork``: see ``Supervised``.
     """
     spec = worker_spec(kernel, settings) if settings.isolation else None
     if spec is None:
         return InProcess(kernel, settings.device)
-    return Supervised(spec, launch_timeout=settings.timeout)
+    return Supervised(spec, launch_timeout=settings.timeout, prefer_fork=prefer_fork)
 
 
 def worker_spec(kernel: Kernel, settings: Settings) -> WorkerSpec | None:

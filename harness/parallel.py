@@ -49,7 +49,7 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
         from nanfuzz.harness.registry import resolve
 
         kernel = resolve(kernel_spec, **settings.sources)
-        subject = make_subject(kernel, settings)
+        subject = make_subject(kernel, settings, prefer_fork=True)  # a job runs no torch op itself
         try:
             if warmup:
                 fuzz(kernel, settings.replace(max_examples=warmup, seed=pool_seed + _WARMUP_SEED, shrink=False,

@@ -12,26 +12,41 @@ kernel with every Triton launch turned into a compile-only warm-up
 binaries land in Triton's on-disk cache, where the campaign's worker (and
 every job of a ``--jobs`` run) loads them in milliseconds.
 
-Before a case is checked, its campaign waits for its entry if the farm still
-holds it (``FarmHandle.wait_for``) instead of compiling the same binary a
-second time.  A farm process that dies, or spends longer than its task
-timeout on one entry (a kernel under review may crash or hang in its host
-code too), gives up only that entry: the campaign's worker then compiles it
-itself, as it would without a farm, and meets whatever the kernel does there.
+An entry the farm built once is marked as built beside Triton's cache
+(``BuiltMarks``), with the source hash of every Triton function it launched.
+A later farm over the same cache skips an entry whose mark still matches
+those functions' current sources, and starts no process at all when every
+entry is built: a warm campaign starts in the time its worker takes.  A mark
+that no longer describes the cache costs speed only (the worker compiles).
+
+A worker that needs a binary a farm process (or another worker) is compiling
+waits for that binary alone and loads it (``harness.shared_compiles``), and
+compiles what nobody is compiling.  Where that cannot be installed (a Triton
+without ``knobs``, a cache manager of the user's own), the campaign instead
+waits before each case while the farm still holds the case's whole entry
+(``FarmHandle.wait_for``).
+
+A farm process that dies, or spends longer than its task timeout on one
+entry (a kernel under review may crash or hang in its host code too), gives
+up only that entry: the campaign's worker then compiles it itself, as it
+would without a farm, and meets whatever the kernel does there.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nanfuzz.harness import shared_compiles
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.strategies.geometry import Shape
@@ -71,14 +86,88 @@ def _marker(folder, kernel: str, entry: Specialisation, state: str) -> Path:
     return Path(folder) / f"{entry_key(kernel, entry)}.{state}"
 
 
+class BuiltMarks:
+    """Which plan entries a farm built into this Triton cache, in a folder beside it.
+
+    A mark holds what the entry launched: each Triton function's module, name
+    and ``cache_key`` (a hash of its source and of the functions it calls).
+    An entry counts as built while every one of those still hashes the same,
+    so an edited kernel is built again.
+    """
+
+    VERSION = 1
+
+    def __init__(self, folder: Path | None = None):
+        self.folder = Path(folder) if folder is not None else _triton_cache_dir() / "nanfuzz-built"
+
+    def key(self, plan: Plan, entry: Specialisation) -> str:
+        import torch
+        import triton
+
+        spec = plan.spec
+        what = (self.VERSION, spec.kernel, spec.device, spec.vllm_src, spec.aiter_src, entry, plan.capabilities,
+                plan.poison_classes, SAMPLES_PER_ENTRY, triton.__version__, torch.__version__)
+        return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
+
+    def is_built(self, plan: Plan, entry: Specialisation) -> bool:
+        try:
+            mark = json.loads((self.folder / self.key(plan, entry)).read_text())
+            return all(_current_key(module, name) == key for module, name, key in mark["functions"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    def mark(self, plan: Plan, entry: Specialisation, functions: list[tuple[str, str, str]]) -> None:
+        """Record ``entry`` as built; a cache folder that cannot be written only loses the mark."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = self.folder / self.key(plan, entry)
+            temporary = path.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_text(json.dumps({"kernel": plan.spec.kernel, "entry": repr(entry),
+                                             "functions": sorted(set(functions))}))
+            os.replace(temporary, path)
+        except OSError:
+            pass
+
+
+def _triton_cache_dir() -> Path:
+    try:
+        from triton import knobs
+
+        return Path(knobs.cache.dir)
+    except (ImportError, AttributeError):  # Triton before knobs
+        return Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+
+
+def _current_key(module: str, name: str) -> str | None:
+    """The ``cache_key`` the Triton function ``module.name`` has now (None when it is gone)."""
+    from nanfuzz.harness.adapters.loader import loaded_module
+    from nanfuzz.harness.registry import LIBRARIES
+
+    try:
+        found = sys.modules.get(module) or loaded_module(module)
+        if found is None and module.partition(".")[0] not in LIBRARIES:  # never import a whole vLLM for this
+            found = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+        while not hasattr(found, "cache_key") and hasattr(found, "fn"):  # an autotuner or heuristics around it
+            found = found.fn
+        return found.cache_key
+    except Exception:
+        return None
+
+
 @dataclass(frozen=True)
 class FarmHandle:
-    """What a campaign (in any process) needs to wait for the farm's entries: its folder."""
+    """What a campaign (in any process) needs to wait for the farm's entries: its folder.
+    ``per_binary``: the workers wait for each binary they need instead (``harness.shared_compiles``)."""
 
     folder: str
+    per_binary: bool = False
 
     def wait_for(self, kernel: str, case: Case, limit: float = TASK_TIMEOUT + 60.0) -> float:
         """Wait while the farm still holds ``case``'s entry; the seconds waited (0 when it does not)."""
+        if self.per_binary:
+            return 0.0
         folder, entry = Path(self.folder), entry_of(case)
         planned, done = _marker(folder, kernel, entry, "planned"), _marker(folder, kernel, entry, "done")
         if not planned.exists() or done.exists():
@@ -98,15 +187,30 @@ class Farm:
     Triton's cache.  ``summary()`` says what it did.
     """
 
-    def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT):
+    def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT,
+                 marks: BuiltMarks | None = None):
         from nanfuzz.harness.worker import fork_server_context
 
-        self._context = fork_server_context()
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
-        self.handle = FarmHandle(self.folder)
+        per_binary = plans[0].spec.device == "cuda" and shared_compiles.available()
+        self.handle = FarmHandle(self.folder, per_binary)
         self._plans = plans
         self.task_timeout = task_timeout
-        self._tasks = [(p, e) for p, plan in enumerate(plans) for e in range(len(plan.entries))]
+        self._marks = marks or BuiltMarks()
+        every = [(p, e) for p, plan in enumerate(plans) for e in range(len(plan.entries))]
+        self._tasks = [(p, e) for p, e in every if not self._marks.is_built(plans[p], plans[p].entries[e])]
+        self.already_built = len(every) - len(self._tasks)
+        self._processes = []
+        self.started = time.monotonic()
+        self.finished_at: float | None = None
+        self._stopping = threading.Event()
+        self._closed: dict | None = None
+        if not self._tasks:  # a warm cache: nothing to start
+            self.finished_at = self.started
+            Path(self.folder, _FINISHED).touch()
+            self._monitor = None
+            return
+        self._context = fork_server_context()
         for p, e in self._tasks:
             self._marker(p, e, "planned").touch()
         self._queue = self._context.Queue()
@@ -118,14 +222,9 @@ class Farm:
         # per farm process: the task it is on (-1: none) and since when (CLOCK_MONOTONIC)
         self._current = self._context.RawArray("l", [-1] * count)
         self._since = self._context.RawArray("d", count)
-        self._processes = []
-        self.started = time.monotonic()
-        self.finished_at: float | None = None
-        self._stopping = threading.Event()
-        self._closed: dict | None = None
         for slot in range(count):
             process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
-                slot, plans, self._tasks, self._queue, self._current, self._since, self.folder))
+                slot, plans, self._tasks, self._queue, self._current, self._since, self.folder, self._marks))
             process.start()
             self._processes.append(process)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
@@ -162,6 +261,8 @@ class Farm:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Until every entry is done (True) or ``timeout`` passes (False)."""
+        if self._monitor is None:
+            return True
         self._monitor.join(timeout)
         return not self._monitor.is_alive()
 
@@ -179,8 +280,10 @@ class Farm:
                 pass
         seconds = sum(r["seconds"] or 0.0 for r in results)
         failed = [r["error"] for r in results if not r["ok"]]
-        return {"entries": len(self._tasks), "compiled": len(results) - len(failed), "given_up": len(failed),
+        return {"entries": len(self._tasks) + self.already_built, "already_built": self.already_built,
+                "compiled": len(results) - len(failed), "given_up": len(failed),
                 "processes": len(self._processes), "compile_seconds": round(seconds, 3),
+                "slowest_entry_seconds": round(max((r["seconds"] or 0.0 for r in results), default=0.0), 3),
                 "wall_seconds": None if self.finished_at is None else round(self.finished_at - self.started, 3),
                 "first_error": failed[0] if failed else None}
 
@@ -194,7 +297,8 @@ class Farm:
                 process.kill()
         for process in self._processes:
             process.join(timeout=5)
-        self._monitor.join(timeout=5)
+        if self._monitor is not None:
+            self._monitor.join(timeout=5)
         if self.finished_at is None:
             self.finished_at = time.monotonic()
         self._closed = self.summary()
@@ -219,7 +323,7 @@ def default_processes() -> int:
 
 # -- a farm process ------------------------------------------------------------------
 
-def _serve(slot, plans, tasks, queue, current, since, folder) -> None:
+def _serve(slot, plans, tasks, queue, current, since, folder, marks) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when the farm stops
     if plans[0].spec.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit import (the harness's own tests)
@@ -232,11 +336,13 @@ def _serve(slot, plans, tasks, queue, current, since, folder) -> None:
     _compile_only()
     from nanfuzz.harness.backend import host_threads
 
+    shared_compiles.install()
+
     with host_threads(plans[0].spec.device, own_process=True):  # sixteen of these share the cores
-        _compile_tasks(plans, tasks, queue, current, since, folder, slot)
+        _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks)
 
 
-def _compile_tasks(plans, tasks, queue, current, since, folder, slot) -> None:
+def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks) -> None:
     kernels: dict = {}
     while True:
         task = queue.get()
@@ -249,15 +355,23 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot) -> None:
         started = time.perf_counter()
         try:
             kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, plan.spec.load())
+            _LAUNCHED.clear()
             _compile_entry(kernel, plan, plan.entries[entry_index])
+            if _LAUNCHED:  # an entry that compiled nothing has nothing to remember
+                marks.mark(plan, plan.entries[entry_index], list(_LAUNCHED))
             result = {"ok": True, "error": None}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+        shared_compiles.release_claims()  # a compile that raised leaves its claim
         result["seconds"] = time.perf_counter() - started
         done = _marker(folder, plan.spec.kernel, plan.entries[entry_index], "done")
         done.with_suffix(".tmp").write_text(json.dumps(result))
         os.replace(done.with_suffix(".tmp"), done)  # whole, or not there
         current[slot] = -1
+
+
+# (module, name, cache_key) of each Triton function the current entry launched
+_LAUNCHED: set[tuple[str, str, str]] = set()
 
 
 def _compile_only() -> None:
@@ -267,6 +381,7 @@ def _compile_only() -> None:
     launch = JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
+        _LAUNCHED.add((self.fn.__module__, self.fn.__qualname__, self.cache_key))
         return launch(self, *args, grid=grid, warmup=True, **kwargs)
 
     JITFunction.run = run

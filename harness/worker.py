@@ -123,10 +123,13 @@ class InProcess:
 class Supervised:
     """A kernel in a worker process, restarted whenever it dies, faults or hangs."""
 
-    def __init__(self, spec: WorkerSpec, *, launch_timeout: float):
+    def __init__(self, spec: WorkerSpec, *, launch_timeout: float, prefer_fork: bool = False):
+        """``prefer_fork``: start workers with a plain fork of this process where that is safe
+        (``plain_fork_context``), else from the fork server."""
         self.spec = spec
         self.launch_timeout = launch_timeout
         self.restarts = 0
+        self.prefer_fork = prefer_fork
         self._context = fork_server_context()
         self._process = None
         self._conn = None
@@ -140,9 +143,10 @@ class Supervised:
     def _start(self) -> None:
         fd, self._log = tempfile.mkstemp(prefix="nanfuzz-worker-", suffix=".log")
         os.close(fd)
-        parent, child = self._context.Pipe()
-        self._clock = LaunchClock(self._context)
-        self._process = self._context.Process(target=_serve, args=(child, self.spec, self._log, self._clock),
+        context = (plain_fork_context() if self.prefer_fork else None) or self._context
+        parent, child = context.Pipe()
+        self._clock = LaunchClock(context)
+        self._process = context.Process(target=_serve, args=(child, self.spec, self._log, self._clock),
                                               daemon=True, name="nanfuzz-worker")
         self._process.start()
         child.close()
@@ -293,6 +297,30 @@ def fork_server_context():
     return context
 
 
+def start_fork_server() -> None:
+    """Start the fork server now, so that its imports overlap with the caller's own start-up."""
+    if fork_server_context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+def plain_fork_context():
+    """A plain fork, for the workers of a process that is itself fresh from the fork server
+    and runs no torch op (a job of a ``--jobs`` run): its copy of the imports is all a
+    worker needs, so the job saves starting a fork server of its own (another interpreter
+    importing torch).  None, at the moment of forking, where a fork would copy a GPU
+    context or other threads."""
+    import threading
+
+    import torch
+
+    if ("fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1
+            or torch.cuda.is_initialized()):
+        return None
+    return multiprocessing.get_context("fork")
+
+
 # -- the worker process ------------------------------------------------------------
 
 def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
@@ -318,6 +346,10 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
     event = clock.event
     _report_compiles(event)
     _exit_with_parent()
+    from nanfuzz.harness import shared_compiles
+
+    if spec.device == "cuda":
+        shared_compiles.install()  # a binary another process is compiling is waited for, not compiled again
     conn.send(("ready", None))
     from nanfuzz.harness.compiles import count_specialisations
 
@@ -328,6 +360,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
             except (EOFError, OSError):
                 return
             _, case, digest, explain = message
+            waited = shared_compiles.waited_seconds()
             try:
                 outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain)
             except NanfuzzError as exc:
@@ -337,11 +370,21 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
                 from nanfuzz.harness.check import _crash
 
                 outcome = _crash(exc, "while judging the output")
+            finally:
+                shared_compiles.release_claims()
+            _move_compile_waits(outcome, shared_compiles.waited_seconds() - waited)
             if outcome.verdict is Verdict.CRASH and spec.device == "cuda" and not outcome.fatal:
                 outcome.fatal = not _device_alive()
             conn.send(("outcome", (outcome, seen.count)))
             if outcome.fatal:
                 os._exit(0)  # the context is dead; the campaign starts a fresh worker
+
+
+def _move_compile_waits(outcome: Outcome, seconds: float) -> None:
+    """Time spent in launches waiting for another process's compile is the "compile" phase's."""
+    if seconds > 0 and "kernel" in outcome.timings:
+        outcome.timings["kernel"] = max(0.0, outcome.timings["kernel"] - seconds)
+        outcome.timings["compile"] = outcome.timings.get("compile", 0.0) + seconds
 
 
 def _exit_with_parent() -> None:

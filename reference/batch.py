@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanfuzz.reference.case import Case
-from nanfuzz.reference.redzones import Allocation
+from nanfuzz.reference.redzones import Allocation, clone_together, move_together
 
 
 # Inputs only some cases have.
@@ -58,8 +58,27 @@ class PagedBatch:
     def clone(self) -> "PagedBatch":
         """A deep copy, redzones included, with the same views into the copied allocations."""
         if self.allocations:
-            return PagedBatch.from_allocations(self.case, {n: a.clone() for n, a in self.allocations.items()})
+            return PagedBatch.from_allocations(self.case, clone_together(self.allocations))
         tensors = {name: t.clone() for name, t in self.inputs().items()}
+        tensors.setdefault("sinks", None)
+        return PagedBatch(case=self.case, **tensors)
+
+    def in_one_buffer(self, device: torch.device | str) -> "PagedBatch":
+        """A copy on ``device`` whose allocations are views into one buffer (``redzones.move_together``):
+        one copy to move it, one to clone it, one comparison to tell whether a kernel wrote into it."""
+        return PagedBatch.from_allocations(self.case, move_together(self.allocations, torch.device(device)))
+
+    def to(self, device: torch.device | str) -> "PagedBatch":
+        """This batch on ``device`` (itself when it is there already)."""
+        device = torch.device(device)
+        if self.q.device == device or (device.type == "cuda" and device.index is None and self.q.is_cuda):
+            return self
+        if self.allocations and device.type == "cuda":
+            return self.in_one_buffer(device)
+        if self.allocations:
+            return PagedBatch.from_allocations(self.case, {n: Allocation(a.base.to(device), a.index)
+                                                           for n, a in self.allocations.items()})
+        tensors = {name: t.to(device) for name, t in self.inputs().items()}
         tensors.setdefault("sinks", None)
         return PagedBatch(case=self.case, **tensors)
 

@@ -69,6 +69,97 @@ class Allocation:
         return found
 
 
+# -- a batch's allocations in one device buffer -----------------------------------------
+#
+# On a GPU a batch's allocations are views into one buffer: moving a batch there,
+# copying it and asking whether a kernel wrote into any of it are one operation each
+# instead of one per input (a campaign judges hundreds of batches a second, and the
+# launches of many small copies and comparisons were a large part of that).
+
+_ALIGN = 256  # bytes: every allocation starts as aligned as one of its own would
+
+
+def _layout(bases: dict[str, torch.Tensor]) -> tuple[dict[str, int], int]:
+    offsets, end = {}, 0
+    for name, base in bases.items():
+        offsets[name] = end
+        end += -(-base.numel() * base.element_size() // _ALIGN) * _ALIGN
+    return offsets, max(end, _ALIGN)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def _views(buffer: torch.Tensor, like: dict[str, torch.Tensor], offsets: dict[str, int]) -> dict[str, torch.Tensor]:
+    return {name: buffer[offsets[name]: offsets[name] + base.numel() * base.element_size()].view(base.dtype)
+            .view(base.shape) for name, base in like.items()}
+
+
+class _Staging:
+    """This process's pinned host buffer for host-to-device copies, reused: a copy from
+    pinned memory does not make the host wait, and pinning a fresh buffer per copy would."""
+
+    def __init__(self):
+        self.buffer: torch.Tensor | None = None
+        self.copied = None  # an event after the last copy out of the buffer
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if self.copied is not None:
+            self.copied.synchronize()  # long done by the time the next batch is built
+        if self.buffer is None or self.buffer.numel() < nbytes:
+            self.buffer = torch.empty(1 << max(nbytes - 1, 1).bit_length(), dtype=torch.uint8, pin_memory=True)
+        return self.buffer[:nbytes]
+
+    def sent(self, device: torch.device) -> None:
+        self.copied = torch.cuda.Event(blocking=True)
+        self.copied.record(torch.cuda.current_stream(device))
+
+
+_staging: list[_Staging] = []
+
+
+def move_together(allocations: dict[str, Allocation], device: torch.device) -> dict[str, Allocation]:
+    """Copies of host ``allocations`` on ``device``, all in one buffer (on a GPU: moved in one copy)."""
+    bases = {name: a.base for name, a in allocations.items()}
+    offsets, total = _layout(bases)
+    gpu = device.type != "cpu"
+    if gpu and not _staging:
+        _staging.append(_Staging())
+    host = _staging[0].take(total) if gpu else torch.zeros(total, dtype=torch.uint8)
+    for name, base in bases.items():
+        host[offsets[name]: offsets[name] + base.numel() * base.element_size()] = _as_bytes(base)
+    buffer = host
+    if gpu:
+        buffer = torch.empty(total, dtype=torch.uint8, device=device)
+        buffer.copy_(host, non_blocking=True)
+        _staging[0].sent(device)
+    moved = _views(buffer, bases, offsets)
+    return {name: Allocation(moved[name], a.index) for name, a in allocations.items()}
+
+
+def shared_buffer(allocations: dict[str, Allocation]) -> torch.Tensor | None:
+    """The one byte buffer all of ``allocations`` are views into (``move_together``), else None."""
+    bases = [a.base for a in allocations.values()]
+    if not bases:
+        return None
+    storage = bases[0].untyped_storage()
+    if any(b.untyped_storage().data_ptr() != storage.data_ptr() for b in bases[1:]):
+        return None
+    return torch.empty(0, dtype=torch.uint8, device=bases[0].device).set_(storage)
+
+
+def clone_together(allocations: dict[str, Allocation]) -> dict[str, Allocation]:
+    """A deep copy of ``allocations``: one copy of their shared buffer where they have one."""
+    buffer = shared_buffer(allocations)
+    if buffer is None:
+        return {name: a.clone() for name, a in allocations.items()}
+    copy = buffer.clone()
+    offsets = {name: a.base.storage_offset() * a.base.element_size() for name, a in allocations.items()}
+    moved = _views(copy, {name: a.base for name, a in allocations.items()}, offsets)
+    return {name: Allocation(moved[name], a.index) for name, a in allocations.items()}
+
+
 def surround(tensor: torch.Tensor, before: int, after: int, fill) -> Allocation:
     """``tensor`` copied into an allocation with ``before``/``after`` rows of ``fill`` around it."""
     base = torch.empty((tensor.shape[0] + before + after, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)

@@ -17,3 +17,12 @@ slow = Kernel(name="farm@slow", run=_before_windowed_launches(lambda: time.sleep
               spec="tests.farm_subjects:slow")
 raises = Kernel(name="farm@raises", run=_before_windowed_launches(_planted_error), capabilities=CAPS,
                 spec="tests.farm_subjects:raises")
+
+
+class _Stamped:
+    """Stands in for a Triton function: what a built mark records of it is its ``cache_key``."""
+
+    cache_key = "source-hash-1"
+
+
+stamped = _Stamped()

@@ -206,3 +206,30 @@ def test_the_plugin_takes_the_database_and_checks_it_at_the_start(tmp_path):
     found = pytest_run("--nanfuzz-example-db", "team-examples")
     assert found.returncode == 1 and "NONFINITE" in found.stdout, found.stdout[-2000:]
     assert any(p.is_file() for p in (tmp_path / "team-examples").rglob("*"))  # the failure went where it was told
+
+
+def _probe_many(path: str, start, rounds: int, failures) -> None:
+    notes: list[str] = []
+    start.wait()
+    for _ in range(rounds):
+        if example_db._local_folder(Path(path), notes.append) is None:
+            failures.put(notes[-1])
+            return
+    failures.put(None)
+
+
+def test_jobs_probing_one_fresh_folder_at_once_all_get_their_database(tmp_path):
+    """The jobs of a --jobs run open the same local folder at the same moment."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    processes, start, failures = 8, context.Barrier(8), context.Queue()
+    folder = tmp_path / "state" / "examples"
+    jobs = [context.Process(target=_probe_many, args=(str(folder), start, 200, failures)) for _ in range(processes)]
+    for job in jobs:
+        job.start()
+    found = [failures.get(timeout=60) for _ in jobs]
+    for job in jobs:
+        job.join(timeout=10)
+    assert found == [None] * processes
+    assert list(folder.iterdir()) == []  # no probe left behind

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from nanfuzz.harness.fuzz import campaign_capabilities, campaign_pool_of, compile_plan, fuzz, worker_spec
-from nanfuzz.harness.precompile import Farm, Plan, entry_key, entry_of, sample_cases
+from nanfuzz.harness.precompile import BuiltMarks, Farm, Plan, entry_key, entry_of, sample_cases
 from nanfuzz.harness.registry import resolve
 from nanfuzz.harness.settings import Settings
 
@@ -82,6 +82,43 @@ def test_a_campaign_waits_for_the_entries_the_farm_holds_and_runs_as_usual(tmp_p
     # a windowed entry takes the farm >= 4 x 0.5 s: the campaign met one before the farm was done with it
     assert campaign.phase_times.get("compile", 0.0) > 0.2
     assert campaign.time_to_first_example is not None and campaign.time_to_first_example < elapsed
+
+
+def test_a_built_mark_holds_while_the_functions_it_names_hash_the_same(tmp_path, monkeypatch):
+    from tests import farm_subjects
+
+    plan = _plan("tests.farm_subjects:slow")
+    marks = BuiltMarks(tmp_path)
+    first, second = plan.entries[:2]
+    assert not marks.is_built(plan, first)
+    marks.mark(plan, first, [("tests.farm_subjects", "stamped", "source-hash-1")])
+    assert marks.is_built(plan, first) and not marks.is_built(plan, second)
+    assert not BuiltMarks(tmp_path / "elsewhere").is_built(plan, first)
+    other_plan = Plan(plan.spec, plan.capabilities, ("tail",), plan.entries)
+    assert not marks.is_built(other_plan, first)  # another focus draws other cases: built again
+    monkeypatch.setattr(farm_subjects.stamped, "cache_key", "source-hash-2")  # the kernel was edited
+    assert not marks.is_built(plan, first)
+    marks.mark(plan, second, [("tests.farm_subjects", "no_such_function", "source-hash-1")])
+    assert not marks.is_built(plan, second)
+
+
+def test_a_farm_over_built_entries_skips_them_and_starts_nothing_when_all_are_built(tmp_path):
+    plan = _plan("tests.farm_subjects:slow")
+    marks = BuiltMarks(tmp_path)
+    for entry in plan.entries[1:]:
+        marks.mark(plan, entry, [("tests.farm_subjects", "stamped", "source-hash-1")])
+    with Farm([plan], processes=2, marks=marks) as farm:
+        assert farm.wait(timeout=120)
+        summary = farm.summary()
+    assert summary["entries"] == len(plan.entries) and summary["already_built"] == len(plan.entries) - 1
+    assert summary["compiled"] == 1 and summary["processes"] == 1
+    marks.mark(plan, plan.entries[0], [("tests.farm_subjects", "stamped", "source-hash-1")])
+    with Farm([plan], processes=2, marks=marks) as farm:
+        assert farm.wait(timeout=1)
+        waited = farm.handle.wait_for(plan.spec.kernel, sample_cases(plan, _windowed(plan)[0])[0])
+        summary = farm.summary()
+    assert summary["processes"] == 0 and summary["compiled"] == 0 and summary["already_built"] == len(plan.entries)
+    assert waited == 0.0
 
 
 @pytest.mark.parametrize("argv", [["fuzz", "--compile-jobs", "-1"], ["bench", "--compile-jobs", "-2"],

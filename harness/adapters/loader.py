@@ -116,6 +116,16 @@ class LoadedKernels:
 _cache: dict[tuple[str, str, str | None], LoadedKernels] = {}
 
 
+def loaded_module(dotted: str) -> types.ModuleType | None:
+    """A kernel module this process loaded under the name ``dotted`` (it is not left in
+    ``sys.modules``), or None."""
+    for loaded in _cache.values():
+        for module in loaded.modules.values():
+            if module.__name__ == dotted:
+                return module
+    return None
+
+
 def load(library: Library, group: str, source: str | os.PathLike | None = None) -> LoadedKernels:
     """The kernel modules of ``library``'s ``group``, loaded once per source.
 
