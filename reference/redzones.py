@@ -117,23 +117,25 @@ class _Staging:
 
 
 _staging: list[_Staging] = []
+_STAGING_LIMIT = 256 << 20  # bytes: a bigger batch is copied from ordinary memory, waiting, not kept pinned
 
 
 def move_together(allocations: dict[str, Allocation], device: torch.device) -> dict[str, Allocation]:
     """Copies of host ``allocations`` on ``device``, all in one buffer (on a GPU: moved in one copy)."""
     bases = {name: a.base for name, a in allocations.items()}
     offsets, total = _layout(bases)
-    gpu = device.type != "cpu"
-    if gpu and not _staging:
+    staged = device.type != "cpu" and total <= _STAGING_LIMIT
+    if staged and not _staging:
         _staging.append(_Staging())
-    host = _staging[0].take(total) if gpu else torch.zeros(total, dtype=torch.uint8)
+    host = _staging[0].take(total) if staged else torch.zeros(total, dtype=torch.uint8)
     for name, base in bases.items():
         host[offsets[name]: offsets[name] + base.numel() * base.element_size()] = _as_bytes(base)
     buffer = host
-    if gpu:
+    if device.type != "cpu":
         buffer = torch.empty(total, dtype=torch.uint8, device=device)
-        buffer.copy_(host, non_blocking=True)
-        _staging[0].sent(device)
+        buffer.copy_(host, non_blocking=staged)
+        if staged:
+            _staging[0].sent(device)
     moved = _views(buffer, bases, offsets)
     return {name: Allocation(moved[name], a.index) for name, a in allocations.items()}
 

@@ -8,6 +8,7 @@ batch around it or the poison.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _MASK64 = (1 << 64) - 1
@@ -48,13 +49,40 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
+def _mix_on_host(x: np.ndarray) -> np.ndarray:
+    """``_mix`` in place on uint64, where a shift is logical and a product wraps: the same bits
+    in fewer, cheaper operations (batches are built on the host)."""
+    with np.errstate(over="ignore"):
+        x += np.uint64(_GOLDEN)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(_MUL1)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(_MUL2)
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def _bits_on_host(base: int, index: torch.Tensor) -> np.ndarray:
+    x = index.numpy().astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x *= np.uint64(_GOLDEN)
+        x += np.uint64(base)
+    return _mix_on_host(x)
+
+
 def random_bits(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
     """64 pseudo-random bits (as int64) for each element of the int64 ``index``."""
     base = _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
+    if index.device.type == "cpu":
+        return torch.from_numpy(_bits_on_host(base, index).view(np.int64))
     return _mix(index * _signed(_GOLDEN) + _signed(base))
 
 
 def uniform(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
     """float64 uniform on [-1, 1), 53 bits, exactly reproducible."""
+    if index.device.type == "cpu":
+        base = _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
+        top53 = (_bits_on_host(base, index) >> np.uint64(11)).astype(np.float64)
+        return torch.from_numpy(top53 * (2.0 ** -52) - 1.0)
     top53 = _shr(random_bits(seed, stream, index), 11).to(torch.float64)
     return top53 * (2.0 ** -52) - 1.0
