@@ -75,3 +75,19 @@ def test_a_job_dying_in_its_warm_up_does_not_hold_the_others_at_the_start():
                              max_examples=40, seed=0, use_database=False, warmup=30)
     assert campaign.failed and campaign.failure.verdict is Verdict.CRASH
     assert campaign.elapsed < 120
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
+def test_a_job_forks_its_worker_itself_rather_than_starting_a_fork_server(tmp_path, monkeypatch):
+    import os
+
+    notes = tmp_path / "parents.txt"
+    monkeypatch.setenv("NANFUZZ_TEST_PARENTS", str(notes))
+    campaign = fuzz_parallel(resolve("tests.torch_kernels:notes_parent"), jobs=2, device="cpu", max_examples=6,
+                             seed=1, use_database=False)
+    assert not campaign.failed and campaign.examples == 6
+    chains = [line.split() for line in notes.read_text().splitlines()]
+    assert len({chain[0] for chain in chains}) == 2  # one worker per job
+    # worker -> its job -> the campaign's fork server -> this process: no fork server of the job's own between
+    assert {chain[3] for chain in chains} == {str(os.getpid())}
+    assert len({chain[1] for chain in chains}) == 2 and len({chain[2] for chain in chains}) == 1
