@@ -78,11 +78,10 @@ def test_a_job_dying_in_its_warm_up_does_not_hold_the_others_at_the_start():
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc")
-def test_a_job_forks_its_worker_itself_rather_than_starting_a_fork_server(tmp_path, monkeypatch):
+def test_a_job_forks_its_worker_itself_rather_than_starting_a_fork_server(tmp_path):
     import os
 
-    notes = tmp_path / "parents.txt"
-    monkeypatch.setenv("NANFUZZ_TEST_PARENTS", str(notes))
+    notes = tmp_path / "parents.txt"  # the subject's notes; jobs and workers start in this test's folder
     campaign = fuzz_parallel(resolve("tests.torch_kernels:notes_parent"), jobs=2, device="cpu", max_examples=6,
                              seed=1, use_database=False)
     assert not campaign.failed and campaign.examples == 6
