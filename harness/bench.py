@@ -51,10 +51,14 @@ class Throughput:
     busy_seconds: float | None = None  # several jobs: the sum of their own times (phases are shares of it)
     first_example_s: float | None = None  # from the start (worker, farm, warm-up) to the first measured example
     farm: dict | None = None  # what the compile farm did (harness.precompile.Farm.summary)
+    cpu_seconds: float = 0.0          # the campaigns' own processes
+    judging_cpu_seconds: float = 0.0  # judging the examples, wherever it ran (the workers)
 
     def add(self, campaign, campaigns: int = 1) -> None:
         """Count ``campaign`` in; time outside its measured phases is generation."""
         busy = campaign.busy_seconds if campaign.busy_seconds is not None else campaign.elapsed
+        self.cpu_seconds += campaign.cpu_seconds
+        self.judging_cpu_seconds += campaign.judging_cpu_seconds
         self.campaigns += campaigns
         self.examples += campaign.examples
         self.seconds += campaign.elapsed
@@ -84,6 +88,8 @@ class Throughput:
             "specialisations_after_warmup": self.specialisations,
             "time_to_first_example_s": self.first_example_s,
             "compile_farm": self.farm,
+            # CPU per example: far below the phases' seconds, the processes wait (device, scheduler)
+            "cpu_seconds_per_example": {"campaign": self.cpu_seconds / n, "judging": self.judging_cpu_seconds / n},
         }
 
 

@@ -51,6 +51,7 @@ class Outcome:
     evidence: dict = field(default_factory=dict)
     output_sha256: str | None = None
     timings: dict = field(default_factory=dict)
+    cpu_seconds: float = 0.0  # CPU time of the process that judged it (a worker, or the caller's)
     # a CRASH that left the device context unusable (sticky CUDA/HIP error): the worker must be replaced
     fatal: bool = False
 
@@ -157,6 +158,18 @@ def _crash(exc: BaseException, when: str) -> Outcome:
 def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
           interpreter: bool | None = None, digest_pass: bool = True, events=_no_events,
           explain: bool = False) -> Outcome:
+    """Judge ``kernel`` on ``case`` (see ``_judge_case``); ``Outcome.cpu_seconds`` is this
+    process's CPU time for it, which tells a busy host from one waiting for the device."""
+    started = time.process_time()
+    outcome = _judge_case(kernel, case, device, interpreter=interpreter, digest_pass=digest_pass, events=events,
+                          explain=explain)
+    outcome.cpu_seconds = time.process_time() - started
+    return outcome
+
+
+def _judge_case(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
+                interpreter: bool | None = None, digest_pass: bool = True, events=_no_events,
+                explain: bool = False) -> Outcome:
     """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
     materialize (every batch), kernel (every launch), oracle (the gather of the live keys
     and the float64 pass), reference (the same-precision pass from the same gather, and

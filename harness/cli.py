@@ -314,6 +314,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                         "statistics": campaign.statistics.to_dict(),
                         "accuracy": campaign.accuracy.to_dict(),
                         "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()},
+                        "cpu_seconds": {"campaign": round(campaign.cpu_seconds, 4),
+                                        "judging": round(campaign.judging_cpu_seconds, 4)},
                         "time_to_first_example_s": campaign.time_to_first_example,
                         "compiles": campaign.compiles, "compile_farm": campaign.farm})
         if campaign.interrupted:

@@ -107,6 +107,10 @@ class Campaign:
     time_to_first_example: float | None = None  # seconds from the start to the first example judged
     compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
     farm: dict | None = None      # what its own compile farm did (Farm.summary())
+    # CPU seconds: the campaign's own process (judging included where the kernel runs in it), and the
+    # judging of its examples wherever it ran; against elapsed time they show a busy or a waiting host
+    cpu_seconds: float = 0.0
+    judging_cpu_seconds: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -114,6 +118,7 @@ class Campaign:
 
     def count(self, outcome: Outcome) -> None:
         self.examples += 1
+        self.judging_cpu_seconds += outcome.cpu_seconds
         self.verdicts[outcome.verdict.value] = self.verdicts.get(outcome.verdict.value, 0) + 1
         for phase, seconds in outcome.timings.items():
             self.phase_times[phase] = self.phase_times.get(phase, 0.0) + seconds
@@ -284,7 +289,7 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
         use_database = bool(settings.example_db) or profile.use_database
     campaign = Campaign(kernel=kernel.name, device=device)
     campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
 
     own_farm = None
     if farm is None and subject is None and pool:
@@ -323,6 +328,7 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
             own_farm.close()
             campaign.farm = own_farm.summary()
     campaign.elapsed = time.perf_counter() - start
+    campaign.cpu_seconds = time.process_time() - cpu_start
     if campaign.failure is not None and campaign.time_to_first_failure is not None:
         campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
     return campaign

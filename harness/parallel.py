@@ -210,6 +210,8 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
     first_failure_at = None
     for campaign, (started, _) in results:
         merged.busy_seconds += campaign.elapsed
+        merged.cpu_seconds += campaign.cpu_seconds
+        merged.judging_cpu_seconds += campaign.judging_cpu_seconds
         merged.examples += campaign.examples
         merged.notes += [note for note in campaign.notes if note not in merged.notes]  # each job says the same
         merged.worker_restarts += campaign.worker_restarts

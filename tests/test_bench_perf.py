@@ -42,6 +42,7 @@ def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_
         assert all(t["seconds_per_example"][p] > 0 for p in PHASES), t["seconds_per_example"]
         assert sum(t["share"].values()) == pytest.approx(1.0, rel=1e-6)
         assert t["specialisations_after_warmup"] is None or t["specialisations_after_warmup"] >= 0
+        assert t["cpu_seconds_per_example"]["judging"] > 0 and t["cpu_seconds_per_example"]["campaign"] > 0
     assert by_name["paged_decode@masked"]["detection"] is None  # a fixed kernel has nothing to detect
     detection = by_name["paged_decode@unmasked"]["detection"]
     assert detection["seeds"] == 2 and detection["caught"] == 2
@@ -62,6 +63,7 @@ def test_bench_with_jobs_measures_campaigns_side_by_side(tmp_path):
     by_name = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
     t = by_name["torch@correct"]["throughput"]
     assert t["examples"] == 12 and t["campaigns"] == 2 and t["busy_seconds"] >= t["seconds"] * 0.5
+    assert t["cpu_seconds_per_example"]["judging"] > 0  # the jobs' workers', summed over the jobs
     assert sum(t["share"].values()) == pytest.approx(1.0, rel=1e-6)
     assert by_name["torch@correct"]["detection"]["caught"] == 0  # --detect: measured, and nothing to find
     assert by_name["torch@mask-multiply"]["detection"]["caught"] == 1

@@ -135,3 +135,19 @@ def test_time_budget_is_kept_within_a_few_examples():
     elapsed = time_module.perf_counter() - start
     per_example = elapsed / campaign.examples
     assert elapsed < 3.0 + 12 * per_example + 2.0, (elapsed, campaign.examples)
+
+
+def test_cpu_seconds_tell_a_busy_worker_from_a_waiting_one(tmp_path, monkeypatch):
+    """Three launches an example (poisoned, repeated, finite garbage), each 30 ms: spinning or asleep."""
+    monkeypatch.chdir(tmp_path)
+    from nanfuzz.harness.registry import resolve
+
+    busy = fuzz(resolve("tests.torch_kernels:burns_cpu"), device="cpu", max_examples=4, seed=1, use_database=False)
+    idle = fuzz(resolve("tests.torch_kernels:sleeps"), device="cpu", max_examples=4, seed=1, use_database=False)
+    for campaign in (busy, idle):
+        assert not campaign.failed and campaign.examples == 4
+        assert campaign.phase_times["kernel"] / campaign.examples > 0.08
+    # the same cases: the difference is the spinning, 3 x 30 ms an example, which the sleeper does not spend
+    assert (busy.judging_cpu_seconds - idle.judging_cpu_seconds) / busy.examples > 0.06
+    # the judging ran in the worker: the campaign's own process did not spin
+    assert busy.cpu_seconds < busy.judging_cpu_seconds

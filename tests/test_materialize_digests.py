@@ -10,7 +10,7 @@ import hashlib
 import pytest
 import torch
 
-from nanfuzz.reference.case import KVCache, Poison, PoisonSite, Sequence
+from nanfuzz.reference.case import KVCache, Poison, PoisonSite
 from nanfuzz.reference.materialize import materialize
 from tests.cases import consecutive_case
 

@@ -7,8 +7,6 @@ which point at a NaN block: the same NONFINITE verdict on every seed.
 """
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path

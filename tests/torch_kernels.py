@@ -114,3 +114,25 @@ def _note_parent(batch, out):
 
 
 notes_parent = Kernel(name="torch@notes-parent", run=_note_parent, capabilities=CAPS, spec="tests.torch_kernels:notes_parent")
+
+
+def _burns_cpu(batch, out):
+    """Correct, after 30 ms of spinning the host's CPU (a launch that keeps the host busy)."""
+    import time
+
+    until = time.process_time() + 0.03
+    while time.process_time() < until:
+        pass
+    return attention(batch, out)
+
+
+def _sleeps(batch, out):
+    """Correct, after 30 ms asleep (a launch the host only waits for)."""
+    import time
+
+    time.sleep(0.03)
+    return attention(batch, out)
+
+
+burns_cpu = Kernel(name="torch@burns-cpu", run=_burns_cpu, capabilities=CAPS, spec="tests.torch_kernels:burns_cpu")
+sleeps = Kernel(name="torch@sleeps", run=_sleeps, capabilities=CAPS, spec="tests.torch_kernels:sleeps")
