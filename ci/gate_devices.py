@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
+from nanfuzz.harness.backend import usable_cores
 from nanfuzz.reference.errors import NanfuzzError
 
 MAX_CPU_WORKERS = 8
@@ -33,14 +34,6 @@ class Workers:
     device: str                    # "cuda" (ROCm answers as cuda too) or "cpu"
     slots: tuple[Slot, ...]
     description: str               # for the log and the summary
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def default_cpu_workers() -> int:

@@ -9,7 +9,6 @@ the same case are one failure found twice, counted once.
 """
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import xml.etree.ElementTree as ET

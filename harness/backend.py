@@ -92,6 +92,14 @@ def wrong_mode_message(device: str, kernels: list[str], fix: str) -> str:
     return f"nanfuzz: Triton kernels {shown} {why}; {fix}"
 
 
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 @contextlib.contextmanager
 def host_threads(device: str, *, own_process: bool = False):
     """One thread for torch and for the BLAS and OpenMP pools while kernels run on the CPU,

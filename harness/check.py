@@ -401,13 +401,9 @@ def _rows(changed: torch.Tensor, dims: int) -> torch.Tensor:
 
 
 def _any_written(batch: PagedBatch, snapshot: PagedBatch) -> torch.Tensor:
-    """bool scalar on the device: does any bit of ``batch``'s allocations differ from ``snapshot``'s?
-    One comparison where each batch is one buffer (a GPU batch), one per input otherwise."""
-    now, before = shared_buffer(batch.allocations), shared_buffer(snapshot.allocations)
-    if now is not None and before is not None and now.numel() == before.numel():
-        return (now != before).any()
-    pairs = zip(batch.bases().values(), snapshot.bases().values())
-    return torch.stack([(_bits(a) != _bits(b)).any() for a, b in pairs]).any()
+    """bool scalar on the device: does any bit of ``batch``'s buffer differ from ``snapshot``'s?
+    (Both are in one buffer each: ``PagedBatch.in_one_buffer`` and its clone.)"""
+    return (shared_buffer(batch.allocations) != shared_buffer(snapshot.allocations)).any()
 
 
 def _written_regions(batch: PagedBatch, snapshot: PagedBatch) -> list[str]:

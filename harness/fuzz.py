@@ -131,8 +131,12 @@ def make_subject(kernel: Kernel, settings: Settings, prefer_fork: bool = False):
     fly in the caller's code has none, and runs in this process instead.
     ``prefer_fork``: see ``Supervised``.
     """
-    spec = worker_spec(kernel, settings) if settings.isolation else None
-    if spec is None:
+    return subject_for(kernel, settings, worker_spec(kernel, settings) if settings.isolation else None, prefer_fork)
+
+
+def subject_for(kernel: Kernel, settings: Settings, spec: WorkerSpec | None, prefer_fork: bool = False):
+    """``make_subject`` for a caller that has ``kernel``'s ``worker_spec`` already (None: in this process)."""
+    if spec is None or not settings.isolation:
         return InProcess(kernel, settings.device)
     return Supervised(spec, launch_timeout=settings.timeout, prefer_fork=prefer_fork)
 
@@ -182,8 +186,11 @@ def compile_plan(kernel: Kernel, settings: Settings, pool_seed: int | None = Non
     except NanfuzzError:
         return None  # the campaign itself says why
     pool, _ = campaign_pool_of(caps, settings, pool_seed)
-    spec = worker_spec(kernel, settings) if pool else None
-    if spec is None:
+    return _plan(worker_spec(kernel, settings) if pool else None, caps, pool, settings)
+
+
+def _plan(spec: WorkerSpec | None, caps: Capabilities, pool, settings: Settings) -> Plan | None:
+    if settings.device == "cpu" or settings.compile_jobs == 0 or not pool or spec is None:
         return None
     return Plan(spec, caps, settings.focus.poison_classes, pool)
 
@@ -291,16 +298,19 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
     campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
     start, cpu_start = time.perf_counter(), time.process_time()
 
-    own_farm = None
-    if farm is None and subject is None and pool:
-        # started before the worker, so that both warm up at once
-        own_farm = start_farm([compile_plan(kernel, settings, pool_seed)], settings)
-        farm = own_farm.handle if own_farm else None
     own_subject = subject is None
+    farm_needed = farm is None and own_subject and bool(pool)
+    # one look-up of how another process loads the kernel, for the worker and the farm both
+    spec = worker_spec(kernel, settings) if (own_subject and settings.isolation) or farm_needed else None
+    own_farm = None
+    if farm_needed:
+        # started before the worker, so that both warm up at once
+        own_farm = start_farm([_plan(spec, caps, pool, settings)], settings)
+        farm = own_farm.handle if own_farm else None
     waiting = _FarmWait(farm, kernel)
     try:
         if own_subject:
-            subject = make_subject(kernel, settings)
+            subject = subject_for(kernel, settings, spec)
         if check_leftovers:
             leftover, notes = recover_leftovers(kernel, settings, subject)
             campaign.notes += notes

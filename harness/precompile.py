@@ -314,11 +314,9 @@ class Farm:
 def default_processes() -> int:
     """One farm process per core this process may use: the campaign's own processes mostly wait
     for compiles while the farm runs."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores)
+    from nanfuzz.harness.backend import usable_cores
+
+    return max(1, usable_cores())
 
 
 # -- a farm process ------------------------------------------------------------------

@@ -15,6 +15,7 @@ after a compile that failed; a claim older than ``CLAIM_TIMEOUT`` is ignored.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -37,8 +38,7 @@ def available() -> bool:
     cache = getattr(knobs, "cache", None)
     if cache is None or not hasattr(cache, "manager_class"):
         return False
-    current = cache.manager_class
-    return current is None or current is FileCacheManager or (bool(_CLASS) and current is _CLASS[0])
+    return cache.manager_class in (None, FileCacheManager, _claiming_class())
 
 
 def install() -> bool:
@@ -111,12 +111,8 @@ def _try_claim(path: str) -> bool:
     return True
 
 
-_CLASS = []
-
-
+@functools.cache
 def _claiming_class():
-    if _CLASS:
-        return _CLASS[0]
     from triton.runtime.cache import FileCacheManager
 
     class ClaimingCache(FileCacheManager):
@@ -146,7 +142,7 @@ def _claiming_class():
                     if group is not None:
                         return group
                     if os.path.exists(claim):  # a dead or stale holder's: take it over
-                        _drop_stale(claim)
+                        _drop(claim)
             finally:
                 _waited[0] += time.monotonic() - started
 
@@ -158,12 +154,4 @@ def _claiming_class():
                     _drop(claim)
             return path
 
-    _CLASS.append(ClaimingCache)
     return ClaimingCache
-
-
-def _drop_stale(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

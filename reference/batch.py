@@ -68,20 +68,6 @@ class PagedBatch:
         one copy to move it, one to clone it, one comparison to tell whether a kernel wrote into it."""
         return PagedBatch.from_allocations(self.case, move_together(self.allocations, torch.device(device)))
 
-    def to(self, device: torch.device | str) -> "PagedBatch":
-        """This batch on ``device`` (itself when it is there already)."""
-        device = torch.device(device)
-        if self.q.device == device or (device.type == "cuda" and device.index is None and self.q.is_cuda):
-            return self
-        if self.allocations and device.type == "cuda":
-            return self.in_one_buffer(device)
-        if self.allocations:
-            return PagedBatch.from_allocations(self.case, {n: Allocation(a.base.to(device), a.index)
-                                                           for n, a in self.allocations.items()})
-        tensors = {name: t.to(device) for name, t in self.inputs().items()}
-        tensors.setdefault("sinks", None)
-        return PagedBatch(case=self.case, **tensors)
-
     def bases(self) -> dict[str, torch.Tensor]:
         """Every input's whole allocation (margins included) by name."""
         if self.allocations:

@@ -5,9 +5,10 @@ address; dead slots hold finite garbage (its own seed) except where the
 poison specification puts NaN, Inf or other hostile bits.  Two calls with the
 same arguments give bit-identical tensors on any device.
 
-A batch is built on the host and moved to its device in one copy per
-allocation: hundreds of small elementwise ops cost microseconds each on a
-CPU, but a launch each on a GPU that several campaigns share.
+A batch is built on the host and reaches a GPU as one buffer, in one copy
+(``PagedBatch.in_one_buffer``): hundreds of small elementwise ops cost
+microseconds each on a CPU, but a launch each on a GPU that several
+campaigns share.
 """
 from __future__ import annotations
 
@@ -212,7 +213,8 @@ def materialize(case: Case, device: torch.device | str = "cpu", *,
     and nothing else; ``poisoned=False`` leaves the poison out (every dead
     slot finite), which is how the LEAK check compares two runs.
     """
-    return build_on_host(case, garbage_seed=garbage_seed, poisoned=poisoned).to(device)
+    host = build_on_host(case, garbage_seed=garbage_seed, poisoned=poisoned)
+    return host if torch.device(device).type == "cpu" else host.in_one_buffer(device)
 
 
 def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -> PagedBatch:
