@@ -1,5 +1,6 @@
 """Every verdict fires on the defect it names, and a correct kernel passes."""
 import pytest
+import torch
 
 from nanfuzz.harness.check import Verdict, check
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
@@ -47,3 +48,60 @@ def test_correct_kernel_output_is_reproducible_bit_for_bit():
     a = check(torch_kernel(), WINDOWED, "cpu")
     b = check(torch_kernel(), WINDOWED, "cpu")
     assert a.verdict is Verdict.PASS and a.output_sha256 == b.output_sha256
+
+
+def _counting(act):
+    """The correct kernel; ``act(n, out)`` runs after its n-th launch (0: the poisoned run,
+    1: the repeat on identical inputs, 2: the finite-garbage run)."""
+    from nanfuzz.harness.kernel import Kernel
+    from tests.torch_kernels import CAPS, attention
+
+    launches = [0]
+
+    def run(batch, out):
+        attention(batch, out)
+        act(launches[0], out)
+        launches[0] += 1
+        return out
+    return Kernel(name="torch@counting", run=run, capabilities=CAPS)
+
+
+def _raise_on_garbage_run(n, out):
+    if n == 2:
+        raise RuntimeError("planted failure on the third launch")
+
+
+def _unstable_then_raise(n, out):
+    if n == 1:
+        out.view(-1)[:1].view(torch.int32).add_(1)  # one unit in the last place, on the repeat only
+    _raise_on_garbage_run(n, out)
+
+
+def test_a_crash_on_the_garbage_run_is_a_crash_unless_the_repeat_already_differed():
+    crash = check(_counting(_raise_on_garbage_run), WINDOWED, "cpu")
+    assert crash.verdict is Verdict.CRASH and "finite-garbage run" in crash.summary, crash.summary
+    unstable = check(_counting(_unstable_then_raise), WINDOWED, "cpu")
+    assert unstable.verdict is Verdict.NONDETERMINISTIC, unstable.summary
+
+
+def _write_into_padding(batch, out):
+    """The correct kernel, plus one byte flipped in the padding after an allocation: inside the
+    batch's one buffer, outside every input and redzone."""
+    from tests.torch_kernels import attention
+
+    attention(batch, out)
+    buffer = torch.empty(0, dtype=torch.uint8).set_(batch.q.untyped_storage())
+    ends = [base.data_ptr() - buffer.data_ptr() + base.numel() * base.element_size() for base in batch.bases().values()]
+    buffer[next(end for end in sorted(ends) if end % 256)] ^= 1
+    return out
+
+
+def test_a_write_between_the_inputs_allocations_is_a_clobber_and_named_so():
+    from nanfuzz.harness.kernel import Kernel
+    from tests.torch_kernels import CAPS
+
+    outcome = check(Kernel(name="torch@pads", run=_write_into_padding, capabilities=CAPS), WINDOWED, "cpu")
+    assert outcome.verdict is Verdict.CLOBBER
+    assert outcome.evidence["written"] == ["the memory between its inputs' allocations"], outcome.summary
+    named = check(torch_kernel("clobber-input"), WINDOWED, "cpu")
+    assert "value_cache" in named.summary and "between" not in named.summary, named.summary
