@@ -9,6 +9,7 @@ crash that kills the process are the supervisor's verdicts
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import time
 import traceback
@@ -76,9 +77,16 @@ def _sync(device: torch.device) -> None:
 def _wait_asleep(device: torch.device) -> None:
     """Until the work queued on ``device``'s current stream is done, without spinning a core."""
     if device.type == "cuda":
-        event = torch.cuda.Event(blocking=True)
-        event.record(torch.cuda.current_stream(device))
+        stream = torch.cuda.current_stream(device)
+        event = _blocking_event(stream.device_index)
+        event.record(stream)
         event.synchronize()
+
+
+@functools.cache
+def _blocking_event(device_index: int) -> torch.cuda.Event:
+    """One event per device, recorded again for each wait (a check waits five times)."""
+    return torch.cuda.Event(blocking=True)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -326,7 +326,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     compiled = farm.summary() if farm is not None else None
     if compiled:
         built = f"; {compiled['already_built']} built by an earlier run" if compiled["already_built"] else ""
-        print(f"\ncompiled ahead: {compiled['compiled']} of {compiled['entries']} pool entries in "
+        print(f"\ncompiled ahead: {compiled['compiled']} of {compiled['tasks']} cases of {compiled['entries']} pool entries in "
               f"{compiled['processes']} processes ({compiled['compile_seconds']:.0f} s of compiling{built})")
     if args.summary_json:
         try:

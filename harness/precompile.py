@@ -4,32 +4,37 @@ On a GPU a campaign with a specialisation pool (``strategies.specialisations``)
 meets a known, finite set of compile-time combinations, and compiling them is
 most of a cold campaign's time: one compile takes a second or more, in one
 process at a time.  A ``Farm`` compiles the whole pool at once, one process
-per core, while the campaign's worker is still starting.  Each farm process
-draws a few cases of an entry (derandomized Hypothesis draws, so decode and
-mixed batches both occur), materialises them on the device and calls the
-kernel with every Triton launch turned into a compile-only warm-up
-(``JITFunction.run(warmup=True)``): nothing runs on the device, and the
-binaries land in Triton's on-disk cache, where the campaign's worker (and
-every job of a ``--jobs`` run) loads them in milliseconds.
+per core, while the campaign's worker is still starting.  Each entry stands
+for a few cases (``sample_cases``: derandomized Hypothesis draws, so decode
+and mixed batches both occur, and integer arguments meet their
+specialisations); each case is a task of its own.  A farm process
+materialises the task's case on the device and calls the kernel with every
+Triton launch turned into a compile-only warm-up (``JITFunction.run(warmup=True)``):
+nothing runs on the device, and the binaries land in Triton's on-disk
+cache, where the campaign's worker (and every job of a ``--jobs`` run)
+loads them in milliseconds.  Tasks go out sample by sample: every entry's
+first case before any entry's second, so no entry's binaries queue behind
+one another while processes are free, and the binaries the first examples
+need come first.
 
-An entry the farm built once is marked as built beside Triton's cache
+A task the farm did once is marked as built beside Triton's cache
 (``BuiltMarks``), with the source hash of every Triton function it launched.
-A later farm over the same cache skips an entry whose mark still matches
+A later farm over the same cache skips a task whose mark still matches
 those functions' current sources, and starts no process at all when every
-entry is built: a warm campaign starts in the time its worker takes.  A mark
+task is built: a warm campaign starts in the time its worker takes.  A mark
 that no longer describes the cache costs speed only (the worker compiles).
 
 A worker that needs a binary a farm process (or another worker) is compiling
 waits for that binary alone and loads it (``harness.shared_compiles``), and
 compiles what nobody is compiling.  Where that cannot be installed (a Triton
 without ``knobs``, a cache manager of the user's own), the campaign instead
-waits before each case while the farm still holds the case's whole entry
-(``FarmHandle.wait_for``).
+waits before each case while the farm still holds any task of the case's
+entry (``FarmHandle.wait_for``).
 
 A farm process that dies, or spends longer than its task timeout on one
-entry (a kernel under review may crash or hang in its host code too), gives
-up only that entry: the campaign's worker then compiles it itself, as it
-would without a farm, and meets whatever the kernel does there.
+task (a kernel under review may crash or hang in its host code too), gives
+up only that task: the campaign's worker then compiles what it needs itself,
+as it would without a farm, and meets whatever the kernel does there.
 """
 from __future__ import annotations
 
@@ -53,7 +58,7 @@ from nanfuzz.strategies.geometry import Shape
 from nanfuzz.strategies.specialisations import Specialisation
 
 SAMPLES_PER_ENTRY = 4
-TASK_TIMEOUT = 300.0   # seconds one entry may take in a farm process (big kernels compile for tens of seconds on ROCm)
+TASK_TIMEOUT = 300.0   # seconds one task may take in a farm process (big kernels compile for tens of seconds on ROCm)
 _POLL = 0.02
 _FINISHED = "FINISHED"
 
@@ -81,52 +86,58 @@ def entry_key(kernel: str, entry: Specialisation) -> str:
     return hashlib.sha256(repr((kernel, entry)).encode()).hexdigest()[:20]
 
 
-def _marker(folder, kernel: str, entry: Specialisation, state: str) -> Path:
-    """An entry's marker in the farm's folder: ``planned`` when the farm starts, ``done`` when it is built or given up."""
-    return Path(folder) / f"{entry_key(kernel, entry)}.{state}"
+def _marker(folder, kernel: str, entry: Specialisation, sample: int, state: str) -> Path:
+    """A task's marker in the farm's folder: ``planned`` when the farm starts, ``done`` when it is built or given up."""
+    return Path(folder) / f"{entry_key(kernel, entry)}.{sample}.{state}"
 
 
 class BuiltMarks:
-    """Which plan entries a farm built into this Triton cache, in a folder beside it.
+    """Which tasks (an entry's sample cases) a farm built into this Triton cache, in a folder beside it.
 
-    A mark holds what the entry launched: each Triton function's module, name
+    A mark holds what the task launched: each Triton function's module, name
     and ``cache_key`` (a hash of its source and of the functions it calls).
-    An entry counts as built while every one of those still hashes the same,
-    so an edited kernel is built again.
+    A task counts as built while every one of those still hashes the same,
+    so an edited kernel is built again; an entry, while each of its samples is.
     """
 
-    VERSION = 1
+    VERSION = 2
 
     def __init__(self, folder: Path | None = None):
         self.folder = Path(folder) if folder is not None else _triton_cache_dir() / "nanfuzz-built"
 
-    def key(self, plan: Plan, entry: Specialisation) -> str:
+    def key(self, plan: Plan, entry: Specialisation, sample: int) -> str:
         import torch
         import triton
 
         spec = plan.spec
-        what = (self.VERSION, spec.kernel, spec.device, spec.vllm_src, spec.aiter_src, entry, plan.capabilities,
-                plan.poison_classes, SAMPLES_PER_ENTRY, triton.__version__, torch.__version__)
+        what = (self.VERSION, spec.kernel, spec.device, spec.vllm_src, spec.aiter_src, entry, sample,
+                plan.capabilities, plan.poison_classes, SAMPLES_PER_ENTRY, triton.__version__, torch.__version__)
         return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
 
-    def is_built(self, plan: Plan, entry: Specialisation) -> bool:
+    def is_built(self, plan: Plan, entry: Specialisation, sample: int | None = None) -> bool:
+        """Whether ``entry``'s case ``sample`` (None: each of its cases) is built."""
+        if sample is None:
+            return all(self.is_built(plan, entry, i) for i in range(SAMPLES_PER_ENTRY))
         try:
-            mark = json.loads((self.folder / self.key(plan, entry)).read_text())
+            mark = json.loads((self.folder / self.key(plan, entry, sample)).read_text())
             return all(_current_key(module, name) == key for module, name, key in mark["functions"])
         except (OSError, ValueError, KeyError, TypeError):
             return False
 
-    def mark(self, plan: Plan, entry: Specialisation, functions: list[tuple[str, str, str]]) -> None:
-        """Record ``entry`` as built; a cache folder that cannot be written only loses the mark."""
-        try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            path = self.folder / self.key(plan, entry)
-            temporary = path.with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(json.dumps({"kernel": plan.spec.kernel, "entry": repr(entry),
-                                             "functions": sorted(set(functions))}))
-            os.replace(temporary, path)
-        except OSError:
-            pass
+    def mark(self, plan: Plan, entry: Specialisation, functions: list[tuple[str, str, str]],
+             sample: int | None = None) -> None:
+        """Record ``entry``'s case ``sample`` (None: each of them) as built, having launched
+        ``functions``; a cache folder that cannot be written only loses the mark."""
+        for i in range(SAMPLES_PER_ENTRY) if sample is None else (sample,):
+            try:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                path = self.folder / self.key(plan, entry, i)
+                temporary = path.with_suffix(f".{os.getpid()}.tmp")
+                temporary.write_text(json.dumps({"kernel": plan.spec.kernel, "entry": repr(entry), "sample": i,
+                                                 "functions": sorted(set(functions))}))
+                os.replace(temporary, path)
+            except OSError:
+                return
 
 
 def _triton_cache_dir() -> Path:
@@ -165,15 +176,17 @@ class FarmHandle:
     per_binary: bool = False
 
     def wait_for(self, kernel: str, case: Case, limit: float = TASK_TIMEOUT + 60.0) -> float:
-        """Wait while the farm still holds ``case``'s entry; the seconds waited (0 when it does not)."""
+        """Wait while the farm still holds a task of ``case``'s entry; the seconds waited (0 when it does not)."""
         if self.per_binary:
             return 0.0
         folder, entry = Path(self.folder), entry_of(case)
-        planned, done = _marker(folder, kernel, entry, "planned"), _marker(folder, kernel, entry, "done")
-        if not planned.exists() or done.exists():
+        tasks = [(_marker(folder, kernel, entry, i, "planned"), _marker(folder, kernel, entry, i, "done"))
+                 for i in range(SAMPLES_PER_ENTRY)]
+        held = [done for planned, done in tasks if planned.exists()]
+        if all(done.exists() for done in held):
             return 0.0
         start = time.monotonic()
-        while not done.exists() and not (folder / _FINISHED).exists() and folder.exists():
+        while not all(done.exists() for done in held) and not (folder / _FINISHED).exists() and folder.exists():
             if time.monotonic() - start > limit:
                 break
             time.sleep(_POLL)
@@ -181,7 +194,8 @@ class FarmHandle:
 
 
 class Farm:
-    """Farm processes compiling ``plans``' entries, entries of the first plan first.
+    """Farm processes compiling ``plans``' tasks: each sample case of each entry, a plan's
+    first samples before its later ones, and the first plan's before the next plan's.
 
     ``close()`` stops it whatever it is doing; what it compiled stays in
     Triton's cache.  ``summary()`` says what it did.
@@ -197,8 +211,10 @@ class Farm:
         self._plans = plans
         self.task_timeout = task_timeout
         self._marks = marks or BuiltMarks()
-        every = [(p, e) for p, plan in enumerate(plans) for e in range(len(plan.entries))]
-        self._tasks = [(p, e) for p, e in every if not self._marks.is_built(plans[p], plans[p].entries[e])]
+        every = [(p, e, i) for p, plan in enumerate(plans) for i in range(SAMPLES_PER_ENTRY)
+                 for e in range(len(plan.entries))]
+        self._tasks = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
+        self._entries = sum(len(plan.entries) for plan in plans)
         self.already_built = len(every) - len(self._tasks)
         self._processes = []
         self.started = time.monotonic()
@@ -211,8 +227,8 @@ class Farm:
             self._monitor = None
             return
         self._context = fork_server_context()
-        for p, e in self._tasks:
-            self._marker(p, e, "planned").touch()
+        for task in self._tasks:
+            self._marker(*task, "planned").touch()
         self._queue = self._context.Queue()
         for task in range(len(self._tasks)):
             self._queue.put(task)
@@ -230,8 +246,8 @@ class Farm:
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
         self._monitor.start()
 
-    def _marker(self, plan: int, entry: int, state: str) -> Path:
-        return _marker(self.folder, self._plans[plan].spec.kernel, self._plans[plan].entries[entry], state)
+    def _marker(self, plan: int, entry: int, sample: int, state: str) -> Path:
+        return _marker(self.folder, self._plans[plan].spec.kernel, self._plans[plan].entries[entry], sample, state)
 
     def _give_up(self, task: int, why: str) -> None:
         done = self._marker(*self._tasks[task], "done")
@@ -239,7 +255,7 @@ class Farm:
             done.write_text(json.dumps({"ok": False, "error": why, "seconds": None}))
 
     def _watch(self) -> None:
-        """Give up the entry of a farm process that died or overran its task; mark the end."""
+        """Give up the task of a farm process that died or overran its task; mark the end."""
         while not self._stopping.is_set():
             alive = 0
             for slot, process in enumerate(self._processes):
@@ -260,30 +276,31 @@ class Farm:
             Path(self.folder, _FINISHED).touch()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Until every entry is done (True) or ``timeout`` passes (False)."""
+        """Until every task is done (True) or ``timeout`` passes (False)."""
         if self._monitor is None:
             return True
         self._monitor.join(timeout)
         return not self._monitor.is_alive()
 
     def summary(self) -> dict:
-        """Entries compiled, given up, left; compile seconds summed over the farm processes;
-        seconds from the farm's start to its end (None while it runs)."""
+        """Pool entries; tasks (their sample cases) built before, compiled, given up; compile
+        seconds summed over the farm processes; seconds from the farm's start to its end (None
+        while it runs)."""
         if self._closed is not None:
             return self._closed
         results = []
-        for p, e in self._tasks:
-            done = self._marker(p, e, "done")
+        for task in self._tasks:
+            done = self._marker(*task, "done")
             try:
                 results.append(json.loads(done.read_text()))
             except (OSError, ValueError):
                 pass
         seconds = sum(r["seconds"] or 0.0 for r in results)
         failed = [r["error"] for r in results if not r["ok"]]
-        return {"entries": len(self._tasks) + self.already_built, "already_built": self.already_built,
-                "compiled": len(results) - len(failed), "given_up": len(failed),
+        return {"entries": self._entries, "tasks": len(self._tasks) + self.already_built,
+                "already_built": self.already_built, "compiled": len(results) - len(failed), "given_up": len(failed),
                 "processes": len(self._processes), "compile_seconds": round(seconds, 3),
-                "slowest_entry_seconds": round(max((r["seconds"] or 0.0 for r in results), default=0.0), 3),
+                "slowest_task_seconds": round(max((r["seconds"] or 0.0 for r in results), default=0.0), 3),
                 "wall_seconds": None if self.finished_at is None else round(self.finished_at - self.started, 3),
                 "first_error": failed[0] if failed else None}
 
@@ -342,33 +359,38 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks) -> None:
 
 def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks) -> None:
     kernels: dict = {}
+    samples: dict = {}
     while True:
         task = queue.get()
         if task is None:
             return
         since[slot] = time.monotonic()
         current[slot] = task
-        plan_index, entry_index = tasks[task]
+        plan_index, entry_index, sample = tasks[task]
         plan = plans[plan_index]
+        entry = plan.entries[entry_index]
         started = time.perf_counter()
         try:
             kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, plan.spec.load())
+            cases = samples.get((plan_index, entry_index))
+            if cases is None:
+                cases = samples[plan_index, entry_index] = sample_cases(plan, entry)
             _LAUNCHED.clear()
-            _compile_entry(kernel, plan, plan.entries[entry_index])
-            if _LAUNCHED:  # an entry that compiled nothing has nothing to remember
-                marks.mark(plan, plan.entries[entry_index], list(_LAUNCHED))
+            if sample < len(cases):  # a small entry may have fewer distinct cases
+                _compile_case(kernel, plan, cases[sample])
+            marks.mark(plan, entry, list(_LAUNCHED), sample)
             result = {"ok": True, "error": None}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         shared_compiles.release_claims()  # a compile that raised leaves its claim
         result["seconds"] = time.perf_counter() - started
-        done = _marker(folder, plan.spec.kernel, plan.entries[entry_index], "done")
+        done = _marker(folder, plan.spec.kernel, entry, sample, "done")
         done.with_suffix(".tmp").write_text(json.dumps(result))
         os.replace(done.with_suffix(".tmp"), done)  # whole, or not there
         current[slot] = -1
 
 
-# (module, name, cache_key) of each Triton function the current entry launched
+# (module, name, cache_key) of each Triton function the current task launched
 _LAUNCHED: set[tuple[str, str, str]] = set()
 
 
@@ -403,14 +425,13 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
     return found
 
 
-def _compile_entry(kernel, plan: Plan, entry: Specialisation) -> None:
+def _compile_case(kernel, plan: Plan, case: Case) -> None:
     import torch
 
     from nanfuzz.reference.materialize import materialize
 
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
-    for case in sample_cases(plan, entry):
-        batch = materialize(case, device)
-        g = case.geometry
-        out = torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=batch.q.dtype, device=device)
-        kernel(batch, out)
+    batch = materialize(case, device)
+    g = case.geometry
+    out = torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=batch.q.dtype, device=device)
+    kernel(batch, out)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from nanfuzz.harness.fuzz import campaign_capabilities, campaign_pool_of, compile_plan, fuzz, worker_spec
-from nanfuzz.harness.precompile import BuiltMarks, Farm, Plan, entry_key, entry_of, sample_cases
+from nanfuzz.harness.precompile import SAMPLES_PER_ENTRY, BuiltMarks, Farm, Plan, entry_key, entry_of, sample_cases
 from nanfuzz.harness.registry import resolve
 from nanfuzz.harness.settings import Settings
 
@@ -43,29 +43,30 @@ def test_no_farm_under_the_interpreter_nor_when_switched_off():
     assert compile_plan(kernel, Settings(device="cuda", pool_size=0)) is None
 
 
-def test_the_farm_visits_every_entry_and_a_raising_kernel_gives_up_only_its_windowed_ones():
+def test_the_farm_visits_every_entry_and_a_raising_kernel_gives_up_only_its_windowed_ones(tmp_path):
     plan = _plan("tests.farm_subjects:raises")
     assert _windowed(plan) and len(_windowed(plan)) < len(plan.entries)
-    with Farm([plan], processes=2) as farm:
+    with Farm([plan], processes=2, marks=BuiltMarks(tmp_path)) as farm:
         assert farm.wait(timeout=120)
         summary = farm.summary()
     assert farm.summary() == summary  # still known once the farm's folder is gone
-    assert summary["entries"] == len(plan.entries)
-    assert summary["given_up"] == len(_windowed(plan))
-    assert summary["compiled"] == len(plan.entries) - len(_windowed(plan))
+    tasks = SAMPLES_PER_ENTRY * len(plan.entries)
+    assert summary["entries"] == len(plan.entries) and summary["tasks"] == tasks
+    assert summary["given_up"] == SAMPLES_PER_ENTRY * len(_windowed(plan))
+    assert summary["compiled"] == tasks - summary["given_up"]
     assert "planted error in the kernel's host code" in summary["first_error"]
 
 
 @pytest.mark.parametrize("spec, why", [("tests.subjects:exits", "died"), ("tests.subjects:hangs", "no result in 3 s")])
-def test_a_kernel_that_kills_or_hangs_its_farm_process_costs_only_its_entries(spec, why):
+def test_a_kernel_that_kills_or_hangs_its_farm_process_costs_only_its_entries(spec, why, tmp_path):
     plan = _plan(spec)
-    with Farm([plan], processes=1, task_timeout=3.0) as farm:
+    with Farm([plan], processes=1, task_timeout=3.0, marks=BuiltMarks(tmp_path)) as farm:
         assert farm.wait(timeout=120)
         summary = farm.summary()
         waited = farm.handle.wait_for(plan.spec.kernel, sample_cases(plan, _windowed(plan)[0])[0])
     assert why in summary["first_error"]
-    # the one farm process is gone after the first windowed entry: the rest are given up, none is lost
-    assert summary["given_up"] >= 1 and summary["compiled"] + summary["given_up"] <= summary["entries"]
+    # the one farm process is gone after the first windowed entry's case: the rest are given up, none is lost
+    assert summary["given_up"] >= 1 and summary["compiled"] + summary["given_up"] <= summary["tasks"]
     assert waited < 1.0  # nothing to wait for once the farm is finished
 
 
@@ -73,13 +74,13 @@ def test_a_campaign_waits_for_the_entries_the_farm_holds_and_runs_as_usual(tmp_p
     monkeypatch.chdir(tmp_path)
     plan = _plan("tests.farm_subjects:slow")
     kernel = resolve("tests.farm_subjects:slow")
-    with Farm([plan], processes=1) as farm:
+    with Farm([plan], processes=1, marks=BuiltMarks(tmp_path / "built")) as farm:
         start = time.monotonic()
         campaign = fuzz(kernel, device="cpu", max_examples=20, seed=1, use_database=False, pool_size=POOL_SIZE,
                         pool_seed=POOL_SEED, farm=farm.handle)
         elapsed = time.monotonic() - start
     assert not campaign.failed and campaign.examples == 20
-    # a windowed entry takes the farm >= 4 x 0.5 s: the campaign met one before the farm was done with it
+    # each case of a windowed entry takes the farm 0.5 s: the campaign met one before the farm was done with it
     assert campaign.phase_times.get("compile", 0.0) > 0.2
     assert campaign.time_to_first_example is not None and campaign.time_to_first_example < elapsed
 
@@ -110,14 +111,16 @@ def test_a_farm_over_built_entries_skips_them_and_starts_nothing_when_all_are_bu
     with Farm([plan], processes=2, marks=marks) as farm:
         assert farm.wait(timeout=120)
         summary = farm.summary()
-    assert summary["entries"] == len(plan.entries) and summary["already_built"] == len(plan.entries) - 1
-    assert summary["compiled"] == 1 and summary["processes"] == 1
+    assert summary["entries"] == len(plan.entries)
+    assert summary["already_built"] == SAMPLES_PER_ENTRY * (len(plan.entries) - 1)
+    assert summary["compiled"] == SAMPLES_PER_ENTRY and summary["processes"] == 2
     marks.mark(plan, plan.entries[0], [("tests.farm_subjects", "stamped", "source-hash-1")])
     with Farm([plan], processes=2, marks=marks) as farm:
         assert farm.wait(timeout=1)
         waited = farm.handle.wait_for(plan.spec.kernel, sample_cases(plan, _windowed(plan)[0])[0])
         summary = farm.summary()
-    assert summary["processes"] == 0 and summary["compiled"] == 0 and summary["already_built"] == len(plan.entries)
+    assert summary["processes"] == 0 and summary["compiled"] == 0
+    assert summary["already_built"] == summary["tasks"] == SAMPLES_PER_ENTRY * len(plan.entries)
     assert waited == 0.0
 
 
@@ -139,3 +142,15 @@ def test_the_environment_sets_the_farm_size_and_rejects_nonsense():
     assert Settings.from_environment({}).compile_jobs is None
     with pytest.raises(NanfuzzError, match="NANFUZZ_COMPILE_JOBS='many'"):
         Settings.from_environment({"NANFUZZ_COMPILE_JOBS": "many"})
+
+
+def test_tasks_go_out_sample_by_sample_and_each_sample_is_marked_on_its_own(tmp_path):
+    plan = _plan("tests.farm_subjects:slow")
+    marks = BuiltMarks(tmp_path)
+    marks.mark(plan, plan.entries[0], [("tests.farm_subjects", "stamped", "source-hash-1")], sample=1)
+    assert marks.is_built(plan, plan.entries[0], 1) and not marks.is_built(plan, plan.entries[0])
+    with Farm([plan], processes=1, marks=marks) as farm:
+        order = [(entry, sample) for _, entry, sample in farm._tasks]
+    entries = range(len(plan.entries))
+    expected = [(e, i) for i in range(SAMPLES_PER_ENTRY) for e in entries if (e, i) != (0, 1)]
+    assert order == expected  # every entry's first case before any entry's second, the built one left out

@@ -54,6 +54,10 @@ TILE_SIZE_INTERPRETED = 128
 # Rows per program for batches with prefill; decode-only batches use one
 # query per program and the fewest rows tl.dot accepts.
 PREFILL_ROWS = 64
+# float32 runs tl.dot as exact FMAs ("ieee"), which the compiler unrolls in full:
+# 64 rows took 12.7 s to compile for sm_90 (Triton 3.9) against 6.6 s for 32 (head size 128),
+# the one compile every cold float32 campaign waits for.
+PREFILL_ROWS_FLOAT32 = 32
 # a whole sequence of an interpreter batch (16 new tokens x 8 query heads)
 PREFILL_ROWS_INTERPRETED = 128
 DECODE_ROWS = MIN_DOT_SIZE
@@ -269,8 +273,11 @@ def _unified_attention(
 
 
 def _rows(case: Case) -> int:
-    """BLOCK_M: one fixed row count for decode-only batches, one for batches with prefill."""
-    prefill_rows = PREFILL_ROWS_INTERPRETED if INTERPRETED else PREFILL_ROWS
+    """BLOCK_M: one fixed row count for decode-only batches, one for batches with prefill (per dtype)."""
+    if INTERPRETED:
+        prefill_rows = PREFILL_ROWS_INTERPRETED
+    else:
+        prefill_rows = PREFILL_ROWS_FLOAT32 if case.geometry.dtype == "float32" else PREFILL_ROWS
     rows = DECODE_ROWS if case.max_query_len <= 1 else prefill_rows
     return max(rows, dot_rows(case.geometry.queries_per_kv))
 
