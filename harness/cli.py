@@ -136,13 +136,18 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        forks = args.command in ("fuzz", "bench") and not args.no_isolation
+        if forks:
+            from nanfuzz.harness.processes import likely_backend, restart_fork_server, start_fork_server
+
+            guess = likely_backend(args.device)
+            if guess is not None:
+                start_fork_server(guess)  # its imports of torch and Triton overlap with this process's own
         from nanfuzz.harness.backend import choose_backend
 
         device = choose_backend(args.device)  # before any @triton.jit import
-        if args.command in ("fuzz", "bench") and not args.no_isolation:
-            from nanfuzz.harness.worker import start_fork_server
-
-            start_fork_server()  # it imports torch and Triton while this process reads the kernel
+        if forks and guess != device:
+            (restart_fork_server if guess is not None else start_fork_server)()
         # The interpreter evaluates poisoned lanes in numpy; its NaN warnings are the point, not news.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         settings = _settings(args, device)

@@ -24,6 +24,7 @@ import threading
 import time
 
 from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.processes import interpret_if_cpu
 from nanfuzz.harness.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -44,6 +45,7 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
         interrupt_event.set()  # the campaign stops at its next case and keeps what it found
 
     signal.signal(signal.SIGINT, interrupt)
+    interpret_if_cpu(settings.device)  # before the kernel's module is imported
     try:
         from nanfuzz.harness.fuzz import fuzz, make_subject
         from nanfuzz.harness.registry import resolve
@@ -132,7 +134,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
 def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, notes, farm, start):
     from nanfuzz.harness.fuzz import Campaign
     from nanfuzz.harness.registry import import_path, kernel_sources
-    from nanfuzz.harness.worker import fork_server_context
+    from nanfuzz.harness.processes import fork_server_context
 
     # Not fork: a forked child of a process that used CUDA cannot use it.  Jobs come from the
     # workers' fork server, which has imported torch, Triton and the campaign runner but never

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanfuzz.harness import shared_compiles
+from nanfuzz.harness.processes import interpret_if_cpu
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.strategies.geometry import Shape
@@ -203,7 +204,7 @@ class Farm:
 
     def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT,
                  marks: BuiltMarks | None = None):
-        from nanfuzz.harness.worker import fork_server_context
+        from nanfuzz.harness.processes import fork_server_context
 
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
         per_binary = plans[0].spec.device == "cuda" and shared_compiles.available()
@@ -340,8 +341,7 @@ def default_processes() -> int:
 
 def _serve(slot, plans, tasks, queue, current, since, folder, marks) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when the farm stops
-    if plans[0].spec.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit import (the harness's own tests)
+    interpret_if_cpu(plans[0].spec.device)  # before any @triton.jit import (the harness's own tests)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)

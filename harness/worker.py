@@ -16,7 +16,6 @@ message per launch and compile time does not count.
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import tempfile
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.harness.processes import fork_server_context, interpret_if_cpu, plain_fork_context
 from nanfuzz.reference.errors import NanfuzzError
 
 # A worker imports torch, Triton and the kernel's module before it is ready.
@@ -284,43 +284,6 @@ class Supervised:
         return outcome
 
 
-def fork_server_context():
-    """Workers (and ``--jobs`` jobs, and compile-farm processes) are forked from a fork server that
-    has imported torch, Triton and nanfuzz but never touched a GPU (a forked CUDA context is
-    unusable): a fresh worker after a crash costs a fork, not a second of imports.  Where there
-    is no fork server, they are spawned."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "triton", "nanfuzz.harness.check", "nanfuzz.harness.registry",
-                                    "nanfuzz.harness.fuzz"])
-    return context
-
-
-def start_fork_server() -> None:
-    """Start the fork server now, so that its imports overlap with the caller's own start-up."""
-    if fork_server_context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
-
-
-def plain_fork_context():
-    """A plain fork, for the workers of a process that is itself fresh from the fork server
-    and runs no torch op (a job of a ``--jobs`` run): its copy of the imports is all a
-    worker needs, so the job saves starting a fork server of its own (another interpreter
-    importing torch).  None, at the moment of forking, where a fork would copy a GPU
-    context or other threads."""
-    import threading
-
-    import torch
-
-    if ("fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1
-            or torch.cuda.is_initialized()):
-        return None
-    return multiprocessing.get_context("fork")
-
-
 # -- the worker process ------------------------------------------------------------
 
 def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
@@ -329,8 +292,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    if spec.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit import
+    interpret_if_cpu(spec.device)  # before any @triton.jit import
     try:
         from nanfuzz.harness.backend import host_threads
         from nanfuzz.harness.check import check
@@ -350,6 +312,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
 
     if spec.device == "cuda":
         shared_compiles.install()  # a binary another process is compiling is waited for, not compiled again
+        _open_device_context()
     conn.send(("ready", None))
     from nanfuzz.harness.compiles import count_specialisations
 
@@ -372,12 +335,24 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
                 outcome = _crash(exc, "while judging the output")
             finally:
                 shared_compiles.release_claims()
+                event("returned")  # a launch that raised, or a wait that did, leaves no launch open
             _move_compile_waits(outcome, shared_compiles.waited_seconds() - waited)
             if outcome.verdict is Verdict.CRASH and spec.device == "cuda" and not outcome.fatal:
                 outcome.fatal = not _device_alive()
             conn.send(("outcome", (outcome, seen.count)))
             if outcome.fatal:
                 os._exit(0)  # the context is dead; the campaign starts a fresh worker
+
+
+def _open_device_context() -> None:
+    """Create the GPU context now (about a second), while the campaign still draws its first case;
+    a device that fails here fails again in the first check, where it is reported."""
+    import torch
+
+    try:
+        torch.zeros(1, device="cuda")
+    except Exception:
+        pass
 
 
 def _move_compile_waits(outcome: Outcome, seconds: float) -> None:

@@ -105,3 +105,23 @@ def test_a_write_between_the_inputs_allocations_is_a_clobber_and_named_so():
     assert outcome.evidence["written"] == ["the memory between its inputs' allocations"], outcome.summary
     named = check(torch_kernel("clobber-input"), WINDOWED, "cpu")
     assert "value_cache" in named.summary and "between" not in named.summary, named.summary
+
+
+def test_a_device_fault_met_by_the_oracle_is_the_poisoned_runs_crash_and_our_own_errors_are_not(monkeypatch):
+    # on a GPU the host first waits for the poisoned run wherever the oracle first needs the device
+    from nanfuzz.harness import check as checking
+
+    def faulting_oracle(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(checking, "attend_in", faulting_oracle)
+    outcome = check(torch_kernel(), WINDOWED, "cpu")
+    assert outcome.verdict is Verdict.CRASH and outcome.fatal
+    assert outcome.summary.startswith("CRASH on the poisoned run: RuntimeError: CUDA error: an illegal memory")
+
+    def broken_oracle(*args, **kwargs):
+        raise ValueError("a bug of the oracle's own")
+
+    monkeypatch.setattr(checking, "attend_in", broken_oracle)
+    with pytest.raises(ValueError, match="oracle's own"):  # never blamed on the kernel
+        check(torch_kernel(), WINDOWED, "cpu")

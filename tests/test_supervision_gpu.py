@@ -1,4 +1,5 @@
-"""On a GPU: a kernel that faults on an illegal address, and one whose tile loop overshoots the table.
+"""On a GPU: a kernel that faults on an illegal address, one whose tile loop overshoots the table,
+and one that spins on the device.
 
 The fault kills the worker's CUDA context for good; the campaign records a
 CRASH, starts a fresh worker, shrinks, and ``nanfuzz replay`` reproduces it in
@@ -59,3 +60,19 @@ def test_the_correct_triton_subject_passes(tmp_path):
     settings = Settings(device="cuda", state_dir=tmp_path / "state", use_database=False, seed=0, max_examples=200)
     campaign = fuzz(triton_subjects.correct, settings)
     assert not campaign.failed, campaign.failure and campaign.failure.summary
+
+
+def test_a_kernel_spinning_on_the_device_is_a_hang_of_its_launch():
+    # its launch returns at once: the hang shows in the wait for the device, which the watchdog times too
+    from nanfuzz.harness.fuzz import worker_spec
+    from nanfuzz.harness.worker import Supervised
+    from tests import triton_subjects
+    from tests.cases import consecutive_case
+
+    subject = Supervised(worker_spec(triton_subjects.spins, Settings(device="cuda")), launch_timeout=3.0)
+    try:
+        outcome = subject.check(consecutive_case([(1, 20)], q_heads=2, kv_heads=1, head_size=32, dtype="float32"))
+        assert outcome.verdict is Verdict.HANG and outcome.evidence["during_launch"], outcome.summary
+        assert "did not return within 3 s" in outcome.summary
+    finally:
+        subject.close()

@@ -1,6 +1,6 @@
 """Test-only Triton decode kernels with planted memory bugs, for the GPU checks of the supervisor.
 
-One source, two constexpr switches:
+One decode source, two constexpr switches (and ``spins``, a program that never ends):
 - ``FOLLOW_GARBAGE``: with a sliding window the kernel takes a dead slot's bits
   as a block id (a garbage table entry) and loads from it: an illegal address.
 - ``OVERSHOOT``: the tile loop runs one tile past the block table's width,
@@ -85,3 +85,19 @@ overshoots_the_table = Kernel("triton_subject@overshoot", lambda b, o: _run(b, o
                               expect="caught", spec="tests.triton_subjects:overshoots_the_table")
 correct = Kernel("triton_subject@correct", lambda b, o: _run(b, o, False, False), CAPS,
                  spec="tests.triton_subjects:correct")
+
+
+@triton.jit
+def _spin(FLAG):
+    flag = tl.load(FLAG, volatile=True)
+    while flag == 0:  # nothing ever sets it: the program never ends
+        flag = tl.load(FLAG, volatile=True)
+
+
+def _spin_on_the_device(batch, out):
+    """Launches and returns at once; the device spins until the process is killed."""
+    _spin[(1,)](torch.zeros(1, dtype=torch.int32, device=out.device))
+    return out
+
+
+spins = Kernel("triton_subject@spins", _spin_on_the_device, CAPS, expect="caught", spec="tests.triton_subjects:spins")

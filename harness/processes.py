@@ -1,0 +1,102 @@
+"""How nanfuzz starts its processes: a fork server, or a plain fork where that is safe.
+
+Nothing here imports torch, so the CLI starts the fork server first thing,
+for the backend the environment points to (``likely_backend``), before it
+imports torch to choose the backend: the server's own imports (torch,
+Triton, nanfuzz: seconds) then overlap with the CLI's.  Triton must know
+whether it interprets when it is imported, so a server started for the
+other backend than the one chosen is restarted (``restart_fork_server``).
+Each process forked from it also sets ``TRITON_INTERPRET`` for its own
+device before it imports a kernel (``interpret_if_cpu``).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+
+
+def fork_server_context():
+    """Workers (and ``--jobs`` jobs, and compile-farm processes) are forked from a fork server that
+    has imported torch, Triton and nanfuzz but never touched a GPU (a forked CUDA context is
+    unusable): a fresh worker after a crash costs a fork, not a second of imports.  Where there
+    is no fork server, they are spawned."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "triton", "nanfuzz.harness.check", "nanfuzz.harness.registry",
+                                    "nanfuzz.harness.fuzz"])
+    return context
+
+
+def start_fork_server(device: str | None = None) -> None:
+    """Start the fork server now, so that its imports overlap with the caller's own start-up.
+    ``device``: the backend it is for ("cpu": Triton's interpreter, which Triton must know when
+    it is imported); None: the one this process's environment says."""
+    if fork_server_context().get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    before = os.environ.get("TRITON_INTERPRET")
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # for the server alone: it is started with this environment
+    try:
+        forkserver.ensure_running()
+    finally:
+        if device == "cpu" and before is None:
+            del os.environ["TRITON_INTERPRET"]
+        elif device == "cpu":
+            os.environ["TRITON_INTERPRET"] = before
+
+
+def restart_fork_server() -> None:
+    """Stop the fork server (once its imports are done) and start another with this process's
+    environment: for a server started for the other backend than the one chosen."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is None:  # a Python without it: its processes are spawned instead
+        forkserver._forkserver = forkserver.ForkServer()
+    else:
+        stop()
+    start_fork_server()
+
+
+def likely_backend(device: str | None) -> str | None:
+    """The backend ``harness.backend.choose_backend`` will pick, where the environment tells without
+    importing torch; None where only torch can tell.  A wrong guess costs a restarted fork server."""
+    if device in ("cpu", "cuda"):
+        return device
+    if device is not None:
+        return None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "cpu"
+    if not sys.platform.startswith("linux"):
+        return None
+    if any(os.environ.get(name, "x").strip() in ("", "-1")
+           for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")):
+        return None  # devices hidden: torch decides
+    return "cuda" if os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd") else "cpu"
+
+
+def plain_fork_context():
+    """A plain fork, for the workers of a process that is itself fresh from the fork server
+    and runs no torch op (a job of a ``--jobs`` run): its copy of the imports is all a
+    worker needs, so the job saves starting a fork server of its own (another interpreter
+    importing torch).  None, at the moment of forking, where a fork would copy a GPU
+    context or other threads."""
+    import threading
+
+    import torch
+
+    if ("fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1
+            or torch.cuda.is_initialized()):
+        return None
+    return multiprocessing.get_context("fork")
+
+
+def interpret_if_cpu(device: str) -> None:
+    """In a process fresh from the fork server: a CPU campaign's kernels run under Triton's interpreter
+    (which Triton reads when a kernel module is imported)."""
+    if device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"

@@ -1,0 +1,43 @@
+"""The fork server starts before torch is imported, for the backend the environment points to;
+a wrong guess restarts it, since Triton must know when it is imported whether it interprets."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from nanfuzz.harness.processes import likely_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_backend_is_guessed_only_where_the_environment_tells(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert likely_backend("cpu") == "cpu" and likely_backend("cuda") == "cuda"
+    assert likely_backend("tpu") is None  # choose_backend refuses it
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert likely_backend(None) == "cpu"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert likely_backend(None) is None  # devices hidden: only torch can tell
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    if sys.platform.startswith("linux"):
+        gpu_nodes = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
+        assert likely_backend(None) == ("cuda" if gpu_nodes else "cpu")
+
+
+def test_a_fork_server_started_for_the_wrong_backend_is_restarted(tmp_path):
+    # the guess says GPU on a machine where the interpreter is chosen: without the restart every
+    # job would import Triton's own helpers compiled for the GPU, and the masked kernel would crash
+    script = (
+        "import nanfuzz.harness.processes as p\n"
+        "p.likely_backend = lambda device: 'cuda'\n"
+        "from nanfuzz.harness.cli import main\n"
+        "raise SystemExit(main(['fuzz', '--kernel', 'paged_decode@masked', '--jobs', '2', '--max-examples', '12',\n"
+        "                       '--no-shrink', '--seed', '0', '--device', 'cpu']))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["NANFUZZ_STATE_DIR"] = str(tmp_path / "state")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr
