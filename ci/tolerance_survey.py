@@ -39,6 +39,10 @@ def survey(runs: list[str], dtypes: tuple[str, ...], examples: int, jobs: int, d
 
     merged = Accuracy()
     campaigns = []
+
+    def so_far() -> dict:
+        return {"campaigns": campaigns, "accuracy": merged.to_dict()}
+
     with tempfile.TemporaryDirectory() as tmp:
         for run in runs:
             kernel, *flags = shlex.split(run)
@@ -67,9 +71,9 @@ def survey(runs: list[str], dtypes: tuple[str, ...], examples: int, jobs: int, d
                       f"in {seconds:.0f} s; worst ratio {worst}", flush=True)
                 if entry["verdict"] != "PASS":
                     print(f"  {entry['summary']}", flush=True)
-                save({"campaigns": campaigns, "accuracy": merged.to_dict()})
+                save(so_far())
     print(merged.table(), flush=True)
-    return {"campaigns": campaigns, "accuracy": merged.to_dict()}
+    return so_far()
 
 
 def sensitivity(seeds: int, examples: int, device: str) -> list[dict]:

@@ -7,7 +7,8 @@ crash that kills the process are the supervisor's verdicts
 (``harness.worker``); this module judges what a launch that returns gives.
 
 On a GPU the host waits for the device twice per case, not once per launch:
-after the poisoned run (with the oracle queued behind it), and after the
+after the poisoned run (with the oracle queued behind it, and the
+finite-garbage run's batch built on the host meanwhile), and after the
 repeated and the finite-garbage runs (with the verdict's flags queued behind
 them).  For the supervisor's watchdog a launch lasts until the wait for it
 has returned, so a kernel that never ends is a HANG of its launch wherever
@@ -321,8 +322,15 @@ def _judge(kernel, case, batch, snapshot, host, result, out, buffer, reference, 
     and launches under their own phases, and their sum under ``_later_runs``."""
     timings["_later_runs"] = 0.0
     result64 = result.double()
-    # -- NONFINITE -------------------------------------------------------------
     nonfinite = ~torch.isfinite(result64) & torch.isfinite(reference)
+    # The garbage run's batch is built while the device still runs the poisoned run and the oracle.
+    t0 = time.perf_counter()
+    garbage_batch = refill_dead_slots(host, garbage_seed=1).in_one_buffer(device)
+    built = time.perf_counter() - t0
+    timings["materialize"] += built
+    timings["_later_runs"] += built
+
+    # -- NONFINITE -------------------------------------------------------------
     crash = _await_runs(device, events, "on the poisoned run")
     if crash:
         return crash
@@ -352,8 +360,7 @@ def _judge(kernel, case, batch, snapshot, host, result, out, buffer, reference, 
                        f"{span(ev['tokens'])}, heads {span(ev['heads'])})", ev, digest(result))
 
     # -- LEAK: different finite garbage in every dead slot, bit-identical output
-    other, crash = _rerun(kernel, lambda: refill_dead_slots(host, garbage_seed=1).in_one_buffer(device), device,
-                          events, timings, "on the finite-garbage run")
+    other, crash = _rerun(kernel, lambda: garbage_batch, device, events, timings, "on the finite-garbage run")
     if crash:
         return nondeterministic() if unstable is not None and bool(unstable.any()) else crash
     differs = _differing(other, result)

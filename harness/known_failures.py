@@ -31,7 +31,7 @@ def known(database, key_: bytes) -> list[tuple[bytes, Case]]:
         try:
             found.append((raw, Case.from_json(raw.decode())))
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, NanfuzzError):
-            database.delete(key_, raw)
+            forget(database, key_, raw)
     return found
 
 

@@ -162,9 +162,9 @@ class Supervised:
         message = self._receive() if self._conn in ready else None
         if message is None:
             tail = self._log_tail()
+            why = self._death() if ready else f"no answer in {_START_TIMEOUT:.0f} s"  # before _stop forgets the process
             self._stop()
-            raise NanfuzzError(f"kernel {self.spec.kernel}: the worker process did not start "
-                               f"({self._death() if ready else 'no answer in %.0f s' % _START_TIMEOUT})"
+            raise NanfuzzError(f"kernel {self.spec.kernel}: the worker process did not start ({why})"
                                + (f"; it printed: {tail[-1]}" if tail else ""))
         kind, payload = message
         if kind == "error":

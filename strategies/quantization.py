@@ -11,13 +11,13 @@ from nanfuzz.reference.case import KVCache
 # Per-tensor scales: 1 (vLLM's default when a checkpoint brings none), or any
 # float32 from "calibrated" (the largest |value| near the largest code) to a
 # few times 1 (most values land on small codes and subnormals).
-SCALE_RANGE = (2.0 ** -10, 4.0)
+DRAWN_SCALE_RANGE = (2.0 ** -10, 4.0)
 
 
 @functools.lru_cache(maxsize=1)
 def per_tensor_scales():
     """Shrinks toward 1."""
-    return st.one_of(st.just(1.0), st.floats(*SCALE_RANGE, width=32))
+    return st.one_of(st.just(1.0), st.floats(*DRAWN_SCALE_RANGE, width=32))
 
 
 def kv_cache_options(caps: Capabilities) -> list[tuple[str, bool]]:

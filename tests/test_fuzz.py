@@ -148,6 +148,7 @@ def test_cpu_seconds_tell_a_busy_worker_from_a_waiting_one(tmp_path, monkeypatch
         assert not campaign.failed and campaign.examples == 4
         assert campaign.phase_times["kernel"] / campaign.examples > 0.08
     # the same cases: the difference is the spinning, 3 x 30 ms an example, which the sleeper does not spend
-    assert (busy.judging_cpu_seconds - idle.judging_cpu_seconds) / busy.examples > 0.06
+    # (measured 60 to 70 ms a loaded 2-core machine)
+    assert (busy.judging_cpu_seconds - idle.judging_cpu_seconds) / busy.examples > 0.045
     # the judging ran in the worker: the campaign's own process did not spin
     assert busy.cpu_seconds < busy.judging_cpu_seconds

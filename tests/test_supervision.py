@@ -159,3 +159,12 @@ def test_two_xdist_workers_fuzzing_one_kernel_on_one_state_folder_never_crash(tm
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "2 passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not list((tmp_path / "shared" / "journal").glob("*.json")), "each worker's journal went with it"
+
+
+def test_a_worker_that_dies_before_it_is_ready_is_one_line_naming_how(settings):
+    # the module ends the worker's process as the worker imports it; the campaign's own import is unharmed
+    from nanfuzz.harness.registry import resolve
+    from nanfuzz.reference.errors import NanfuzzError
+
+    with pytest.raises(NanfuzzError, match=r"the worker process did not start \(the worker process exited with status 7\)"):
+        fuzz(resolve("tests.dies_on_load:kernel"), settings.replace(max_examples=2))

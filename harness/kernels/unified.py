@@ -305,10 +305,11 @@ def unified_attention(batch: PagedBatch, out: torch.Tensor, *, variant: str) -> 
     assert _unit_stride_heads(batch.q, out, k_cache, v_cache)
     sinks = sinks_argument(batch)
     k_scale, v_scale = scale_arguments(batch)
-    # per-token-head scale caches, or stand-ins (never read) with no strides
     k_scales, v_scales = batch.k_scale_cache, batch.v_scale_cache
-    scale_strides = (*k_scales.stride(), *v_scales.stride()) if k_scales is not None else (0,) * 6
-    if k_scales is None:
+    if k_scales is not None:  # per-token-head scale caches
+        scale_strides = (*k_scales.stride(), *v_scales.stride())
+    else:  # stand-ins, never read, with no strides
+        scale_strides = (0,) * 6
         k_scales = v_scales = k_scale
     _unified_attention[grid](
         out, batch.q, k_cache, v_cache, batch.block_table, batch.seq_lens, batch.query_start_loc, sinks,
