@@ -168,3 +168,19 @@ def test_a_worker_that_dies_before_it_is_ready_is_one_line_naming_how(settings):
 
     with pytest.raises(NanfuzzError, match=r"the worker process did not start \(the worker process exited with status 7\)"):
         fuzz(resolve("tests.dies_on_load:kernel"), settings.replace(max_examples=2))
+
+
+def test_no_launch_stays_open_for_the_watchdog_after_a_case_whatever_its_launch_did():
+    # a launch that raised never reported "returned"; left open, the next case's slow start would be a HANG
+    from nanfuzz.harness.fuzz import worker_spec
+    from nanfuzz.harness.worker import Supervised
+    from tests.cases import consecutive_case
+
+    subject = Supervised(worker_spec(subjects.raises_system_exit, Settings(device="cpu")), launch_timeout=2.0)
+    try:
+        crashed = subject.check(consecutive_case([(1, 20)], window=4))
+        assert crashed.verdict is Verdict.CRASH and not subject._clock.in_launch, crashed.summary
+        passed = subject.check(consecutive_case([(1, 20)]))
+        assert passed.verdict is Verdict.PASS and not subject._clock.in_launch, passed.summary
+    finally:
+        subject.close()
