@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
         device = choose_backend(args.device)  # before any @triton.jit import
         if forks and guess != device:
-            (restart_fork_server if guess is not None else start_fork_server)()
+            restart_fork_server()  # or start it: it is not running when there was no guess
         # The interpreter evaluates poisoned lanes in numpy; its NaN warnings are the point, not news.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         settings = _settings(args, device)

@@ -50,12 +50,14 @@ def start_fork_server(device: str | None = None) -> None:
 
 
 def restart_fork_server() -> None:
-    """Stop the fork server (once its imports are done) and start another with this process's
-    environment: for a server started for the other backend than the one chosen."""
+    """Stop the fork server, if one runs (once its imports are done), and start one with this
+    process's environment: for a server started for the other backend than the one chosen."""
+    if fork_server_context().get_start_method() != "forkserver":
+        return
     from multiprocessing import forkserver
 
     stop = getattr(forkserver._forkserver, "_stop", None)
-    if stop is None:  # a Python without it: its processes are spawned instead
+    if stop is None:  # a Python without it: a fresh server object; the old server ends with this process
         forkserver._forkserver = forkserver.ForkServer()
     else:
         stop()

@@ -355,18 +355,17 @@ def _surround(case: Case, margin, cache_margin, **tensors) -> dict[str, redzones
 
 
 def refill_dead_slots(batch: PagedBatch, garbage_seed: int) -> PagedBatch:
-    """A copy of ``batch`` with the finite garbage of ``garbage_seed`` in every dead slot and redzone.
+    """A copy of the host ``batch`` with the finite garbage of ``garbage_seed`` in every dead slot and redzone.
 
-    For a freshly materialised ``batch`` this is bit-identical to
-    ``materialize(batch.case, device, garbage_seed=garbage_seed, poisoned=False)``
+    For a freshly built ``batch`` this is bit-identical to
+    ``build_on_host(batch.case, garbage_seed=garbage_seed, poisoned=False)``
     (live slots and the new tokens are copied, not recomputed), so the LEAK
     check's second batch costs a copy plus the garbage.
     """
     case = batch.case
     g = case.geometry
-    device = batch.key_cache.device
     copy = batch.clone()
-    (dead,) = host_to_device(device, _slots(~live_mask(case, "cpu")))
+    dead = _slots(~live_mask(case, "cpu"))
     seed = _derive(case.data_seed, 2, garbage_seed)
     quantized = case.kv_cache.quantized
     for which, cache, scale_cache in (("k", copy.key_cache, copy.k_scale_cache),

@@ -1,10 +1,11 @@
-"""Counter-based pseudo-random values: the same bits on every device.
+"""Counter-based pseudo-random values: the same bits on every machine.
 
-A value is a hash of (data seed, stream, index) computed in int64 integer
-arithmetic, which CPU and GPU evaluate identically; the float conversion is
-exact and the final cast rounds to nearest even everywhere.  So a slot's
-content depends only on the seed and the slot, never on the device, the
-batch around it or the poison.
+A value is a hash of (data seed, stream, index): splitmix64's finaliser in
+wrapping 64-bit integer arithmetic, then an exact float conversion, and the
+final cast rounds to nearest even.  Batches are built on the host and every
+device gets a copy (``reference.materialize``), so a slot's content depends
+only on the seed and the slot, never on the device, the batch around it or
+the poison.
 """
 from __future__ import annotations
 
@@ -24,11 +25,6 @@ STREAMS = {name: i for i, name in enumerate(
      "redzone_k_scale", "redzone_v_scale", "redzone_k_scale_cache", "redzone_v_scale_cache"))}
 
 
-def _signed(x: int) -> int:
-    x &= _MASK64
-    return x - (1 << 64) if x >= 1 << 63 else x
-
-
 def _mix_int(x: int) -> int:
     """splitmix64's finaliser on a Python int (exact, modulo 2**64)."""
     x = (x + _GOLDEN) & _MASK64
@@ -37,21 +33,8 @@ def _mix_int(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
-    return (x >> n) & ((1 << (64 - n)) - 1)
-
-
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    x = x + _signed(_GOLDEN)
-    x = (x ^ _shr(x, 30)) * _signed(_MUL1)
-    x = (x ^ _shr(x, 27)) * _signed(_MUL2)
-    return x ^ _shr(x, 31)
-
-
-def _mix_on_host(x: np.ndarray) -> np.ndarray:
-    """``_mix`` in place on uint64, where a shift is logical and a product wraps: the same bits
-    in fewer, cheaper operations (batches are built on the host)."""
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser in place on uint64, where a shift is logical and a product wraps."""
     with np.errstate(over="ignore"):
         x += np.uint64(_GOLDEN)
         x ^= x >> np.uint64(30)
@@ -62,27 +45,22 @@ def _mix_on_host(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _bits_on_host(base: int, index: torch.Tensor) -> np.ndarray:
+def _bits(seed: int, stream: str, index: torch.Tensor) -> np.ndarray:
+    """uint64 hashes of the host int64 ``index`` in ``stream`` under ``seed``."""
+    base = _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
     x = index.numpy().astype(np.uint64)
     with np.errstate(over="ignore"):
         x *= np.uint64(_GOLDEN)
         x += np.uint64(base)
-    return _mix_on_host(x)
+    return _mix(x)
 
 
 def random_bits(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
-    """64 pseudo-random bits (as int64) for each element of the int64 ``index``."""
-    base = _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
-    if index.device.type == "cpu":
-        return torch.from_numpy(_bits_on_host(base, index).view(np.int64))
-    return _mix(index * _signed(_GOLDEN) + _signed(base))
+    """64 pseudo-random bits (as int64) for each element of the host int64 ``index``."""
+    return torch.from_numpy(_bits(seed, stream, index).view(np.int64))
 
 
 def uniform(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
-    """float64 uniform on [-1, 1), 53 bits, exactly reproducible."""
-    if index.device.type == "cpu":
-        base = _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
-        top53 = (_bits_on_host(base, index) >> np.uint64(11)).astype(np.float64)
-        return torch.from_numpy(top53 * (2.0 ** -52) - 1.0)
-    top53 = _shr(random_bits(seed, stream, index), 11).to(torch.float64)
-    return top53 * (2.0 ** -52) - 1.0
+    """float64 uniform on [-1, 1), 53 bits, exactly reproducible (``index``: host int64)."""
+    top53 = (_bits(seed, stream, index) >> np.uint64(11)).astype(np.float64)
+    return torch.from_numpy(top53 * (2.0 ** -52) - 1.0)
