@@ -33,6 +33,7 @@ from nanfuzz.harness.settings import Settings
 from nanfuzz.harness.accuracy import Accuracy
 from nanfuzz.harness.statistics import Statistics
 from nanfuzz.harness.precompile import Farm, FarmHandle, Plan, default_processes
+from nanfuzz.harness.processes import fork_server_context
 from nanfuzz.harness.worker import InProcess, Supervised, WorkerSpec
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
@@ -134,11 +135,12 @@ def make_subject(kernel: Kernel, settings: Settings, prefer_fork: bool = False):
     return subject_for(kernel, settings, worker_spec(kernel, settings) if settings.isolation else None, prefer_fork)
 
 
-def subject_for(kernel: Kernel, settings: Settings, spec: WorkerSpec | None, prefer_fork: bool = False):
+def subject_for(kernel: Kernel, settings: Settings, spec: WorkerSpec | None, prefer_fork: bool = False,
+                device_opened=None):
     """``make_subject`` for a caller that has ``kernel``'s ``worker_spec`` already (None: in this process)."""
     if spec is None or not settings.isolation:
         return InProcess(kernel, settings.device)
-    return Supervised(spec, launch_timeout=settings.timeout, prefer_fork=prefer_fork)
+    return Supervised(spec, launch_timeout=settings.timeout, prefer_fork=prefer_fork, device_opened=device_opened)
 
 
 def worker_spec(kernel: Kernel, settings: Settings) -> WorkerSpec | None:
@@ -195,12 +197,12 @@ def _plan(spec: WorkerSpec | None, caps: Capabilities, pool, settings: Settings)
     return Plan(spec, caps, settings.focus.poison_classes, pool)
 
 
-def start_farm(plans: list[Plan | None], settings: Settings) -> Farm | None:
-    """A compile farm for the plans there are (None when there is none)."""
+def start_farm(plans: list[Plan | None], settings: Settings, after=None) -> Farm | None:
+    """A compile farm for the plans there are (None when there is none); ``after``: see ``Farm``."""
     plans = [p for p in plans if p is not None]
     if not plans:
         return None
-    return Farm(plans, settings.compile_jobs or default_processes())
+    return Farm(plans, settings.compile_jobs or default_processes(), after=after)
 
 
 def reachable_by_path(kernel: Kernel) -> bool:
@@ -303,14 +305,16 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
     # one look-up of how another process loads the kernel, for the worker and the farm both
     spec = worker_spec(kernel, settings) if (own_subject and settings.isolation) or farm_needed else None
     own_farm = None
-    if farm_needed:
-        # started before the worker, so that both warm up at once
-        own_farm = start_farm([_plan(spec, caps, pool, settings)], settings)
-        farm = own_farm.handle if own_farm else None
-    waiting = _FarmWait(farm, kernel)
+    plan = _plan(spec, caps, pool, settings) if farm_needed else None
+    # the farm opens its GPU contexts after the worker's: sixteen at once take seconds each
+    device_opened = fork_server_context().Event() if plan is not None and settings.isolation else None
     try:
-        if own_subject:
-            subject = subject_for(kernel, settings, spec)
+        if own_subject:  # the worker first: the campaign waits for it, the farm works ahead
+            subject = subject_for(kernel, settings, spec, device_opened=device_opened)
+        if plan is not None:
+            own_farm = start_farm([plan], settings, after=device_opened)
+            farm = own_farm.handle if own_farm else None
+        waiting = _FarmWait(farm, kernel)
         if check_leftovers:
             leftover, notes = recover_leftovers(kernel, settings, subject)
             campaign.notes += notes

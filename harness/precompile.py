@@ -4,7 +4,9 @@ On a GPU a campaign with a specialisation pool (``strategies.specialisations``)
 meets a known, finite set of compile-time combinations, and compiling them is
 most of a cold campaign's time: one compile takes a second or more, in one
 process at a time.  A ``Farm`` compiles the whole pool at once, one process
-per core, while the campaign's worker is still starting.  Each entry stands
+per core, while the campaign's worker is still starting; it runs below the
+campaign's priority, and its processes open their GPU contexts once the
+worker has opened its own.  Each entry stands
 for a few cases (``sample_cases``: derandomized Hypothesis draws, so decode
 and mixed batches both occur, and integer arguments meet their
 specialisations); each case is a task of its own.  A farm process
@@ -60,6 +62,12 @@ from nanfuzz.strategies.specialisations import Specialisation
 
 SAMPLES_PER_ENTRY = 4
 TASK_TIMEOUT = 300.0   # seconds one task may take in a farm process (big kernels compile for tens of seconds on ROCm)
+# Farm processes run at a lower priority than the campaign's own: what they compile ahead
+# is needed later, while a worker's own compile or check is needed now.
+NICENESS = 10
+# How long farm processes wait for a campaign's worker to open its GPU context before
+# opening theirs (one context takes a fraction of a second alone, seconds among many).
+DEVICE_WAIT = 3.0
 _POLL = 0.02
 _FINISHED = "FINISHED"
 
@@ -203,7 +211,9 @@ class Farm:
     """
 
     def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT,
-                 marks: BuiltMarks | None = None):
+                 marks: BuiltMarks | None = None, after=None):
+        """``after``: an event (of the fork server's context) the farm processes wait for, up to
+        ``DEVICE_WAIT`` seconds, before their first device work: a worker's opened GPU context."""
         from nanfuzz.harness.processes import fork_server_context
 
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
@@ -241,7 +251,7 @@ class Farm:
         self._since = self._context.RawArray("d", count)
         for slot in range(count):
             process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
-                slot, plans, self._tasks, self._queue, self._current, self._since, self.folder, self._marks))
+                slot, plans, self._tasks, self._queue, self._current, self._since, self.folder, self._marks, after))
             process.start()
             self._processes.append(process)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
@@ -339,8 +349,12 @@ def default_processes() -> int:
 
 # -- a farm process ------------------------------------------------------------------
 
-def _serve(slot, plans, tasks, queue, current, since, folder, marks) -> None:
+def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when the farm stops
+    try:
+        os.nice(NICENESS)
+    except OSError:
+        pass
     interpret_if_cpu(plans[0].spec.device)  # before any @triton.jit import (the harness's own tests)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -354,12 +368,13 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks) -> None:
     shared_compiles.install()
 
     with host_threads(plans[0].spec.device, own_process=True):  # sixteen of these share the cores
-        _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks)
+        _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after)
 
 
-def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks) -> None:
+def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after=None) -> None:
     kernels: dict = {}
     samples: dict = {}
+    waited = after is None
     while True:
         task = queue.get()
         if task is None:
@@ -376,6 +391,10 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks) -> 
             if cases is None:
                 cases = samples[plan_index, entry_index] = sample_cases(plan, entry)
             _LAUNCHED.clear()
+            if not waited:  # the kernel and its cases are ready; the device comes next
+                after.wait(DEVICE_WAIT)
+                waited = True
+                since[slot] = time.monotonic()
             if sample < len(cases):  # a small entry may have fewer distinct cases
                 _compile_case(kernel, plan, cases[sample])
             marks.mark(plan, entry, list(_LAUNCHED), sample)

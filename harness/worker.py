@@ -123,10 +123,13 @@ class InProcess:
 class Supervised:
     """A kernel in a worker process, restarted whenever it dies, faults or hangs."""
 
-    def __init__(self, spec: WorkerSpec, *, launch_timeout: float, prefer_fork: bool = False):
+    def __init__(self, spec: WorkerSpec, *, launch_timeout: float, prefer_fork: bool = False, device_opened=None):
         """``prefer_fork``: start workers with a plain fork of this process where that is safe
-        (``plain_fork_context``), else from the fork server."""
+        (``plain_fork_context``), else from the fork server.  ``device_opened``: an event of the
+        fork server's context that the worker sets once its GPU context exists (a compile farm
+        waits for it, since contexts opened at once take seconds each)."""
         self.spec = spec
+        self.device_opened = device_opened
         self.launch_timeout = launch_timeout
         self.restarts = 0
         self.prefer_fork = prefer_fork
@@ -146,7 +149,8 @@ class Supervised:
         context = (plain_fork_context() if self.prefer_fork else None) or self._context
         parent, child = context.Pipe()
         self._clock = LaunchClock(context)
-        self._process = context.Process(target=_serve, args=(child, self.spec, self._log, self._clock),
+        self._process = context.Process(target=_serve, args=(child, self.spec, self._log, self._clock,
+                                                             self.device_opened),
                                               daemon=True, name="nanfuzz-worker")
         self._process.start()
         child.close()
@@ -286,7 +290,7 @@ class Supervised:
 
 # -- the worker process ------------------------------------------------------------
 
-def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
+def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_opened=None) -> None:
     """The worker's main: build the subject, then judge cases until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when its workers stop
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
@@ -313,6 +317,8 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock) -> None:
     if spec.device == "cuda":
         shared_compiles.install()  # a binary another process is compiling is waited for, not compiled again
         _open_device_context()
+    if device_opened is not None:
+        device_opened.set()
     conn.send(("ready", None))
     from nanfuzz.harness.compiles import count_specialisations
 

@@ -14,11 +14,20 @@ from nanfuzz.strategies.draws import integers, pick
 # One slot first: shrinking moves toward the simplest repro.
 SCOPES = ("slot", "slots", "blocks", "all")
 
+# Generation favours the values and tensors that expose the most bugs per
+# example: NaN (what 0 * x turns into a NaN row whatever the kernel's
+# arithmetic) and both K and V (a kernel may mask one and not the other).
+# Every other choice keeps a share of its own, and shrinking still moves
+# toward NaN in V alone (the first of each option list).
+TENSOR_WEIGHTS = (1, 1, 2)  # v, k, kv
+FIRST_VALUE_WEIGHT = 2  # NaN where the cache dtype holds it; each other value weighs 1
+
 
 def draw_poison(draw, case: Case, classes: tuple[str, ...] | None = None) -> Poison:
     """Poison for ``case``, drawn with ``draw`` (a composite strategy's).
 
-    Shrinks toward NaN in V of one dead slot, the one a kernel likeliest reads.
+    Shrinks toward NaN in V of one dead slot, the one a kernel likeliest reads;
+    generated, it favours NaN, in K and V both (``TENSOR_WEIGHTS``, ``FIRST_VALUE_WEIGHT``).
 
     ``classes`` (names of ``reference.features.POISON_CLASS_FLAGS``) limits
     the poison to those dead-slot classes; every other dead slot keeps
@@ -28,8 +37,9 @@ def draw_poison(draw, case: Case, classes: tuple[str, ...] | None = None) -> Poi
     """
     kv = case.kv_cache
     parts = pick(draw, POISON_PARTS) if kv.token_head else "data"
-    value = pick(draw, poison_values(kv.dtype, parts))
-    tensors = pick(draw, POISON_TENSORS)
+    values = poison_values(kv.dtype, parts)
+    value = pick(draw, values, (FIRST_VALUE_WEIGHT,) + (1,) * (len(values) - 1))
+    tensors = pick(draw, POISON_TENSORS, TENSOR_WEIGHTS)
     if classes is None:
         scope = pick(draw, SCOPES)
         if scope == "all":  # every dead slot: no need to list them

@@ -154,3 +154,29 @@ def test_tasks_go_out_sample_by_sample_and_each_sample_is_marked_on_its_own(tmp_
     entries = range(len(plan.entries))
     expected = [(e, i) for i in range(SAMPLES_PER_ENTRY) for e in entries if (e, i) != (0, 1)]
     assert order == expected  # every entry's first case before any entry's second, the built one left out
+
+
+def test_farm_processes_run_below_the_campaign_and_wait_for_its_worker_s_device_a_bounded_time(tmp_path):
+    import os
+
+    from nanfuzz.harness.precompile import DEVICE_WAIT, NICENESS
+    from nanfuzz.harness.processes import fork_server_context
+
+    plan = _plan("tests.farm_subjects:slow")
+    plan = Plan(plan.spec, plan.capabilities, None, plan.entries[:1])  # one entry: one round of tasks
+    opened = fork_server_context().Event()
+    started = time.monotonic()
+    with Farm([plan], processes=1, marks=BuiltMarks(tmp_path / "never"), after=opened) as farm:
+        process = farm._processes[0]
+        time.sleep(0.5)
+        assert os.getpriority(os.PRIO_PROCESS, process.pid) - os.getpriority(os.PRIO_PROCESS, 0) == NICENESS
+        assert farm.summary()["compiled"] == 0  # no worker has its device yet
+        assert farm.wait(timeout=60)
+        assert DEVICE_WAIT <= time.monotonic() - started < DEVICE_WAIT + 30  # nobody set it: it went on anyway
+
+    opened.set()  # a worker's device is open: no waiting
+    started = time.monotonic()
+    with Farm([plan], processes=1, marks=BuiltMarks(tmp_path / "again"), after=opened) as farm:
+        assert farm.wait(timeout=60)
+        assert time.monotonic() - started < DEVICE_WAIT
+        assert farm.summary()["compiled"] == farm.summary()["tasks"]

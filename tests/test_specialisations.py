@@ -44,6 +44,19 @@ def test_the_pool_respects_the_capabilities():
     assert {s.shape.dtype for s in interp} <= set(CAPS.interpreter_dtypes)
 
 
+def test_a_kernel_that_windows_one_mode_only_meets_windows_as_often_as_one_that_windows_both():
+    # ROCM_ATTN windows causal attention only; its drawn entries are windowed as often as TRITON_ATTN's
+    from nanfuzz.strategies.specialisations import WINDOW_SHARE
+
+    def windowed_share(caps):
+        drawn = [s for seed in range(40) for s in specialisation_pool(caps, 16, seed)
+                 if s.shape != Shape("float16", 1, 1, 32, 16)]  # the simplest entries are fixed, not drawn
+        return sum(bool(s.window) for s in drawn) / len(drawn)
+
+    one_mode, both_modes = windowed_share(CAPS), windowed_share(CAPS.restrict(non_causal_window=True))
+    assert abs(one_mode - WINDOW_SHARE) < 0.08 and abs(both_modes - WINDOW_SHARE) < 0.08, (one_mode, both_modes)
+
+
 @settings(max_examples=150, deadline=None)
 @given(paged_cases(CAPS, pool=POOL))
 def test_cases_take_their_compile_time_part_from_the_pool(case):

@@ -98,3 +98,26 @@ def test_decode_only_capabilities_generate_decode_batches():
         assert case.max_query_len <= 1 and case.sliding_window == 0 and case.geometry.dtype == "float16"
 
     check()
+
+
+def test_a_weighted_pick_favours_its_heavy_options_and_still_shrinks_to_the_first():
+    import pytest
+    from hypothesis import strategies as st
+
+    from nanfuzz.strategies.draws import pick
+
+    letters = st.composite(lambda draw: pick(draw, "abc", (1, 1, 6)))()
+    drawn = collections.Counter()
+
+    @seed(0)
+    @settings(max_examples=300, database=None, deadline=None)
+    @given(letters)
+    def collect(letter):
+        drawn[letter] += 1
+
+    collect()
+    assert drawn["c"] > drawn["a"] + drawn["b"] and drawn["b"] > 0, drawn
+    assert find(letters, lambda letter: True) == "a"
+    assert find(letters, lambda letter: letter != "a") == "b"
+    with pytest.raises(ValueError, match="2 weights for 3 options"):
+        find(st.composite(lambda draw: pick(draw, "abc", (1, 2)))(), lambda letter: True)

@@ -184,3 +184,24 @@ def test_no_launch_stays_open_for_the_watchdog_after_a_case_whatever_its_launch_
         assert passed.verdict is Verdict.PASS and not subject._clock.in_launch, passed.summary
     finally:
         subject.close()
+
+
+def test_a_worker_tells_the_farm_when_its_device_is_open_and_again_after_a_restart():
+    # the compile farm opens its GPU contexts after the worker's (many opened at once take seconds each)
+    from nanfuzz.harness.fuzz import worker_spec
+    from nanfuzz.harness.processes import fork_server_context
+    from nanfuzz.harness.worker import Supervised
+    from tests.cases import consecutive_case
+
+    opened = fork_server_context().Event()
+    subject = Supervised(worker_spec(subjects.exits, Settings(device="cpu")), launch_timeout=2.0,
+                         device_opened=opened)
+    try:
+        assert subject.check(consecutive_case([(1, 20)])).verdict is Verdict.PASS
+        assert opened.is_set()
+        opened.clear()
+        assert subject.check(consecutive_case([(1, 20)], window=4)).verdict is Verdict.CRASH  # the worker exits
+        assert subject.check(consecutive_case([(1, 20)])).verdict is Verdict.PASS  # in a fresh worker
+        assert subject.restarts == 1 and opened.is_set()
+    finally:
+        subject.close()
