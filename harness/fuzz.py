@@ -15,7 +15,9 @@ and a failure found is kept there for every later campaign.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -34,6 +36,7 @@ from nanfuzz.harness.accuracy import Accuracy
 from nanfuzz.harness.statistics import Statistics
 from nanfuzz.harness.precompile import Farm, FarmHandle, Plan, default_processes
 from nanfuzz.harness.processes import fork_server_context
+from nanfuzz.harness.upcoming import UPCOMING_CASES, upcoming_cases
 from nanfuzz.harness.worker import InProcess, Supervised, WorkerSpec
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
@@ -305,13 +308,18 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
     # one look-up of how another process loads the kernel, for the worker and the farm both
     spec = worker_spec(kernel, settings) if (own_subject and settings.isolation) or farm_needed else None
     own_farm = None
+    seeded = search_seed(settings, profile)
     plan = _plan(spec, caps, pool, settings) if farm_needed else None
     # the farm opens its GPU contexts after the worker's: sixteen at once take seconds each
     device_opened = fork_server_context().Event() if plan is not None and settings.isolation else None
     try:
         if own_subject:  # the worker first: the campaign waits for it, the farm works ahead
             subject = subject_for(kernel, settings, spec, device_opened=device_opened)
-        if plan is not None:
+        if plan is not None:  # which compiles the search's first cases first, in the order it meets them
+            strategy = paged_cases(caps, interpreter=interpreter, poison_classes=settings.focus.poison_classes,
+                                   pool=pool)
+            plan = dataclasses.replace(plan, upcoming=upcoming_cases(
+                strategy, chunk_seed(seeded, 0), first_chunk(max_examples, time_budget, device), UPCOMING_CASES))
             own_farm = start_farm([plan], settings, after=device_opened)
             farm = own_farm.handle if own_farm else None
         waiting = _FarmWait(farm, kernel)
@@ -328,7 +336,8 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
             if database is None or not _replay_known(kernel, caps, campaign, subject, journal, database, known_key,
                                                      interpreter, start, on_example):
                 _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
-                        database, pool, pool_seed, on_example, should_stop, interrupted, shrink_budget, waiting)
+                        database, pool, pool_seed, on_example, should_stop, interrupted, shrink_budget, waiting,
+                        search_seed=seeded)
         if database is not None and campaign.failed:
             known_failures.remember(database, known_key, campaign.failing_case)
         if campaign.failed and settings.replays and not campaign.interrupted:
@@ -381,8 +390,27 @@ def database_label(kernel_name: str, device: str, focus_label: str, caps, pool, 
             + (f":pool{len(pool)}/{pool_seed}" if pool else ""))
 
 
+def search_seed(settings: Settings, profile: Profile) -> int:
+    """The Hypothesis seed of a campaign's chunks (``chunk_seed``): the campaign's seed; 0 under
+    a derandomized profile; else a fresh random one, so that no two unseeded campaigns (the
+    jobs of one run among them) draw the same later chunks."""
+    if settings.seed is not None:
+        return settings.seed
+    return 0 if profile.derandomize else random.SystemRandom().randrange(2 ** 32)
+
+
+def chunk_seed(search_seed: int, chunk_index: int) -> int:
+    return search_seed * 1_000_003 + chunk_index
+
+
+def first_chunk(max_examples: int, time_budget: float | None, device: str) -> int:
+    """How many examples the campaign's first Hypothesis run may draw (later ones fit the time left)."""
+    return max_examples if time_budget is None else max(1, min(max_examples, _CHUNK, _FIRST_CHUNK[device]))
+
+
 def _search(kernel, settings, profile, caps, campaign, subject, journal, start, max_examples, time_budget,
-            database, pool, pool_seed, on_example, should_stop, interrupted, shrink_budget, waiting) -> None:
+            database, pool, pool_seed, on_example, should_stop, interrupted, shrink_budget, waiting, *,
+            search_seed: int) -> None:
     """Hypothesis runs until the examples or the time are spent, or a failure is shrunk."""
     device = settings.device
     interpreter = device == "cpu"
@@ -429,23 +457,19 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
         elapsed = time.perf_counter() - start
         if time_budget is not None and elapsed >= time_budget and campaign.examples:
             break  # at least one example, however late: a campaign that tried nothing is no pass
-        size = remaining
-        if time_budget is not None:
-            per_example = elapsed / campaign.examples if campaign.examples else None
-            fit = (_FIRST_CHUNK[device] if per_example is None
-                   else int(_CHUNK_SHARE * (time_budget - elapsed) / max(per_example, 1e-6)))
-            size = max(1, min(remaining, _CHUNK, fit))
+        if campaign.examples:
+            per_example = elapsed / campaign.examples
+            size = remaining if time_budget is None else max(1, min(
+                remaining, _CHUNK, int(_CHUNK_SHARE * (time_budget - elapsed) / max(per_example, 1e-6))))
+        else:
+            size = first_chunk(remaining, time_budget, device)
         property_ = given(case=strategy)(lambda case: run_case(case))
         property_.hypothesis.inner_test._hypothesis_internal_add_digest = database_label(
             kernel.name, device, settings.focus.label(), caps, pool, pool_seed).encode()
-        # Hypothesis's derandomize excludes a database: a derandomized profile with one fixes the seed instead
-        seed = 0 if settings.seed is None and profile.derandomize and database is not None else settings.seed
-        if seed is not None or chunk_index:
-            property_ = hypothesis_seed((seed or 0) * 1_000_003 + chunk_index)(property_)
+        property_ = hypothesis_seed(chunk_seed(search_seed, chunk_index))(property_)
         # settings after @seed: @seed alone would switch the example database off
         configured = hypothesis_settings(
-            max_examples=size, deadline=None, database=database, phases=phases,
-            derandomize=profile.derandomize and seed is None, report_multiple_bugs=False,
+            max_examples=size, deadline=None, database=database, phases=phases, report_multiple_bugs=False,
             suppress_health_check=list(HealthCheck), print_blob=False)(property_)
         before = campaign.examples
         try:

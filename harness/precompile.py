@@ -81,6 +81,7 @@ class Plan:
     capabilities: Capabilities       # after the campaign's focus and the device's encodings
     poison_classes: tuple[str, ...] | None
     entries: tuple[Specialisation, ...]
+    upcoming: tuple[Case, ...] = ()  # the campaign's first cases, in order (``harness.upcoming``)
 
 
 def entry_of(case: Case) -> Specialisation:
@@ -95,8 +96,9 @@ def entry_key(kernel: str, entry: Specialisation) -> str:
     return hashlib.sha256(repr((kernel, entry)).encode()).hexdigest()[:20]
 
 
-def _marker(folder, kernel: str, entry: Specialisation, sample: int, state: str) -> Path:
-    """A task's marker in the farm's folder: ``planned`` when the farm starts, ``done`` when it is built or given up."""
+def _marker(folder, kernel: str, entry: Specialisation, sample: int | str, state: str) -> Path:
+    """A task's marker in the farm's folder: ``planned`` when the farm starts, ``done`` when it is built or
+    given up.  ``sample``: the number of one of the entry's sample cases, or ``u<n>`` for upcoming case n."""
     return Path(folder) / f"{entry_key(kernel, entry)}.{sample}.{state}"
 
 
@@ -189,9 +191,9 @@ class FarmHandle:
         if self.per_binary:
             return 0.0
         folder, entry = Path(self.folder), entry_of(case)
-        tasks = [(_marker(folder, kernel, entry, i, "planned"), _marker(folder, kernel, entry, i, "done"))
-                 for i in range(SAMPLES_PER_ENTRY)]
-        held = [done for planned, done in tasks if planned.exists()]
+        prefix = entry_key(kernel, entry) + "."
+        held = [planned.with_name(planned.name[:-len("planned")] + "done")
+                for planned in folder.glob(prefix + "*.planned")]
         if all(done.exists() for done in held):
             return 0.0
         start = time.monotonic()
@@ -224,9 +226,10 @@ class Farm:
         self._marks = marks or BuiltMarks()
         every = [(p, e, i) for p, plan in enumerate(plans) for i in range(SAMPLES_PER_ENTRY)
                  for e in range(len(plan.entries))]
-        self._tasks = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
+        samples = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
+        self._tasks = _upcoming_tasks(plans, {(p, e) for p, e, _ in samples}) + samples
         self._entries = sum(len(plan.entries) for plan in plans)
-        self.already_built = len(every) - len(self._tasks)
+        self.already_built = len(every) - len(samples)
         self._processes = []
         self.started = time.monotonic()
         self.finished_at: float | None = None
@@ -257,7 +260,7 @@ class Farm:
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
         self._monitor.start()
 
-    def _marker(self, plan: int, entry: int, sample: int, state: str) -> Path:
+    def _marker(self, plan: int, entry: int, sample: int | str, state: str) -> Path:
         return _marker(self.folder, self._plans[plan].spec.kernel, self._plans[plan].entries[entry], sample, state)
 
     def _give_up(self, task: int, why: str) -> None:
@@ -294,9 +297,9 @@ class Farm:
         return not self._monitor.is_alive()
 
     def summary(self) -> dict:
-        """Pool entries; tasks (their sample cases) built before, compiled, given up; compile
-        seconds summed over the farm processes; seconds from the farm's start to its end (None
-        while it runs)."""
+        """Pool entries; tasks (their sample cases, and the campaign's upcoming cases) built before,
+        compiled, given up; compile seconds summed over the farm processes; seconds from the
+        farm's start to its end (None while it runs)."""
         if self._closed is not None:
             return self._closed
         results = []
@@ -309,6 +312,7 @@ class Farm:
         seconds = sum(r["seconds"] or 0.0 for r in results)
         failed = [r["error"] for r in results if not r["ok"]]
         return {"entries": self._entries, "tasks": len(self._tasks) + self.already_built,
+                "upcoming": sum(isinstance(sample, str) for _, _, sample in self._tasks),
                 "already_built": self.already_built, "compiled": len(results) - len(failed), "given_up": len(failed),
                 "processes": len(self._processes), "compile_seconds": round(seconds, 3),
                 "slowest_task_seconds": round(max((r["seconds"] or 0.0 for r in results), default=0.0), 3),
@@ -337,6 +341,21 @@ class Farm:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _upcoming_tasks(plans: list[Plan], unbuilt: set[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    """Tasks for the plans' upcoming cases whose entries are not all built (a warm cache starts no farm):
+    the first case of each entry in the order the campaign meets them, then the others in order."""
+    first, later, seen = [], [], set()
+    for p, plan in enumerate(plans):
+        index = {entry: e for e, entry in enumerate(plan.entries)}
+        for n, case in enumerate(plan.upcoming):
+            e = index.get(entry_of(case))
+            if e is None or (p, e) not in unbuilt:
+                continue
+            (later if (p, e) in seen else first).append((p, e, f"u{n}"))
+            seen.add((p, e))
+    return first + later
 
 
 def default_processes() -> int:
@@ -387,17 +406,21 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, aft
         started = time.perf_counter()
         try:
             kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, plan.spec.load())
-            cases = samples.get((plan_index, entry_index))
-            if cases is None:
-                cases = samples[plan_index, entry_index] = sample_cases(plan, entry)
+            if isinstance(sample, str):  # an upcoming case of the campaign: its binaries, no mark
+                cases, number = plan.upcoming, int(sample[1:])
+            else:
+                cases, number = samples.get((plan_index, entry_index)), sample
+                if cases is None:
+                    cases = samples[plan_index, entry_index] = sample_cases(plan, entry)
             _LAUNCHED.clear()
             if not waited:  # the kernel and its cases are ready; the device comes next
                 after.wait(DEVICE_WAIT)
                 waited = True
                 since[slot] = time.monotonic()
-            if sample < len(cases):  # a small entry may have fewer distinct cases
-                _compile_case(kernel, plan, cases[sample])
-            marks.mark(plan, entry, list(_LAUNCHED), sample)
+            if number < len(cases):  # a small entry may have fewer distinct cases
+                _compile_case(kernel, plan, cases[number])
+            if not isinstance(sample, str):
+                marks.mark(plan, entry, list(_LAUNCHED), sample)
             result = {"ok": True, "error": None}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}

@@ -1,0 +1,44 @@
+"""The cases a seeded search will draw first, known before it starts.
+
+While every case passes, what Hypothesis draws next depends only on its seed,
+its settings and the strategy, never on the kernel: the search's first cases
+can be drawn in advance, on the host, in milliseconds each.  The compile farm
+(``harness.precompile``) builds those cases first, in the order the search
+meets them, so a cold campaign's first examples wait for one round of
+parallel compiles instead of meeting the pool one compile at a time.  Once a
+case fails, the search goes its own way (shrinking), and the farm's other
+tasks cover the pool.
+"""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings as hypothesis_settings
+
+from nanfuzz.reference.case import Case
+
+# As many as the first Hypothesis run of a time-budgeted GPU campaign draws.
+UPCOMING_CASES = 32
+
+
+class _Enough(KeyboardInterrupt):
+    """Stops the drawing run at once (Hypothesis lets a KeyboardInterrupt through untouched)."""
+
+
+def upcoming_cases(strategy, seed: int, max_examples: int, count: int = UPCOMING_CASES) -> tuple[Case, ...]:
+    """The first ``count`` cases a search of ``strategy`` under Hypothesis seed ``seed`` and
+    ``max_examples`` draws, as long as each passes (the search's own run must match: the same
+    strategy, seed and example budget, no example database to replay first)."""
+    drawn: list[Case] = []
+
+    def record(case: Case) -> None:
+        drawn.append(case)
+        if len(drawn) >= count:
+            raise _Enough()
+
+    run = hypothesis_seed(seed)(given(case=strategy)(record))
+    run = hypothesis_settings(max_examples=max_examples, deadline=None, database=None, phases=[Phase.generate],
+                              suppress_health_check=list(HealthCheck), print_blob=False)(run)
+    try:
+        run()
+    except _Enough:
+        pass
+    return tuple(drawn)
