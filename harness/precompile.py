@@ -344,18 +344,17 @@ class Farm:
 
 
 def _upcoming_tasks(plans: list[Plan], unbuilt: set[tuple[int, int]]) -> list[tuple[int, int, str]]:
-    """Tasks for the plans' upcoming cases whose entries are not all built (a warm cache starts no farm):
-    the first case of each entry in the order the campaign meets them, then the others in order."""
-    first, later, seen = [], [], set()
+    """Tasks for the plans' upcoming cases whose entries are not all built (a warm cache starts no
+    farm), in the order the campaign meets them: the second case of an entry often launches a
+    kernel its first did not (a prefill after a decode), and is needed as soon."""
+    tasks = []
     for p, plan in enumerate(plans):
         index = {entry: e for e, entry in enumerate(plan.entries)}
         for n, case in enumerate(plan.upcoming):
             e = index.get(entry_of(case))
-            if e is None or (p, e) not in unbuilt:
-                continue
-            (later if (p, e) in seen else first).append((p, e, f"u{n}"))
-            seen.add((p, e))
-    return first + later
+            if e is not None and (p, e) in unbuilt:
+                tasks.append((p, e, f"u{n}"))
+    return tasks
 
 
 def default_processes() -> int:

@@ -55,7 +55,7 @@ def test_unseeded_campaigns_draw_their_own_seeds_and_derandomized_ones_seed_0():
     assert search_seed(Settings(), dataclasses.replace(profile, derandomize=True)) == 0
 
 
-def test_the_farm_builds_the_upcoming_cases_first_one_per_entry_then_the_rest(tmp_path):
+def test_the_farm_builds_the_upcoming_cases_first_in_the_campaign_s_order(tmp_path):
     kernel = torch_kernel()
     settings = Settings(device="cpu", pool_size=POOL_SIZE)
     caps, _ = campaign_capabilities(kernel, settings)
@@ -71,8 +71,7 @@ def test_the_farm_builds_the_upcoming_cases_first_one_per_entry_then_the_rest(tm
         summary = farm.summary()
     entries = [pool.index(entry_of(case)) for case in upcoming]
     wanted = [(e, f"u{n}") for n, e in enumerate(entries) if e != built]
-    first = [t for i, t in enumerate(wanted) if t[0] not in {e for e, _ in wanted[:i]}]
-    assert [(e, s) for _, e, s in tasks[:len(wanted)]] == first + [t for t in wanted if t not in first]
+    assert [(e, s) for _, e, s in tasks[:len(wanted)]] == wanted  # in the order the campaign meets them
     assert all(isinstance(s, int) for _, _, s in tasks[len(wanted):])  # then the samples, as before
     assert summary["upcoming"] == len(wanted) and summary["given_up"] == 0
     assert summary["tasks"] == len(wanted) + SAMPLES_PER_ENTRY * len(pool)
