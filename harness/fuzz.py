@@ -15,11 +15,10 @@ and a failure found is kept there for every later campaign.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings as hypothesis_settings
@@ -318,7 +317,7 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
         if plan is not None:  # which compiles the search's first cases first, in the order it meets them
             strategy = paged_cases(caps, interpreter=interpreter, poison_classes=settings.focus.poison_classes,
                                    pool=pool)
-            plan = dataclasses.replace(plan, upcoming=upcoming_cases(
+            plan = replace(plan, upcoming=upcoming_cases(
                 strategy, chunk_seed(seeded, 0), first_chunk(max_examples, time_budget, device), UPCOMING_CASES))
             own_farm = start_farm([plan], settings, after=device_opened)
             farm = own_farm.handle if own_farm else None
