@@ -315,10 +315,8 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, on_example: Callab
         if own_subject:  # the worker first: the campaign waits for it, the farm works ahead
             subject = subject_for(kernel, settings, spec, device_opened=device_opened)
         if plan is not None:  # which compiles the search's first cases first, in the order it meets them
-            strategy = paged_cases(caps, interpreter=interpreter, poison_classes=settings.focus.poison_classes,
-                                   pool=pool)
-            plan = replace(plan, upcoming=upcoming_cases(
-                strategy, chunk_seed(seeded, 0), first_chunk(max_examples, time_budget, device), UPCOMING_CASES))
+            plan = replace(plan, upcoming=upcoming_cases(campaign_strategy(caps, settings, pool), chunk_seed(seeded, 0),
+                                                         first_chunk(max_examples, time_budget, device), UPCOMING_CASES))
             own_farm = start_farm([plan], settings, after=device_opened)
             farm = own_farm.handle if own_farm else None
         waiting = _FarmWait(farm, kernel)
@@ -389,6 +387,12 @@ def database_label(kernel_name: str, device: str, focus_label: str, caps, pool, 
             + (f":pool{len(pool)}/{pool_seed}" if pool else ""))
 
 
+def campaign_strategy(caps: Capabilities, settings: Settings, pool):
+    """What the campaign's search draws its cases from (and ``harness.upcoming`` draws ahead)."""
+    return paged_cases(caps, interpreter=settings.device == "cpu", poison_classes=settings.focus.poison_classes,
+                       pool=pool)
+
+
 def search_seed(settings: Settings, profile: Profile) -> int:
     """The Hypothesis seed of a campaign's chunks (``chunk_seed``): the campaign's seed; 0 under
     a derandomized profile; else a fresh random one, so that no two unseeded campaigns (the
@@ -412,7 +416,6 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
             search_seed: int) -> None:
     """Hypothesis runs until the examples or the time are spent, or a failure is shrunk."""
     device = settings.device
-    interpreter = device == "cpu"
     seen: dict = {}  # "first": (outcome, case); "best": the latest failure of the first's verdict
 
     def run_case(case: Case) -> None:
@@ -448,7 +451,7 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
         if outcome.failed:
             raise _FAILURE_TYPES[outcome.verdict](outcome, case)
 
-    strategy = paged_cases(caps, interpreter=interpreter, poison_classes=settings.focus.poison_classes, pool=pool)
+    strategy = campaign_strategy(caps, settings, pool)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if settings.shrink else [])
     remaining = max_examples
     chunk_index = 0

@@ -14,10 +14,11 @@ materialises the task's case on the device and calls the kernel with every
 Triton launch turned into a compile-only warm-up (``JITFunction.run(warmup=True)``):
 nothing runs on the device, and the binaries land in Triton's on-disk
 cache, where the campaign's worker (and every job of a ``--jobs`` run)
-loads them in milliseconds.  Tasks go out sample by sample: every entry's
-first case before any entry's second, so no entry's binaries queue behind
-one another while processes are free, and the binaries the first examples
-need come first.
+loads them in milliseconds.  A campaign's own first cases, drawn ahead of
+its search (``harness.upcoming``), go out first, in the order the search
+meets them.  Then the samples go out sample by sample: every entry's first
+case before any entry's second, so no entry's binaries queue behind one
+another while processes are free.
 
 A task the farm did once is marked as built beside Triton's cache
 (``BuiltMarks``), with the source hash of every Triton function it launched.
@@ -205,8 +206,9 @@ class FarmHandle:
 
 
 class Farm:
-    """Farm processes compiling ``plans``' tasks: each sample case of each entry, a plan's
-    first samples before its later ones, and the first plan's before the next plan's.
+    """Farm processes compiling ``plans``' tasks: the plans' upcoming cases in order, then each
+    sample case of each entry, a plan's first samples before its later ones, and the first
+    plan's before the next plan's.
 
     ``close()`` stops it whatever it is doing; what it compiled stays in
     Triton's cache.  ``summary()`` says what it did.
