@@ -11,12 +11,16 @@ for a few cases (``sample_cases``: derandomized Hypothesis draws, so decode
 and mixed batches both occur, and integer arguments meet their
 specialisations); each case is a task of its own.  A farm process
 materialises the task's case on the device and calls the kernel with every
-Triton launch turned into a compile-only warm-up (``JITFunction.run(warmup=True)``):
-nothing runs on the device, and the binaries land in Triton's on-disk
-cache, where the campaign's worker (and every job of a ``--jobs`` run)
-loads them in milliseconds.  A campaign's own first cases, drawn ahead of
+Triton launch turned into a compile-only warm-up (``JITFunction.run(warmup=True)``)
+that also loads the binary and builds its launcher: nothing runs on the
+device, and the binaries (and launchers) land in Triton's on-disk cache,
+where the campaign's worker (and every job of a ``--jobs`` run) loads them
+in milliseconds.  A campaign's own first cases, drawn ahead of
 its search (``harness.upcoming``), go out first, in the order the search
-meets them.  Then the samples go out sample by sample: every entry's first
+meets them, each to two processes at once: a farm process skips a binary
+another process is compiling (``shared_compiles.install(skip_claimed=True)``)
+and goes on to the case's next launch, so a mixed batch's decode and prefill
+kernels compile side by side rather than one after the other.  Then the samples go out sample by sample: every entry's first
 case before any entry's second, so no entry's binaries queue behind one
 another while processes are free.
 
@@ -69,6 +73,9 @@ NICENESS = 10
 # How long farm processes wait for a campaign's worker to open its GPU context before
 # opening theirs (one context takes a fraction of a second alone, seconds among many).
 DEVICE_WAIT = 3.0
+# Farm processes given each upcoming case: with one, a case's launches compile one after
+# another in one process (a decode kernel, then a prefill kernel), and the search waits for both.
+UPCOMING_COPIES = 2
 _POLL = 0.02
 _FINISHED = "FINISHED"
 
@@ -229,7 +236,11 @@ class Farm:
         every = [(p, e, i) for p, plan in enumerate(plans) for i in range(SAMPLES_PER_ENTRY)
                  for e in range(len(plan.entries))]
         samples = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
-        self._tasks = _upcoming_tasks(plans, {(p, e) for p, e, _ in samples}) + samples
+        copies = UPCOMING_COPIES if per_binary else 1  # without claims a second copy would only wait
+        # A farm that runs anyway takes every upcoming case: an entry's built mark covers its
+        # samples, and a case of the entry may still meet a binary they did not (a prefill where
+        # they were decodes).  On a warm cache (nothing unbuilt) no farm starts for them.
+        self._tasks = (_upcoming_tasks(plans, copies) if samples else []) + samples
         self._entries = sum(len(plan.entries) for plan in plans)
         self.already_built = len(every) - len(samples)
         self._processes = []
@@ -299,9 +310,10 @@ class Farm:
         return not self._monitor.is_alive()
 
     def summary(self) -> dict:
-        """Pool entries; tasks (their sample cases, and the campaign's upcoming cases) built before,
-        compiled, given up; compile seconds summed over the farm processes; seconds from the
-        farm's start to its end (None while it runs)."""
+        """Pool entries; tasks (their sample cases, and the campaign's upcoming cases, each upcoming
+        case as many tasks as it has copies) built before, compiled, given up; launches skipped
+        because another process was compiling their binary; compile seconds summed over the farm
+        processes; seconds from the farm's start to its end (None while it runs)."""
         if self._closed is not None:
             return self._closed
         results = []
@@ -316,6 +328,7 @@ class Farm:
         return {"entries": self._entries, "tasks": len(self._tasks) + self.already_built,
                 "upcoming": sum(isinstance(sample, str) for _, _, sample in self._tasks),
                 "already_built": self.already_built, "compiled": len(results) - len(failed), "given_up": len(failed),
+                "skipped_launches": sum(r.get("skipped", 0) for r in results),
                 "processes": len(self._processes), "compile_seconds": round(seconds, 3),
                 "slowest_task_seconds": round(max((r["seconds"] or 0.0 for r in results), default=0.0), 3),
                 "wall_seconds": None if self.finished_at is None else round(self.finished_at - self.started, 3),
@@ -345,18 +358,23 @@ class Farm:
         self.close()
 
 
-def _upcoming_tasks(plans: list[Plan], unbuilt: set[tuple[int, int]]) -> list[tuple[int, int, str]]:
-    """Tasks for the plans' upcoming cases whose entries are not all built (a warm cache starts no
-    farm), in the order the campaign meets them: the second case of an entry often launches a
-    kernel its first did not (a prefill after a decode), and is needed as soon."""
+def _upcoming_tasks(plans: list[Plan], copies: int = 1) -> list[tuple[int, int, str]]:
+    """Tasks for the plans' upcoming cases, in the order the campaign meets them: the second case
+    of an entry often launches a kernel its first did not (a prefill after a decode), and is
+    needed as soon.  Each case is ``copies`` tasks in a row: ``u<n>``, then ``u<n>.1`` ..."""
     tasks = []
     for p, plan in enumerate(plans):
         index = {entry: e for e, entry in enumerate(plan.entries)}
         for n, case in enumerate(plan.upcoming):
             e = index.get(entry_of(case))
-            if e is not None and (p, e) in unbuilt:
-                tasks.append((p, e, f"u{n}"))
+            if e is not None:
+                tasks.extend((p, e, f"u{n}" + (f".{c}" if c else "")) for c in range(copies))
     return tasks
+
+
+def _upcoming_number(sample: str) -> int:
+    """The index in ``Plan.upcoming`` of an upcoming task's case (``u3``, ``u3.1`` -> 3)."""
+    return int(sample[1:].split(".")[0])
 
 
 def default_processes() -> int:
@@ -385,7 +403,7 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None)
     _compile_only()
     from nanfuzz.harness.backend import host_threads
 
-    shared_compiles.install()
+    shared_compiles.install(skip_claimed=True)  # another process's binary: on to the next launch
 
     with host_threads(plans[0].spec.device, own_process=True):  # sixteen of these share the cores
         _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after)
@@ -408,12 +426,13 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, aft
         try:
             kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, plan.spec.load())
             if isinstance(sample, str):  # an upcoming case of the campaign: its binaries, no mark
-                cases, number = plan.upcoming, int(sample[1:])
+                cases, number = plan.upcoming, _upcoming_number(sample)
             else:
                 cases, number = samples.get((plan_index, entry_index)), sample
                 if cases is None:
                     cases = samples[plan_index, entry_index] = sample_cases(plan, entry)
             _LAUNCHED.clear()
+            _SKIPPED[0] = 0
             if not waited:  # the kernel and its cases are ready; the device comes next
                 after.wait(DEVICE_WAIT)
                 waited = True
@@ -422,7 +441,7 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, aft
                 _compile_case(kernel, plan, cases[number])
             if not isinstance(sample, str):
                 marks.mark(plan, entry, list(_LAUNCHED), sample)
-            result = {"ok": True, "error": None}
+            result = {"ok": True, "error": None, "skipped": _SKIPPED[0]}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         shared_compiles.release_claims()  # a compile that raised leaves its claim
@@ -435,19 +454,42 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, aft
 
 # (module, name, cache_key) of each Triton function the current task launched
 _LAUNCHED: set[tuple[str, str, str]] = set()
+# launches of the current task whose binary another process was compiling
+_SKIPPED = [0]
 
 
 def _compile_only() -> None:
-    """Every Triton launch in this process compiles (or loads from the cache) without running."""
+    """Every Triton launch in this process compiles (or loads from the cache) without running;
+    a launch whose binary another process is compiling is skipped (``ClaimedElsewhere``)."""
     from triton.runtime.jit import JITFunction
 
     launch = JITFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
         _LAUNCHED.add((self.fn.__module__, self.fn.__qualname__, self.cache_key))
-        return launch(self, *args, grid=grid, warmup=True, **kwargs)
+        try:
+            binary = launch(self, *args, grid=grid, warmup=True, **kwargs)
+        except shared_compiles.ClaimedElsewhere:
+            _SKIPPED[0] += 1
+            return None
+        _build_launcher(binary)
+        return binary
 
     JITFunction.run = run
+
+
+def _build_launcher(binary) -> None:
+    """Load ``binary`` and build its host-side launcher, as its first real launch would: some
+    Tritons (3.6) compile a C launcher per kernel signature there, a few tenths of a second, into
+    the same on-disk cache, where the worker then finds it.  A binary that cannot load (too much
+    shared memory, say) is the kernel's to fail in the worker, where the campaign sees it."""
+    load = getattr(binary, "_init_handles", None)
+    if load is None:
+        return
+    try:
+        load()
+    except Exception:
+        pass
 
 
 def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENTRY) -> list[Case]:

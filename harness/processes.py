@@ -18,14 +18,14 @@ import sys
 
 def fork_server_context():
     """Workers (and ``--jobs`` jobs, and compile-farm processes) are forked from a fork server that
-    has imported torch, Triton and nanfuzz but never touched a GPU (a forked CUDA context is
-    unusable): a fresh worker after a crash costs a fork, not a second of imports.  Where there
-    is no fork server, they are spawned."""
+    has imported torch, Triton and nanfuzz, and hashed Triton's installation (``warm_start``),
+    but never touched a GPU (a forked CUDA context is unusable): a fresh worker after a crash
+    costs a fork, not a second of imports.  Where there is no fork server, they are spawned."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["torch", "triton", "nanfuzz.harness.check", "nanfuzz.harness.registry",
-                                    "nanfuzz.harness.fuzz"])
+                                    "nanfuzz.harness.fuzz", "nanfuzz.harness.warm_start"])
     return context
 
 

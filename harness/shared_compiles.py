@@ -12,6 +12,13 @@ claims it with a file in the binary's cache folder and compiles it; a process
 that misses a claimed binary waits for it to land in the cache and loads it.
 A claim ends with the binary, with its process, or with ``release_claims()``
 after a compile that failed; a claim older than ``CLAIM_TIMEOUT`` is ignored.
+
+A compile farm process, which only builds binaries ahead, installs it with
+``skip_claimed``: a binary another process has claimed raises
+``ClaimedElsewhere`` instead of a wait, and the farm process goes on to the
+case's next launch.  Two farm processes given the same case then build its
+launches side by side (a mixed batch's decode and prefill kernels) instead
+of one after the other.
 """
 from __future__ import annotations
 
@@ -25,6 +32,11 @@ _POLL = 0.01
 
 _claims: set[str] = set()  # claim files this process holds
 _waited = [0.0]            # seconds this process waited for other processes' compiles
+_skip_claimed = [False]    # raise ClaimedElsewhere rather than wait (a farm process's choice)
+
+
+class ClaimedElsewhere(Exception):
+    """Another live process is compiling this binary (raised only under ``install(skip_claimed=True)``)."""
 
 
 def available() -> bool:
@@ -41,13 +53,15 @@ def available() -> bool:
     return cache.manager_class in (None, FileCacheManager, _claiming_class())
 
 
-def install() -> bool:
-    """Make Triton's cache claim misses in this process (False where it cannot: ``available``)."""
+def install(skip_claimed: bool = False) -> bool:
+    """Make Triton's cache claim misses in this process (False where it cannot: ``available``);
+    with ``skip_claimed``, a miss another process has claimed raises ``ClaimedElsewhere``."""
     if not available():
         return False
     from triton import knobs
 
     knobs.cache.manager_class = _claiming_class()
+    _skip_claimed[0] = skip_claimed
     return True
 
 
@@ -133,6 +147,8 @@ def _claiming_class():
                 while True:
                     if _try_claim(claim):
                         return None  # ours to compile
+                    if _skip_claimed[0] and _holder_alive(claim):
+                        raise ClaimedElsewhere(claim)
                     while _holder_alive(claim):
                         time.sleep(_POLL)
                         group = super().get_group(filename)

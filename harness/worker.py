@@ -317,6 +317,9 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
     if spec.device == "cuda":
         shared_compiles.install()  # a binary another process is compiling is waited for, not compiled again
         _open_device_context()
+        from nanfuzz.harness.warm_start import warm_oracle
+
+        warm_oracle(kernel, "cuda")  # beside the first check's launch, not inside its oracle
     if device_opened is not None:
         device_opened.set()
     conn.send(("ready", None))

@@ -13,6 +13,7 @@ one gather per chunk; :func:`computed_in` is that for one arithmetic.
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -149,17 +150,29 @@ def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gat
     return _Gathered(case, q, k, v, allowed, sinks, tok_seq, tok_row)
 
 
+# Threads inside ``_ieee_float32_matmuls`` (a worker warms the oracle beside its first check),
+# and the setting the last one out puts back: the flag is the process's.
+_ieee_users = threading.Lock(), [0, False]
+
+
 @contextlib.contextmanager
 def _ieee_float32_matmuls():
     """float32 products in full precision even where the process allows TF32
     (``torch.set_float32_matmul_precision``): TF32, where wanted, is the arithmetic's own rounding."""
     matmul = torch.backends.cuda.matmul
-    before = matmul.allow_tf32
-    matmul.allow_tf32 = False
+    lock, users = _ieee_users
+    with lock:
+        if users[0] == 0:
+            users[1] = matmul.allow_tf32
+            matmul.allow_tf32 = False
+        users[0] += 1
     try:
         yield
     finally:
-        matmul.allow_tf32 = before
+        with lock:
+            users[0] -= 1
+            if users[0] == 0:
+                matmul.allow_tf32 = users[1]
 
 
 def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic) -> torch.Tensor:

@@ -26,6 +26,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def _backend_choice_stays_in_its_test():
+    """A test that runs the CLI in-process with ``--device cpu`` sets ``TRITON_INTERPRET=1`` in
+    this process's environment; on a GPU, every later subprocess would inherit it."""
+    before = os.environ.get("TRITON_INTERPRET")
+    yield
+    if before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = before
+
+
 def _fetched_tree(project: str, version: str, cached, ensure, cache_dir):
     """A released wheel's kernel tree, fetched once with pip into nanfuzz's cache.
 

@@ -123,3 +123,21 @@ def test_chunked_oracle_equals_one_pass(monkeypatch):
     whole = oracle(batch)
     monkeypatch.setattr(oracle_module, "_CHUNK_ELEMENTS", 1)  # one sequence per chunk
     torch.testing.assert_close(oracle_module.oracle(batch), whole, rtol=1e-13, atol=1e-13)  # padding differs per chunk
+
+
+def test_overlapping_oracles_keep_tf32_off_until_the_last_ends_and_then_put_the_process_s_setting_back():
+    from nanfuzz.reference.oracle import _ieee_float32_matmuls
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = True
+    try:
+        first, second = _ieee_float32_matmuls(), _ieee_float32_matmuls()
+        first.__enter__()
+        second.__enter__()  # another thread's oracle, entered while the first runs
+        first.__exit__(None, None, None)
+        assert matmul.allow_tf32 is False  # the second still computes in full float32
+        second.__exit__(None, None, None)
+        assert matmul.allow_tf32 is True  # not the False the second found on its way in
+    finally:
+        matmul.allow_tf32 = before

@@ -181,3 +181,61 @@ def test_farm_processes_run_below_the_campaign_and_wait_for_its_worker_s_device_
         assert farm.wait(timeout=60)
         assert time.monotonic() - started < DEVICE_WAIT
         assert farm.summary()["compiled"] == farm.summary()["tasks"]
+
+
+def test_each_upcoming_case_goes_to_as_many_tasks_in_a_row_as_it_has_copies():
+    from nanfuzz.harness.precompile import _upcoming_number, _upcoming_tasks
+
+    plan = _plan("tests.farm_subjects:slow")
+    cases = tuple(sample_cases(plan, plan.entries[1], 1) + sample_cases(plan, plan.entries[0], 1))
+    plan = Plan(plan.spec, plan.capabilities, None, plan.entries, cases)
+    tasks = _upcoming_tasks([plan], copies=2)
+    assert tasks == [(0, 1, "u0"), (0, 1, "u0.1"), (0, 0, "u1"), (0, 0, "u1.1")]
+    assert [_upcoming_number(sample) for _, _, sample in tasks] == [0, 0, 1, 1]
+    assert _upcoming_tasks([plan]) == [(0, 1, "u0"), (0, 0, "u1")]
+
+
+def test_a_farm_process_skips_a_launch_whose_binary_another_process_compiles_and_goes_on(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    from nanfuzz.harness import precompile, shared_compiles
+
+    calls = []
+
+    class Binary:
+        def _init_handles(self):  # Triton loads a binary and builds its launcher here
+            calls.append(("launcher built", None))
+
+    def launch(self, *args, grid, warmup, **kwargs):
+        calls.append((self.fn.__name__, warmup))
+        if self.fn.__name__ == "claimed":
+            raise shared_compiles.ClaimedElsewhere("another process holds it")
+        return binary
+
+    binary = Binary()
+
+    def claimed():
+        pass
+
+    def free():
+        pass
+
+    monkeypatch.setattr(JITFunction, "run", launch)  # restored after the test, as _compile_only replaces it
+    precompile._compile_only()
+    precompile._SKIPPED[0] = 0
+    assert JITFunction(claimed).run(grid=(1,), warmup=False) is None
+    assert JITFunction(free).run(grid=(1,), warmup=False) is binary
+    # compile-only, on past the skipped launch, and the compiled binary's launcher built
+    assert calls == [("claimed", True), ("free", True), ("launcher built", None)]
+    assert precompile._SKIPPED == [1]
+
+
+def test_a_binary_that_cannot_load_in_a_farm_process_is_left_for_the_worker_to_meet():
+    from nanfuzz.harness.precompile import _build_launcher
+
+    class TooBig:
+        def _init_handles(self):
+            raise RuntimeError("out of resources: shared memory")
+
+    _build_launcher(TooBig())  # no error here: the campaign's worker meets it, and reports it
+    _build_launcher(object())  # a Triton whose binaries have no such step

@@ -121,3 +121,26 @@ def test_install_leaves_a_cache_manager_of_the_user_s_own_alone(monkeypatch):
     assert knobs.cache.manager_class is Remote
     monkeypatch.setattr(knobs.cache, "manager_class", None)
     assert shared_compiles.install() and knobs.cache.manager_class is shared_compiles._claiming_class()
+
+
+def test_a_process_skipping_claims_raises_at_once_for_a_live_holder_and_compiles_what_nobody_holds(cache_dir,
+                                                                                               monkeypatch):
+    context = multiprocessing.get_context("fork")
+    claimed, go = context.Event(), context.Event()
+    holder = context.Process(target=_holder, args=(str(cache_dir), "finishes", claimed, go), daemon=True)
+    holder.start()
+    monkeypatch.setattr(shared_compiles, "_skip_claimed", [True])
+    try:
+        assert claimed.wait(30)
+        started = time.monotonic()
+        with pytest.raises(shared_compiles.ClaimedElsewhere):
+            shared_compiles._claiming_class()(KEY).get_group(METADATA)
+        assert time.monotonic() - started < 1.0  # no wait for the holder's compile
+        assert shared_compiles._claiming_class()("ANOTHERKEY").get_group(METADATA) is None  # unclaimed: ours
+        holder.kill()
+        holder.join(10)
+        assert shared_compiles._claiming_class()(KEY).get_group(METADATA) is None  # a dead holder's: taken over
+    finally:
+        holder.kill()
+        holder.join(10)
+        shared_compiles.release_claims()
