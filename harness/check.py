@@ -66,6 +66,9 @@ class Outcome:
     output_sha256: str | None = None
     timings: dict = field(default_factory=dict)
     cpu_seconds: float = 0.0  # CPU time of the process that judged it (a worker, or the caller's)
+    # a supervised GPU worker's own Triton compiles (and cache loads) during the check, its waits
+    # for other processes' compiles left out (those are the "compile" timing)
+    compiled_seconds: float = 0.0
     # a CRASH that left the device context unusable (sticky CUDA/HIP error): the worker must be replaced
     fatal: bool = False
 

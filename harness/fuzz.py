@@ -53,6 +53,9 @@ _CHUNK_SHARE = 0.5
 # Shrinking stops after this long and reports the smallest failing case so far:
 # a HANG costs a launch timeout per candidate, and a gate must finish.
 DEFAULT_SHRINK_BUDGET = 600.0
+# The first examples of a campaign whose timing it keeps (``Campaign.early_examples``): as many
+# as it draws in advance for the compile farm (``harness.upcoming``), and a few more.
+EARLY_EXAMPLES = 40
 
 
 class KernelFailed(Exception):
@@ -108,6 +111,8 @@ class Campaign:
     interrupted: bool = False
     worker_restarts: int = 0
     time_to_first_example: float | None = None  # seconds from the start to the first example judged
+    # where a cold start's time goes, example by example (``EARLY_EXAMPLES`` of them): see ``note_early``
+    early_examples: list[dict] = field(default_factory=list)
     compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
     farm: dict | None = None      # what its own compile farm did (Farm.summary())
     # CPU seconds: the campaign's own process (judging included where the kernel runs in it), and the
@@ -118,6 +123,16 @@ class Campaign:
     @property
     def failed(self) -> bool:
         return self.failure is not None
+
+    def note_early(self, outcome: Outcome, started: float, seconds: float) -> None:
+        """One of the campaign's first examples: when its check started (seconds from the campaign's
+        start), how long it took, how much of that it waited for a binary another process was
+        compiling, and how much its worker spent compiling (or loading) binaries itself."""
+        if len(self.early_examples) < EARLY_EXAMPLES:
+            self.early_examples.append({
+                "at_s": round(started, 3), "seconds": round(seconds, 3),
+                "farm_wait_s": round(outcome.timings.get("compile", 0.0), 3),
+                "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value})
 
     def count(self, outcome: Outcome) -> None:
         self.examples += 1
@@ -429,11 +444,13 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
             raise StopRequested()
         waiting(case, campaign)
         journal.record(case)
+        checked = time.perf_counter()
         try:
             outcome = subject.check(case)
         except NanfuzzError as exc:
             raise _Aborted(exc) from None
         journal.clear()
+        campaign.note_early(outcome, checked - start, time.perf_counter() - checked)
         campaign.count(outcome)
         if campaign.time_to_first_example is None:
             campaign.time_to_first_example = time.perf_counter() - start

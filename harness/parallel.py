@@ -223,6 +223,9 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
             first = started - start + campaign.time_to_first_example
             if merged.time_to_first_example is None or first < merged.time_to_first_example:
                 merged.time_to_first_example = first
+                # the earliest job's first examples, timed from the run's start
+                merged.early_examples = [{**e, "at_s": round(started - start + e["at_s"], 3)}
+                                         for e in campaign.early_examples]
         merged.statistics.merge(campaign.statistics)
         merged.accuracy.merge(campaign.accuracy)
         for verdict, n in campaign.verdicts.items():

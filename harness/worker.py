@@ -332,7 +332,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
             except (EOFError, OSError):
                 return
             _, case, digest, explain = message
-            waited = shared_compiles.waited_seconds()
+            waited, compiling = shared_compiles.waited_seconds(), _compile_seconds()
             try:
                 outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain)
             except NanfuzzError as exc:
@@ -345,7 +345,9 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
             finally:
                 shared_compiles.release_claims()
                 event("returned")  # a launch that raised, or a wait that did, leaves no launch open
-            _move_compile_waits(outcome, shared_compiles.waited_seconds() - waited)
+            waited = shared_compiles.waited_seconds() - waited
+            _move_compile_waits(outcome, waited)
+            outcome.compiled_seconds = max(0.0, _compile_seconds() - compiling - waited)
             if outcome.verdict is Verdict.CRASH and spec.device == "cuda" and not outcome.fatal:
                 outcome.fatal = not _device_alive()
             conn.send(("outcome", (outcome, seen.count)))
@@ -396,8 +398,22 @@ def _device_alive() -> bool:
         return False
 
 
+# Seconds this worker has spent in Triton's compiles (cache loads and waits for other processes
+# included), and when the compile under way, if any, started.
+_compiles = [0.0, None]
+
+
+def _compile_seconds() -> float:
+    """Compile seconds so far; a compile that raised (its end never reported) ends now."""
+    if _compiles[1] is not None:
+        _compiles[0] += time.monotonic() - _compiles[1]
+        _compiles[1] = None
+    return _compiles[0]
+
+
 def _report_compiles(event) -> None:
-    """Tell the supervisor when Triton compiles (its watchdog does not count that time)."""
+    """Tell the supervisor when Triton compiles (its watchdog does not count that time), and
+    count the seconds (``_compile_seconds``)."""
     try:
         import triton
 
@@ -409,10 +425,12 @@ def _report_compiles(event) -> None:
 
     def starting(*args, **kwargs):
         event("compile")
+        _compiles[1] = time.monotonic()
         return before(*args, **kwargs) if before is not None else None
 
     def finished(*args, **kwargs):
         event("compiled")
+        _compile_seconds()
         return after(*args, **kwargs) if after is not None else None
 
     runtime.jit_cache_hook, runtime.jit_post_compile_hook = starting, finished

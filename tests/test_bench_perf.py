@@ -4,6 +4,7 @@ import json
 import pytest
 
 from nanfuzz.harness.cli import main
+from nanfuzz.harness.fuzz import EARLY_EXAMPLES
 from nanfuzz.harness.kernels.paged_decode import KERNELS as DECODE_KERNELS
 from nanfuzz.harness.kernel import Kernel
 
@@ -49,6 +50,14 @@ def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_
     for key in ("time_to_first_failure_s", "shrink_s", "examples_to_first_failure"):
         assert 0 < detection[key]["median"] <= detection[key]["max"]
     assert all(run["verdict"] != "PASS" for run in detection["runs"])
+    for run in detection["runs"]:  # its first examples one by one, the first failure among them
+        early = run["early_examples"]
+        assert len(early) == min(EARLY_EXAMPLES, run["examples"])
+        assert all(a["at_s"] + a["seconds"] <= b["at_s"] + 0.002 for a, b in zip(early, early[1:]))
+        first = min(run["examples_to_first_failure"], EARLY_EXAMPLES)
+        assert {e["verdict"] for e in early[:first - 1]} <= {"PASS"}
+        assert run["examples_to_first_failure"] > EARLY_EXAMPLES or early[first - 1]["verdict"] == run["verdict"]
+        assert all(e["farm_wait_s"] >= 0.0 and e["compiled_s"] >= 0.0 for e in early)
     progress = capsys.readouterr().err
     for run in detection["runs"]:  # a line per seed as it ends, for long cold-cache runs
         assert (f"paged_decode@unmasked seed {run['seed']}: {run['verdict']} after "

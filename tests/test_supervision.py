@@ -205,3 +205,23 @@ def test_a_worker_tells_the_farm_when_its_device_is_open_and_again_after_a_resta
         assert subject.restarts == 1 and opened.is_set()
     finally:
         subject.close()
+
+
+def test_a_worker_counts_the_seconds_its_triton_compiles_take_and_ends_one_that_raised(monkeypatch):
+    from triton import knobs
+
+    from nanfuzz.harness import worker
+
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    monkeypatch.setattr(worker, "_compiles", [0.0, None])
+    events = []
+    worker._report_compiles(events.append)
+    knobs.runtime.jit_cache_hook()
+    time.sleep(0.2)
+    knobs.runtime.jit_post_compile_hook()
+    assert events == ["compile", "compiled"] and 0.2 <= worker._compile_seconds() < 1.0
+    knobs.runtime.jit_cache_hook()  # a compile that raises: its end is never reported
+    time.sleep(0.1)
+    assert 0.3 <= worker._compile_seconds() < 1.2
+    assert worker._compiles[1] is None  # ended where it was counted, not counted again
