@@ -35,8 +35,12 @@ def upcoming_cases(strategy, seed: int, max_examples: int, count: int = UPCOMING
             raise _Enough()
 
     run = hypothesis_seed(seed)(given(case=strategy)(record))
-    run = hypothesis_settings(max_examples=max_examples, deadline=None, database=None, phases=[Phase.generate],
-                              suppress_health_check=list(HealthCheck), print_blob=False)(run)
+    # the search's own settings but for the example database (and shrinking, which starts after a
+    # failure): a Hypothesis whose generation heeds any of them then draws alike in both
+    phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
+    run = hypothesis_settings(max_examples=max_examples, deadline=None, database=None, phases=phases,
+                              report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+                              print_blob=False)(run)
     try:
         run()
     except _Enough:
