@@ -476,12 +476,13 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
         elapsed = time.perf_counter() - start
         if time_budget is not None and elapsed >= time_budget and campaign.examples:
             break  # at least one example, however late: a campaign that tried nothing is no pass
-        if campaign.examples:
-            per_example = elapsed / campaign.examples
-            size = remaining if time_budget is None else max(1, min(
-                remaining, _CHUNK, int(_CHUNK_SHARE * (time_budget - elapsed) / max(per_example, 1e-6))))
-        else:
+        if not campaign.examples:
             size = first_chunk(remaining, time_budget, device)
+        elif time_budget is None:
+            size = remaining
+        else:  # a share of the time left, at the pace so far
+            per_example = elapsed / campaign.examples
+            size = max(1, min(remaining, _CHUNK, int(_CHUNK_SHARE * (time_budget - elapsed) / max(per_example, 1e-6))))
         property_ = given(case=strategy)(lambda case: run_case(case))
         property_.hypothesis.inner_test._hypothesis_internal_add_digest = database_label(
             kernel.name, device, settings.focus.label(), caps, pool, pool_seed).encode()

@@ -6,23 +6,24 @@ most of a cold campaign's time: one compile takes a second or more, in one
 process at a time.  A ``Farm`` compiles the whole pool at once, one process
 per core, while the campaign's worker is still starting; it runs below the
 campaign's priority, and its processes open their GPU contexts once the
-worker has opened its own.  Each entry stands
-for a few cases (``sample_cases``: derandomized Hypothesis draws, so decode
-and mixed batches both occur, and integer arguments meet their
-specialisations); each case is a task of its own.  A farm process
+worker has opened its own.  Each entry stands for a few cases
+(``sample_cases``: derandomized Hypothesis draws, so decode and mixed
+batches both occur, and integer arguments meet their specialisations);
+each case is a task of its own.  A farm process
 materialises the task's case on the device and calls the kernel with every
 Triton launch turned into a compile-only warm-up (``JITFunction.run(warmup=True)``)
 that also loads the binary and builds its launcher: nothing runs on the
 device, and the binaries (and launchers) land in Triton's on-disk cache,
 where the campaign's worker (and every job of a ``--jobs`` run) loads them
-in milliseconds.  A campaign's own first cases, drawn ahead of
-its search (``harness.upcoming``), go out first, in the order the search
-meets them, each to two processes at once: a farm process skips a binary
-another process is compiling (``shared_compiles.install(skip_claimed=True)``)
-and goes on to the case's next launch, so a mixed batch's decode and prefill
-kernels compile side by side rather than one after the other.  Then the samples go out sample by sample: every entry's first
-case before any entry's second, so no entry's binaries queue behind one
-another while processes are free.
+in milliseconds.  A campaign's own first cases, drawn ahead of its search
+(``harness.upcoming``), go out first, in the order the search meets them,
+each to two processes at once: a farm process skips a binary another
+process is compiling (``shared_compiles.install(skip_claimed=True)``) and
+goes on to the case's next launch, so a mixed batch's decode and prefill
+kernels compile side by side rather than one after the other.  Then the
+samples go out sample by sample: every entry's first case before any
+entry's second, so no entry's binaries queue behind one another while
+processes are free.
 
 A task the farm did once is marked as built beside Triton's cache
 (``BuiltMarks``), with the source hash of every Triton function it launched.
