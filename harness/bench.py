@@ -221,12 +221,14 @@ def measure_detection(kernel: Kernel, settings: Settings, seeds: int, max_exampl
             "examples_to_first_failure": campaign.examples_to_first_failure,
             "shrink_s": campaign.shrink_time,
             # where a cold seed's time goes: its first example, waits for the farm, launches (a compile
-            # in the worker counts there), specialisations its worker met, what its farm built, and
+            # in the worker counts there), specialisations its worker met, checks it put off while their
+            # binaries compiled (``harness.deferrals``), what its farm built, and
             # its first examples one by one (when each started, waited for the farm, compiled itself)
             "time_to_first_example_s": campaign.time_to_first_example,
             "farm_wait_s": campaign.phase_times.get("compile", 0.0),
             "kernel_s": campaign.phase_times.get("kernel", 0.0),
             "compiles": campaign.compiles,
+            "deferred": campaign.deferred,
             "farm": campaign.farm,
             "early_examples": campaign.early_examples,
         })

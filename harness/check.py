@@ -265,6 +265,11 @@ def _judge_case(kernel: Kernel, case: Case, device: str | torch.device = "cpu", 
     except BaseException as exc:
         if _device_fault(exc):  # the poisoned run's fault, met where the oracle first waits for the device
             return _crash(exc, "on the poisoned run")
+        # or met as another error by a library the oracle sets up on a context that fault killed
+        # (cuBLAS: "CUBLAS_STATUS_NOT_INITIALIZED"): waiting for the run names the fault
+        fault = _await_runs(device, events, "on the poisoned run") if not isinstance(exc, KeyboardInterrupt) else None
+        if fault is not None:
+            return fault
         raise
     timings["reference"] += time.perf_counter() - t0
 

@@ -322,7 +322,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                         "cpu_seconds": {"campaign": round(campaign.cpu_seconds, 4),
                                         "judging": round(campaign.judging_cpu_seconds, 4)},
                         "time_to_first_example_s": campaign.time_to_first_example,
-                        "compiles": campaign.compiles, "compile_farm": campaign.farm,
+                        "compiles": campaign.compiles, "deferred": campaign.deferred, "compile_farm": campaign.farm,
                         "early_examples": campaign.early_examples})
         if campaign.interrupted:
             interrupted = True

@@ -27,6 +27,7 @@ from hypothesis.errors import HypothesisException
 from nanfuzz.harness import known_failures
 from nanfuzz.harness import encodings
 from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.harness.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.journal import Journal, leftovers
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.profiles import Profile, get_profile
@@ -36,7 +37,7 @@ from nanfuzz.harness.statistics import Statistics
 from nanfuzz.harness.precompile import Farm, FarmHandle, Plan, default_processes
 from nanfuzz.harness.processes import fork_server_context
 from nanfuzz.harness.upcoming import UPCOMING_CASES, upcoming_cases
-from nanfuzz.harness.worker import InProcess, Supervised, WorkerSpec
+from nanfuzz.harness.worker import CLAIMED, UNBUILT, Deferred, InProcess, Supervised, WorkerSpec
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
@@ -54,8 +55,10 @@ _CHUNK_SHARE = 0.5
 # a HANG costs a launch timeout per candidate, and a gate must finish.
 DEFAULT_SHRINK_BUDGET = 600.0
 # The first examples of a campaign whose timing it keeps (``Campaign.early_examples``): as many
-# as it draws in advance for the compile farm (``harness.upcoming``), and a few more.
-EARLY_EXAMPLES = 40
+# as it draws in advance for the compile farm (``harness.upcoming``).
+EARLY_EXAMPLES = UPCOMING_CASES
+# How often the end of a Hypothesis run looks whether the binaries of the cases it put off have landed.
+_LANDING_POLL = 0.01
 
 
 class KernelFailed(Exception):
@@ -114,6 +117,7 @@ class Campaign:
     # where a cold start's time goes, example by example (``EARLY_EXAMPLES`` of them): see ``note_early``
     early_examples: list[dict] = field(default_factory=list)
     compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
+    deferred: int = 0             # checks put off while a binary they needed compiled elsewhere (GPU)
     farm: dict | None = None      # what its own compile farm did (Farm.summary())
     # CPU seconds: the campaign's own process (judging included where the kernel runs in it), and the
     # judging of its examples wherever it ran; against elapsed time they show a busy or a waiting host
@@ -280,6 +284,9 @@ class _FarmWait:
         self.farm = farm
         self.kernel = import_path(kernel) if farm is not None else None  # what the farm's plan names it by
 
+    def farm_running(self) -> bool:
+        return self.farm is not None and self.farm.running()
+
     def __call__(self, case: Case, campaign: Campaign) -> None:
         if self.farm is None:
             return
@@ -432,24 +439,30 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
     """Hypothesis runs until the examples or the time are spent, or a failure is shrunk."""
     device = settings.device
     seen: dict = {}  # "first": (outcome, case); "best": the latest failure of the first's verdict
+    defers = getattr(subject, "defers", False)  # can its worker put off a case whose binary compiles elsewhere?
+    farm_running = waiting.farm_running
+    deferrals = Deferrals()
+    judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
+    replaying: list[Replay] = []      # the replay under way, if any
 
-    def run_case(case: Case) -> None:
-        if interrupted is not None and interrupted():
-            raise StopRequested()
-        if "first" not in seen and should_stop is not None and should_stop():
-            raise StopRequested()
-        if "first" in seen and time.perf_counter() - start - campaign.time_to_first_failure > shrink_budget:
-            campaign.notes.append(f"{kernel.name}: shrinking stopped after {shrink_budget:.0f} s; "
-                                  "the repro is the smallest failing case found by then")
-            raise StopRequested()
-        waiting(case, campaign)
+    def deferring() -> str | None:
+        """What a check may put off now (``worker.CLAIMED``, ``UNBUILT``): nothing once a failure is found."""
+        if not defers or "first" in seen:
+            return None
+        return UNBUILT if farm_running() else CLAIMED
+
+    def judge(case: Case, defer: str | None) -> Outcome | None:
+        """Check one case and count it; None when the worker put it off (``harness.deferrals``)."""
         journal.record(case)
         checked = time.perf_counter()
         try:
-            outcome = subject.check(case)
+            outcome = subject.check(case, defer=defer) if defer else subject.check(case)
         except NanfuzzError as exc:
             raise _Aborted(exc) from None
         journal.clear()
+        if isinstance(outcome, Deferred):
+            deferrals.add(case, outcome.skipped)
+            return None
         campaign.note_early(outcome, checked - start, time.perf_counter() - checked)
         campaign.count(outcome)
         if campaign.time_to_first_example is None:
@@ -463,13 +476,76 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
                 seen["first"] = seen["best"] = (outcome, case)
             elif outcome.verdict is seen["first"][0].verdict:
                 seen["best"] = (outcome, case)
+        if "first" not in seen:
+            judged[case] = outcome
         if on_example is not None:
             on_example(campaign)
-        if outcome.failed:
+        return outcome
+
+    def stop_if_asked() -> None:
+        if interrupted is not None and interrupted():
+            raise StopRequested()
+        if "first" not in seen and should_stop is not None and should_stop():
+            raise StopRequested()
+
+    def check_landed() -> None:
+        """The put-off cases whose binaries have landed, checked now (one whose compile failed in
+        another process, compiling it here); a failure ends the run."""
+        for case, built in deferrals.landed(farm_running()):
+            stop_if_asked()
+            outcome = judge(case, deferring() if built else CLAIMED)
+            if outcome is not None and outcome.failed:
+                raise FoundLate(case, outcome)
+
+    def check_remaining() -> None:
+        """The run is over: every case still put off is checked as soon as its binaries land, and
+        once no farm runs, each in turn, waiting for whatever another process still compiles."""
+        while deferrals:
+            stop_if_asked()
+            if farm_running():
+                check_landed()
+                time.sleep(_LANDING_POLL)
+                continue
+            for case in deferrals.remaining():
+                stop_if_asked()
+                outcome = judge(case, None)
+                if outcome.failed:
+                    raise FoundLate(case, outcome)
+
+    def run_case(case: Case) -> None:
+        stop_if_asked()
+        if "first" in seen and time.perf_counter() - start - campaign.time_to_first_failure > shrink_budget:
+            campaign.notes.append(f"{kernel.name}: shrinking stopped after {shrink_budget:.0f} s; "
+                                  "the repro is the smallest failing case found by then")
+            raise StopRequested()
+        if replaying:
+            known = replaying[0].known(case)
+            if known is not None:
+                if known.failed:
+                    raise _FAILURE_TYPES[known.verdict](known, case)
+                return
+            if replaying[0].passes_over(case):
+                return
+        if deferrals and "first" not in seen:  # after a failure, cases put off no longer matter
+            check_landed()
+        waiting(case, campaign)
+        outcome = judge(case, deferring())
+        if outcome is not None and outcome.failed:
             raise _FAILURE_TYPES[outcome.verdict](outcome, case)
 
     strategy = campaign_strategy(caps, settings, pool)
     phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + ([Phase.shrink] if settings.shrink else [])
+
+    def hypothesis_run(size: int, chunk_index: int):
+        property_ = given(case=strategy)(lambda case: run_case(case))
+        property_.hypothesis.inner_test._hypothesis_internal_add_digest = database_label(
+            kernel.name, device, settings.focus.label(), caps, pool, pool_seed).encode()
+        property_ = hypothesis_seed(chunk_seed(search_seed, chunk_index))(property_)
+        # settings after @seed: @seed alone would switch the example database off
+        return hypothesis_settings(
+            max_examples=size, deadline=None, database=database, phases=phases, report_multiple_bugs=False,
+            suppress_health_check=list(HealthCheck), print_blob=False)(property_)
+
     remaining = max_examples
     chunk_index = 0
     while remaining > 0:
@@ -483,17 +559,17 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
         else:  # a share of the time left, at the pace so far
             per_example = elapsed / campaign.examples
             size = max(1, min(remaining, _CHUNK, int(_CHUNK_SHARE * (time_budget - elapsed) / max(per_example, 1e-6))))
-        property_ = given(case=strategy)(lambda case: run_case(case))
-        property_.hypothesis.inner_test._hypothesis_internal_add_digest = database_label(
-            kernel.name, device, settings.focus.label(), caps, pool, pool_seed).encode()
-        property_ = hypothesis_seed(chunk_seed(search_seed, chunk_index))(property_)
-        # settings after @seed: @seed alone would switch the example database off
-        configured = hypothesis_settings(
-            max_examples=size, deadline=None, database=database, phases=phases, report_multiple_bugs=False,
-            suppress_health_check=list(HealthCheck), print_blob=False)(property_)
         before = campaign.examples
+        judged.clear()
         try:
-            configured()
+            while True:
+                try:
+                    hypothesis_run(size, chunk_index)()
+                    if not replaying:
+                        check_remaining()
+                    break
+                except FoundLate as late:  # draw the run again, up to the late failure, for Hypothesis to shrink
+                    replaying[:] = [Replay(late, judged, deferrals.remaining())]
         except KernelFailed as failure:
             campaign.failure, campaign.failing_case = failure.outcome, failure.case
             return
@@ -512,6 +588,12 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
                 raise NanfuzzError(f"kernel {kernel.name}: Hypothesis stopped the campaign: {exc}".splitlines()[0]) from None
             campaign.notes.append(f"{kernel.name}: Hypothesis stopped shrinking ({type(exc).__name__}): the failure "
                                   "did not repeat on every run; the repro is the last failing case seen")
+            break
+        finally:
+            campaign.deferred = deferrals.count
+        if replaying:  # the run drawn again never met the late failure: it stands unshrunk
+            campaign.notes.append(f"{kernel.name}: the failure was found while its binary compiled, out of order, and "
+                                  "Hypothesis did not draw it again; the repro is the failing case as found, unshrunk")
             break
         remaining -= max(1, campaign.examples - before)
         chunk_index += 1

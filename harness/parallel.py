@@ -217,6 +217,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.examples += campaign.examples
         merged.notes += [note for note in campaign.notes if note not in merged.notes]  # each job says the same
         merged.worker_restarts += campaign.worker_restarts
+        merged.deferred += campaign.deferred
         if campaign.compiles is not None:
             merged.compiles = (merged.compiles or 0) + campaign.compiles
         if campaign.time_to_first_example is not None:

@@ -9,8 +9,9 @@ campaign's priority, and its processes open their GPU contexts once the
 worker has opened its own.  Each entry stands for a few cases
 (``sample_cases``: derandomized Hypothesis draws, so decode and mixed
 batches both occur, and integer arguments meet their specialisations);
-each case is a task of its own.  A farm process
-materialises the task's case on the device and calls the kernel with every
+each case is a task of its own.  Farm processes open their GPU contexts one after
+another, before taking a task (many opened at once each take seconds).  A farm
+process materialises the task's case on the device and calls the kernel with every
 Triton launch turned into a compile-only warm-up (``JITFunction.run(warmup=True)``)
 that also loads the binary and builds its launcher: nothing runs on the
 device, and the binaries (and launchers) land in Triton's on-disk cache,
@@ -34,7 +35,9 @@ that no longer describes the cache costs speed only (the worker compiles).
 
 A worker that needs a binary a farm process (or another worker) is compiling
 waits for that binary alone and loads it (``harness.shared_compiles``), and
-compiles what nobody is compiling.  Where that cannot be installed (a Triton
+compiles what nobody is compiling; a fuzzing campaign's worker rather puts
+the case off and checks others meanwhile, and while the farm runs leaves
+to it what nobody compiles yet (``harness.deferrals``).  Where claims cannot be installed (a Triton
 without ``knobs``, a cache manager of the user's own), the campaign instead
 waits before each case while the farm still holds any task of the case's
 entry (``FarmHandle.wait_for``).
@@ -195,6 +198,11 @@ class FarmHandle:
     folder: str
     per_binary: bool = False
 
+    def running(self) -> bool:
+        """Is the farm still compiling (some task not done, and it has not been closed)?"""
+        folder = Path(self.folder)
+        return folder.exists() and not (folder / _FINISHED).exists()
+
     def wait_for(self, kernel: str, case: Case, limit: float = TASK_TIMEOUT + 60.0) -> float:
         """Wait while the farm still holds a task of ``case``'s entry; the seconds waited (0 when it does not)."""
         if self.per_binary:
@@ -266,9 +274,12 @@ class Farm:
         # per farm process: the task it is on (-1: none) and since when (CLOCK_MONOTONIC)
         self._current = self._context.RawArray("l", [-1] * count)
         self._since = self._context.RawArray("d", count)
+        # per farm process: set once it has opened its GPU context (the next one opens its own then)
+        self._turns = [self._context.Event() for _ in range(count)]  # kept: a child unpickles them later
         for slot in range(count):
             process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
-                slot, plans, self._tasks, self._queue, self._current, self._since, self.folder, self._marks, after))
+                slot, plans, self._tasks, self._queue, self._current, self._since, self.folder, self._marks, after,
+                self._turns))
             process.start()
             self._processes.append(process)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
@@ -388,7 +399,7 @@ def default_processes() -> int:
 
 # -- a farm process ------------------------------------------------------------------
 
-def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None) -> None:
+def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None, turns=None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when the farm stops
     try:
         os.nice(NICENESS)
@@ -406,8 +417,31 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None)
 
     shared_compiles.install(skip_claimed=True)  # another process's binary: on to the next launch
 
+    if plans[0].spec.device == "cuda" and turns is not None:
+        _open_device_in_turn(slot, turns, after)
+        after = None
     with host_threads(plans[0].spec.device, own_process=True):  # sixteen of these share the cores
         _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after)
+
+
+def _open_device_in_turn(slot: int, turns: list, after=None) -> None:
+    """Open this process's GPU context before taking a task: once the worker has opened its own
+    (``after``), and the farm process before this one has opened its.  Sixteen contexts opened at
+    once took 2.3 to 2.8 s each on an H200 host; one after another, 0.2 s each, so the first tasks,
+    the campaign's first cases, start compiling at once.  A device that fails to open is left for
+    the task to meet."""
+    try:
+        if after is not None:
+            after.wait(DEVICE_WAIT)
+        if slot:
+            turns[slot - 1].wait(DEVICE_WAIT)
+        import torch
+
+        torch.zeros(1, device="cuda")
+    except Exception:
+        pass
+    finally:
+        turns[slot].set()
 
 
 def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after=None) -> None:

@@ -18,13 +18,18 @@ A compile farm process, which only builds binaries ahead, installs it with
 ``ClaimedElsewhere`` instead of a wait, and the farm process goes on to the
 case's next launch.  Two farm processes given the same case then build its
 launches side by side (a mixed batch's decode and prefill kernels) instead
-of one after the other.
+of one after the other.  A worker does the same for one check at a time
+(``skipping_misses``), and while a farm runs it also skips a binary nobody
+compiles yet: the campaign checks another case meanwhile and comes back to
+this one once the binary has landed (``harness.deferrals``).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
+from dataclasses import dataclass
 
 CLAIM_FILE = "nanfuzz-compiling"
 CLAIM_TIMEOUT = 300.0   # seconds; big kernels compile for tens of seconds on ROCm
@@ -33,10 +38,14 @@ _POLL = 0.01
 _claims: set[str] = set()  # claim files this process holds
 _waited = [0.0]            # seconds this process waited for other processes' compiles
 _skip_claimed = [False]    # raise ClaimedElsewhere rather than wait (a farm process's choice)
+_skip_unclaimed = [False]  # ... and so for a binary nobody compiles (``skipping_misses``)
+_met: list = [None]        # under skipping_misses: the misses skipped so far
 
 
-class ClaimedElsewhere(Exception):
-    """Another live process is compiling this binary (raised only under ``install(skip_claimed=True)``)."""
+class ClaimedElsewhere(BaseException):
+    """Another live process is compiling this binary, or (``skipping_misses(unclaimed=True)``) is
+    going to: raised only where such binaries are skipped.  Its argument is the claim's path.
+    Not an ``Exception``: a kernel's host code that catches every error must not swallow it."""
 
 
 def available() -> bool:
@@ -63,6 +72,37 @@ def install(skip_claimed: bool = False) -> bool:
     knobs.cache.manager_class = _claiming_class()
     _skip_claimed[0] = skip_claimed
     return True
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A binary a launch did without: ``claim``, where a compile of it is claimed; ``landed``,
+    where its metadata group appears once it is in the cache (Triton's file cache's naming);
+    ``claimed``, whether another process was compiling it (else nobody was, yet)."""
+
+    claim: str
+    landed: str
+    claimed: bool = True
+
+
+@contextlib.contextmanager
+def skipping_misses(unclaimed: bool = False):
+    """Within: a miss of a binary another live process is compiling raises ``ClaimedElsewhere``
+    instead of waiting; with ``unclaimed``, so does a miss nobody is compiling (left unclaimed, for
+    a compile farm to build).  Yields a list that gets a ``Skipped`` for each, so a caller whose
+    code under test caught the exception still knows that a launch was skipped."""
+    met: list[Skipped] = []
+    before = _skip_claimed[0], _skip_unclaimed[0], _met[0]
+    _skip_claimed[0], _skip_unclaimed[0], _met[0] = True, unclaimed, met
+    try:
+        yield met
+    finally:
+        _skip_claimed[0], _skip_unclaimed[0], _met[0] = before
+
+
+def claim_pending(path: str) -> bool:
+    """Is the binary whose claim is at ``path`` still being compiled (by a live process)?"""
+    return os.path.exists(path) and _holder_alive(path)
 
 
 def release_claims() -> None:
@@ -142,13 +182,15 @@ def _claiming_class():
             if group is not None or not self._claims_misses or not filename.endswith(".json"):
                 return group
             claim = self._make_path(CLAIM_FILE)
+            if _skip_unclaimed[0]:
+                self._skip(claim, filename, claimed=_holder_alive(claim))
             started = time.monotonic()
             try:
                 while True:
                     if _try_claim(claim):
                         return None  # ours to compile
                     if _skip_claimed[0] and _holder_alive(claim):
-                        raise ClaimedElsewhere(claim)
+                        self._skip(claim, filename, claimed=True)
                     while _holder_alive(claim):
                         time.sleep(_POLL)
                         group = super().get_group(filename)
@@ -161,6 +203,11 @@ def _claiming_class():
                         _drop(claim)
             finally:
                 _waited[0] += time.monotonic() - started
+
+        def _skip(self, claim: str, filename: str, claimed: bool):
+            if _met[0] is not None:
+                _met[0].append(Skipped(claim, self._make_path(f"__grp__{filename}"), claimed))
+            raise ClaimedElsewhere(claim)
 
         def put_group(self, filename, group):
             path = super().put_group(filename, group)

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, setti
 
 from nanfuzz.reference.case import Case
 
-# As many as the first Hypothesis run of a time-budgeted GPU campaign draws.
-UPCOMING_CASES = 32
+# A GPU search puts off the cases whose binaries are not built yet (``harness.deferrals``) and
+# draws on: it meets several dozen cases while the farm builds its first binaries.
+UPCOMING_CASES = 64
 
 
 class _Enough(KeyboardInterrupt):

@@ -16,6 +16,7 @@ message per launch and compile time does not count.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -25,6 +26,7 @@ from multiprocessing.connection import wait
 
 from nanfuzz.harness.check import Outcome, Verdict
 from nanfuzz.harness.processes import fork_server_context, interpret_if_cpu, plain_fork_context
+from nanfuzz.harness.shared_compiles import Skipped
 from nanfuzz.reference.errors import NanfuzzError
 
 # A worker imports torch, Triton and the kernel's module before it is ready.
@@ -94,6 +96,19 @@ class LaunchClock:
         return now - self._cells[0]
 
 
+# What a check may put off (``Supervised.check(defer=...)``): a case whose launch needs a binary
+# another process is compiling; or also one that nobody compiles yet (a compile farm will).
+CLAIMED, UNBUILT = "claimed", "unbuilt"
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """No verdict yet: a launch of the case needed a binary it did without (``skipped``: where its
+    compile is claimed, where it lands, whether anyone was compiling it; see ``harness.deferrals``)."""
+
+    skipped: Skipped
+
+
 class InProcess:
     """The checks in this process (``--no-isolation``): no CRASH survives a dying kernel here."""
 
@@ -111,7 +126,9 @@ class InProcess:
     def specialisations(self) -> int | None:
         return self._seen.count
 
-    def check(self, case, *, digest: bool = False, explain: bool = False) -> Outcome:
+    defers = False  # this process compiles what it needs itself
+
+    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None) -> Outcome:
         from nanfuzz.harness.check import check
 
         return check(self.kernel, case, self.device, digest_pass=digest, explain=explain)
@@ -138,6 +155,7 @@ class Supervised:
         self._conn = None
         self._log = None
         self._ready = False
+        self.defers = spec.device == "cuda"  # only there do workers share compiles (and can skip one)
         self.specialisations: int | None = 0  # kernel specialisations launched (GPU: compiles), all workers
         self._counted = 0
         self._start()
@@ -198,18 +216,21 @@ class Supervised:
         self._stop()
 
     # -- one case ------------------------------------------------------------------
-    def check(self, case, *, digest: bool = False, explain: bool = False) -> Outcome:
+    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None
+              ) -> Outcome | Deferred:
+        """The case's outcome.  ``defer`` (``CLAIMED`` or ``UNBUILT``): where a launch needs such a
+        binary, ``Deferred`` at once rather than a wait or a compile (``harness.shared_compiles``)."""
         self._await_ready()
         try:
-            return self._check(case, digest, explain)
+            return self._check(case, digest, explain, defer if self.defers else None)
         except BaseException:
             # interrupted mid-case (Ctrl-C): the worker's state is unknown, so it goes (the next case starts another)
             self._stop()
             raise
 
-    def _check(self, case, digest: bool, explain: bool) -> Outcome:
+    def _check(self, case, digest: bool, explain: bool, defer: str | None) -> Outcome | Deferred:
         try:
-            self._conn.send(("check", case, digest, explain))
+            self._conn.send(("check", case, digest, explain, defer))
         except (BrokenPipeError, OSError):
             return self._died(None)
         host_deadline = time.monotonic() + _HOST_WORK_TIMEOUT
@@ -223,6 +244,8 @@ class Supervised:
                 kind, payload = message
                 if kind == "error":
                     raise NanfuzzError(payload)
+                if kind == "deferred":
+                    return Deferred(payload)
                 assert kind == "outcome", kind
                 payload, count = payload
                 self.specialisations = self._counted + (count or 0) if count is not None else None
@@ -331,20 +354,26 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
                 message = conn.recv()
             except (EOFError, OSError):
                 return
-            _, case, digest, explain = message
+            _, case, digest, explain, defer = message
             waited, compiling = shared_compiles.waited_seconds(), _compile_seconds()
-            try:
-                outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain)
-            except NanfuzzError as exc:
-                conn.send(("error", str(exc)))
-                continue
-            except BaseException as exc:  # the kernel broke our judging (e.g. returned something odd)
-                from nanfuzz.harness.check import _crash
+            skipping = shared_compiles.skipping_misses(unclaimed=defer == UNBUILT) if defer else contextlib.nullcontext([])
+            with skipping as skipped:
+                try:
+                    outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain)
+                except NanfuzzError as exc:
+                    conn.send(("error", str(exc)))
+                    continue
+                except BaseException as exc:  # the kernel broke our judging (e.g. returned something odd)
+                    from nanfuzz.harness.check import _crash
 
-                outcome = _crash(exc, "while judging the output")
-            finally:
-                shared_compiles.release_claims()
-                event("returned")  # a launch that raised, or a wait that did, leaves no launch open
+                    outcome = _crash(exc, "while judging the output")
+                finally:
+                    shared_compiles.release_claims()
+                    event("compiled")  # a compile that raised, or a wait that did, leaves no compile open
+                    event("returned")  # nor a launch
+            if skipped and not outcome.fatal:  # a skipped launch: no verdict, the case comes back later
+                conn.send(("deferred", skipped[0]))
+                continue
             waited = shared_compiles.waited_seconds() - waited
             _move_compile_waits(outcome, waited)
             outcome.compiled_seconds = max(0.0, _compile_seconds() - compiling - waited)

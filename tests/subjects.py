@@ -71,6 +71,22 @@ def _writes_past_out(batch, out):
     return out
 
 
+# The binary ``compiles_elsewhere`` launches, in the Triton cache of its process's environment.
+ELSEWHERE_KEY, ELSEWHERE_GROUP = "ANOTHERPROCESSCOMPILESTHIS", "windowed_kernel.json"
+
+
+def _compiles_elsewhere(batch, out):
+    """A windowed case's launch needs a binary, as a Triton launch does: it waits for it while
+    another process holds its claim (``harness.shared_compiles``), or compiles it itself."""
+    if _windowed(batch):
+        from nanfuzz.harness import shared_compiles
+
+        cache = shared_compiles._claiming_class()(ELSEWHERE_KEY)
+        if cache.get_group(ELSEWHERE_GROUP) is None:  # ours to compile
+            cache.put_group(ELSEWHERE_GROUP, {ELSEWHERE_GROUP: cache.put("{}", ELSEWHERE_GROUP, binary=False)})
+    return attention(batch, out)
+
+
 def _kernel(attr: str, run, **caps) -> Kernel:
     return Kernel(name=f"hostile@{attr}", run=run, capabilities=CAPS.restrict(**caps) if caps else CAPS,
                   expect="caught", spec=f"tests.subjects:{attr}")
@@ -85,3 +101,4 @@ nondeterministic = _kernel("nondeterministic", _nondeterministic)
 declared_nondeterministic = _kernel("declared_nondeterministic", _nondeterministic, deterministic=False)
 reads_past_value_cache = _kernel("reads_past_value_cache", _reads_past_value_cache)
 writes_past_out = _kernel("writes_past_out", _writes_past_out)
+compiles_elsewhere = _kernel("compiles_elsewhere", _compiles_elsewhere)

@@ -239,3 +239,33 @@ def test_a_binary_that_cannot_load_in_a_farm_process_is_left_for_the_worker_to_m
 
     _build_launcher(TooBig())  # no error here: the campaign's worker meets it, and reports it
     _build_launcher(object())  # a Triton whose binaries have no such step
+
+
+def test_farm_processes_open_their_devices_one_after_another_and_a_failure_passes_the_turn(monkeypatch):
+    import threading
+
+    import torch
+
+    from nanfuzz.harness import precompile
+
+    opened = []
+
+    def zeros(*args, device=None, **kwargs):
+        opened.append(threading.current_thread().name)
+        if threading.current_thread().name == "slot0":
+            raise RuntimeError("no device here")  # the next process still gets its turn
+        time.sleep(0.05)
+
+    monkeypatch.setattr(torch, "zeros", zeros)
+    turns = [threading.Event() for _ in range(3)]
+    worker_device = threading.Event()
+    threads = [threading.Thread(target=precompile._open_device_in_turn, args=(slot, turns, worker_device),
+                                name=f"slot{slot}") for slot in (2, 1, 0)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    assert opened == []  # nobody before the worker's own device
+    worker_device.set()
+    for thread in threads:
+        thread.join(10)
+    assert opened == ["slot0", "slot1", "slot2"] and all(turn.is_set() for turn in turns)

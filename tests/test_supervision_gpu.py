@@ -29,7 +29,8 @@ def test_an_illegal_address_is_a_crash_shrunk_and_replayed_in_a_fresh_process(tm
                         use_database=False, seed=0, max_examples=200)
     campaign = fuzz(triton_subjects.follows_garbage_table_entry, settings)
     assert campaign.failed and campaign.failure.verdict is Verdict.CRASH, campaign.failure
-    assert campaign.failure.fatal or "illegal" in campaign.failure.summary.lower() or "died" in campaign.failure.summary
+    # the fault itself, not what a library set up on the dead context said after it (cuBLAS's "not initialized")
+    assert "illegal" in campaign.failure.summary.lower() or "died" in campaign.failure.summary, campaign.failure.summary
     assert len(campaign.failing_case.sequences) == 1 and campaign.failing_case.sliding_window > 0
     from nanfuzz.harness.report import report_failure
 

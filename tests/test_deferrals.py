@@ -1,0 +1,232 @@
+"""Checks that wait for a compile go to the back of the queue (harness.deferrals): a case whose
+binary another process is compiling is put off, checked once the binary lands, and a failure
+found that way is shrunk as if it had been found in order; a passing campaign still checks
+every case it drew, once."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nanfuzz.harness import shared_compiles
+from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.harness.deferrals import Deferrals, FoundLate, Replay
+from nanfuzz.harness.fuzz import fuzz, worker_spec
+from nanfuzz.harness.registry import resolve
+from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.shared_compiles import Skipped
+from nanfuzz.harness.worker import CLAIMED, UNBUILT, Deferred, Supervised
+from tests import subjects
+from tests.cases import consecutive_case
+
+KERNEL = resolve("paged_decode@masked")  # only its capabilities: the subjects below judge the cases
+
+
+class PuttingOff:
+    """A subject whose worker, asked to defer, puts off every ``every``-th new case it meets for as
+    long as that case's binary compiles "in another process": the binary lands ``lands_after``
+    checks later, or never (``lands_after=None``: only a check that may wait gets a verdict)."""
+
+    defers = True
+
+    def __init__(self, claims: Path, fails, every: int = 3, lands_after: int | None = 4):
+        self.claims, self.fails, self.every, self.lands_after = claims, fails, every, lands_after
+        self.calls = 0
+        self.asked: list = []        # new cases asked to be checked with deferral allowed, in order
+        self.checked: list = []      # cases judged, in order
+        self.put_off: list = []      # cases put off, in order (a case drawn again may be put off again)
+        self._claim: dict = {}       # case -> the claim of its binary
+        self._landing: list[tuple[Path, int]] = []
+
+    def check(self, case, *, digest=False, explain=False, defer=False):
+        self.calls += 1
+        for claim, at in self._landing:
+            if self.calls >= at and claim.exists():
+                claim.unlink()
+                claim.with_suffix(".landed").touch()
+        if defer and case not in self.asked:
+            self.asked.append(case)
+            if len(self.asked) % self.every == 0:
+                claim = self._claim[case] = self.claims / f"claim-{len(self.asked)}"
+                claim.write_text(str(os.getpid()))  # a live holder: this process
+                if self.lands_after is not None:
+                    self._landing.append((claim, self.calls + self.lands_after))
+        claim = self._claim.get(case)
+        if defer and claim is not None and claim.exists():
+            self.put_off.append(case)
+            return Deferred(Skipped(str(claim), str(claim.with_suffix(".landed"))))
+        self.checked.append(case)
+        if self.fails(case):
+            return Outcome(Verdict.NONFINITE, "NONFINITE: planted", {})
+        return Outcome(Verdict.PASS, "PASS", {})
+
+    def close(self):
+        pass
+
+
+def _three_long(case) -> bool:
+    return len(case.sequences) >= 3 and case.sequences[0].seq_len >= 5
+
+
+def _campaign(tmp_path, subject, **overrides):
+    settings = Settings(device="cpu", state_dir=tmp_path / "state", use_database=False, replays=0)
+    return fuzz(KERNEL, settings, subject=subject, check_leftovers=False, **overrides)
+
+
+def _shape(case):
+    return [(s.query_len, s.seq_len) for s in case.sequences]
+
+
+@pytest.mark.parametrize("lands_after", [2, None])
+def test_a_failure_checked_late_is_shrunk_to_what_the_in_order_search_finds(tmp_path, lands_after):
+    in_order = PuttingOff(tmp_path, _three_long)
+    in_order.defers = False
+    late = PuttingOff(tmp_path, _three_long, every=1, lands_after=lands_after)  # each case put off once
+    expected = _campaign(tmp_path, in_order, max_examples=200, seed=3)
+    found = _campaign(tmp_path, late, max_examples=200, seed=3)
+    assert expected.failed and found.failed
+    assert found.deferred == len(late.put_off) > 1
+    first_failure = next(case for case in late.checked if _three_long(case))
+    assert first_failure in late.put_off and late.put_off.index(first_failure) < len(late.put_off) - 1
+    assert _shape(found.failing_case) == _shape(expected.failing_case) == [(1, 5), (0, 0), (0, 0)]
+    assert not any("unshrunk" in note for note in found.notes), found.notes
+
+
+def test_a_failure_put_off_is_found_after_cases_drawn_later_and_timed_when_found(tmp_path):
+    subject = PuttingOff(tmp_path, _three_long, every=1, lands_after=3)  # every case is put off once
+    campaign = _campaign(tmp_path, subject, max_examples=200, seed=3, shrink=False)
+    assert campaign.failed and _three_long(campaign.failing_case)
+    first = subject.checked.index(campaign.failing_case)
+    assert subject.put_off.index(campaign.failing_case) < len(subject.put_off) - 1  # drawn before others
+    assert campaign.examples_to_first_failure == first + 1
+    assert len(subject.asked) < 20  # checked once its binary landed, while the search still drew cases
+
+
+def test_a_passing_campaign_checks_every_case_it_drew_once_whatever_was_put_off(tmp_path):
+    in_order = PuttingOff(tmp_path, lambda case: False)
+    in_order.defers = False
+    late = PuttingOff(tmp_path, lambda case: False, lands_after=None)  # nothing lands before the run ends
+    expected = _campaign(tmp_path, in_order, max_examples=60, seed=5)
+    found = _campaign(tmp_path, late, max_examples=60, seed=5)
+    assert not found.failed and found.deferred > 0
+    assert sorted(map(repr, late.checked)) == sorted(map(repr, in_order.checked))
+    assert found.examples == expected.examples == len(late.checked)
+
+
+def test_nothing_is_put_off_once_a_failure_is_found(tmp_path):
+    asked = []
+
+    class Recording(PuttingOff):
+        def check(self, case, *, digest=False, explain=False, defer=False):
+            asked.append((defer, bool(self.checked) and any(map(_three_long, self.checked))))
+            return super().check(case, digest=digest, explain=explain, defer=defer)
+
+    campaign = _campaign(tmp_path, Recording(tmp_path, _three_long), max_examples=200, seed=3)
+    assert campaign.failed
+    assert not any(defer for defer, after_failure in asked if after_failure)
+
+
+def test_deferrals_give_back_the_cases_whose_binary_landed_or_that_nobody_compiles_without_a_farm(tmp_path):
+    live, ended, dead, landed = (tmp_path / name for name in ("live", "ended", "dead", "landed"))
+    for claim in (live, landed):
+        claim.write_text(str(os.getpid()))
+    dead.write_text("999999999")  # no such process: its claim is void
+    (tmp_path / "landed.group").touch()
+    while_farm_runs = Deferrals()
+    without_farm = Deferrals()
+    for deferrals in (while_farm_runs, without_farm):
+        for case_seed, claim in enumerate((live, ended, dead, landed)):  # nobody compiled them when put off
+            deferrals.add(consecutive_case([(1, 20)], seed=case_seed), Skipped(str(claim), str(claim) + ".group", False))
+    # a farm may still compile what nobody compiles now: only a landed binary is ready
+    assert [(case.data_seed, built) for case, built in while_farm_runs.landed(farm_running=True)] == [(3, True)]
+    assert [(case.data_seed, built) for case, built in without_farm.landed(farm_running=False)] == [
+        (1, False), (2, False), (3, True)]
+    assert without_farm and without_farm.count == 4
+    assert [case.data_seed for case in without_farm.remaining()] == [0] and not without_farm
+
+
+def test_a_binary_whose_compile_elsewhere_ended_without_landing_is_compiled_by_the_check(tmp_path):
+    # the farm's compile of it failed, or its process died: waiting for the farm to finish would
+    # only delay the failure the check meets when it compiles the binary itself
+    claimed_then, nobody_then = tmp_path / "claimed", tmp_path / "nobody"
+    deferrals = Deferrals()
+    deferrals.add(consecutive_case([(1, 20)], seed=0), Skipped(str(claimed_then), str(tmp_path / "a.group"), True))
+    deferrals.add(consecutive_case([(1, 20)], seed=1), Skipped(str(nobody_then), str(tmp_path / "b.group"), False))
+    nobody_then.write_text(str(os.getpid()))  # a farm process takes it up after the case was put off
+    assert [(case.data_seed, built) for case, built in deferrals.landed(farm_running=True)] == [(0, False)]
+    nobody_then.unlink()  # ... and ends without landing it
+    assert [(case.data_seed, built) for case, built in deferrals.landed(farm_running=True)] == [(1, False)]
+    assert not deferrals
+
+
+def test_a_replay_answers_judged_cases_and_passes_over_unchecked_ones_until_the_failure():
+    passed, failing, unchecked = (consecutive_case([(1, 20)], seed=s) for s in range(3))
+    failure = Outcome(Verdict.NONFINITE, "NONFINITE", {})
+    replay = Replay(FoundLate(failing, failure), {passed: Outcome(Verdict.PASS, "PASS", {})}, [unchecked])
+    assert replay.passes_over(unchecked) and replay.known(unchecked) is None
+    assert replay.known(passed).verdict is Verdict.PASS
+    assert replay.known(failing) is failure
+    assert not replay.passes_over(unchecked)  # shrinking now: every new case is checked
+
+
+def test_a_worker_puts_off_a_case_whose_binary_another_process_compiles_or_nobody_has_built(tmp_path,
+                                                                                           monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    claim = tmp_path / subjects.ELSEWHERE_KEY / shared_compiles.CLAIM_FILE
+    claim.parent.mkdir()
+    claim.write_text(str(os.getpid()))  # this process compiles it
+    subject = Supervised(worker_spec(subjects.compiles_elsewhere, Settings(device="cpu")), launch_timeout=5.0,
+                         prefer_fork=True)  # a plain fork: the worker sees this test's cache folder
+    subject.defers = True  # as on a GPU, where workers share compiles
+    windowed = consecutive_case([(1, 20)], window=4)
+    try:
+        put_off = subject.check(windowed, defer=CLAIMED)
+        assert isinstance(put_off, Deferred) and put_off.skipped.claim == str(claim)
+        assert shared_compiles.claim_pending(put_off.skipped.claim) and not os.path.exists(put_off.skipped.landed)
+        assert subject.check(consecutive_case([(1, 20)]), defer=CLAIMED).verdict is Verdict.PASS
+        claim.unlink()  # the other process is gone: nobody compiles it now
+        unbuilt = subject.check(windowed, defer=UNBUILT)  # a farm would: the worker leaves it to the farm
+        assert isinstance(unbuilt, Deferred) and not claim.exists()
+        assert subject.check(windowed, defer=CLAIMED).verdict is Verdict.PASS  # compiled in the worker
+        assert os.path.exists(put_off.skipped.landed) and not claim.exists()
+        assert subject.check(windowed, defer=UNBUILT).verdict is Verdict.PASS  # built: nothing to skip
+        assert subject.restarts == 0 and not subject._clock.in_launch and not subject._clock.compiling
+    finally:
+        subject.close()
+
+
+class FarmFinishingAfter:
+    """Stands for a compile farm's handle: it runs until it has been asked ``polls`` times."""
+
+    per_binary = True
+
+    def __init__(self, polls: int):
+        self.polls = polls
+
+    def running(self) -> bool:
+        self.polls -= 1
+        return self.polls > 0
+
+    def peek(self) -> bool:
+        return self.polls > 0
+
+    def wait_for(self, kernel, case) -> float:
+        return 0.0
+
+
+def test_while_a_farm_runs_nothing_waits_for_a_binary_and_the_end_of_the_run_waits_for_the_farm(tmp_path):
+    asked = []
+
+    class Recording(PuttingOff):
+        def check(self, case, *, digest=False, explain=False, defer=None):
+            asked.append((defer, farm.peek()))
+            return super().check(case, digest=digest, explain=explain, defer=defer)
+
+    subject = Recording(tmp_path, lambda case: False, every=2, lands_after=None)  # lands when the farm is done
+    farm = FarmFinishingAfter(polls=400)
+    campaign = _campaign(tmp_path, subject, max_examples=60, seed=5, farm=farm)
+    assert not campaign.failed and campaign.deferred > 0
+    assert all(defer == UNBUILT for defer, running in asked if running)  # never a blocking check meanwhile
+    assert any(defer is None for defer, running in asked if not running)  # the rest, once the farm is done
+    assert len(set(map(repr, subject.checked))) == len(set(map(repr, subject.asked)))
