@@ -125,3 +125,23 @@ def test_a_device_fault_met_by_the_oracle_is_the_poisoned_runs_crash_and_our_own
     monkeypatch.setattr(checking, "attend_in", broken_oracle)
     with pytest.raises(ValueError, match="oracle's own"):  # never blamed on the kernel
         check(torch_kernel(), WINDOWED, "cpu")
+
+
+def test_an_oracle_error_after_a_faulted_run_reports_the_fault_and_without_one_is_our_own(monkeypatch):
+    # a fault that killed the context before cuBLAS was set up reaches the oracle as cuBLAS's own error
+    from nanfuzz.harness import check as checking
+
+    def oracle_on_a_dead_context(*args, **kwargs):
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`")
+
+    monkeypatch.setattr(checking, "attend_in", oracle_on_a_dead_context)
+    with pytest.raises(RuntimeError, match="CUBLAS_STATUS_NOT_INITIALIZED"):  # the run itself was fine
+        check(torch_kernel(), WINDOWED, "cpu")
+
+    def run_that_faulted(device, events, when):  # what waiting for a faulted GPU run gives
+        return checking._crash(RuntimeError("CUDA error: an illegal memory access was encountered"), when)
+
+    monkeypatch.setattr(checking, "_await_runs", run_that_faulted)
+    outcome = check(torch_kernel(), WINDOWED, "cpu")
+    assert outcome.verdict is Verdict.CRASH and outcome.fatal
+    assert outcome.summary.startswith("CRASH on the poisoned run: RuntimeError: CUDA error: an illegal memory")

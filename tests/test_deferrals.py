@@ -230,3 +230,24 @@ def test_while_a_farm_runs_nothing_waits_for_a_binary_and_the_end_of_the_run_wai
     assert all(defer == UNBUILT for defer, running in asked if running)  # never a blocking check meanwhile
     assert any(defer is None for defer, running in asked if not running)  # the rest, once the farm is done
     assert len(set(map(repr, subject.checked))) == len(set(map(repr, subject.asked)))
+
+
+def test_a_late_failure_the_redrawn_run_never_meets_stands_unshrunk_with_a_note(tmp_path, monkeypatch):
+    # a Hypothesis that drew differently the second time: the failure found is still the campaign's
+    from nanfuzz.harness import deferrals
+
+    monkeypatch.setattr(deferrals.Replay, "known", lambda self, case: None if case == self.case else
+                        self.judged.get(case))
+    monkeypatch.setattr(deferrals.Replay, "passes_over", lambda self, case: case == self.case or
+                        case in self.unchecked)
+    only: list = []  # the one case that fails: the first long one checked
+
+    def fails(case) -> bool:
+        if _three_long(case) and not only:
+            only.append(case)
+        return case in only
+
+    subject = PuttingOff(tmp_path, fails, every=1, lands_after=3)
+    campaign = _campaign(tmp_path, subject, max_examples=200, seed=3)
+    assert campaign.failed and campaign.failing_case == only[0]  # as found
+    assert any("unshrunk" in note for note in campaign.notes), campaign.notes
