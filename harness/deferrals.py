@@ -55,19 +55,28 @@ class Deferrals:
         when it has landed.  It is not when a compile of it was under way elsewhere and ended without
         landing it (that compile failed, or its process died), or when nobody compiles it and no farm
         runs that would: the check then compiles it itself, and meets whatever stopped the other."""
+        states: dict[Skipped, bool | None] = {}  # many cases wait for one binary: look once per binary
         ready, waiting = [], []
         for case, skipped in self._waiting:
-            if os.path.exists(skipped.landed):
-                ready.append((case, True))
-            elif shared_compiles.claim_pending(skipped.claim):
-                self._compiled_elsewhere.add(skipped.claim)
+            if skipped not in states:
+                states[skipped] = self._state(skipped, farm_running)
+            if states[skipped] is None:
                 waiting.append((case, skipped))
-            elif skipped.claimed or skipped.claim in self._compiled_elsewhere or not farm_running:
-                ready.append((case, False))
             else:
-                waiting.append((case, skipped))
+                ready.append((case, states[skipped]))
         self._waiting = waiting
         return ready
+
+    def _state(self, skipped: Skipped, farm_running: bool) -> bool | None:
+        """True: landed; False: ready to compile in the check; None: still to wait for."""
+        if os.path.exists(skipped.landed):
+            return True
+        if shared_compiles.claim_pending(skipped.claim):
+            self._compiled_elsewhere.add(skipped.claim)
+            return None
+        if skipped.claimed or skipped.claim in self._compiled_elsewhere or not farm_running:
+            return False
+        return None
 
     def remaining(self) -> list[Case]:
         """Take out every case still waiting."""

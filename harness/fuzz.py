@@ -285,7 +285,9 @@ class _FarmWait:
         self.kernel = import_path(kernel) if farm is not None else None  # what the farm's plan names it by
 
     def farm_running(self) -> bool:
-        return self.farm is not None and self.farm.running()
+        if self.farm is not None and not self.farm.running():
+            self.farm = None  # done for good (the entries it held are built or given up): no more looks
+        return self.farm is not None
 
     def __call__(self, case: Case, campaign: Campaign) -> None:
         if self.farm is None:
@@ -443,7 +445,7 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
     farm_running = waiting.farm_running
     deferrals = Deferrals()
     judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
-    replaying: list[Replay] = []      # the replay under way, if any
+    replay: Replay | None = None      # the replay under way, if any
 
     def deferring() -> str | None:
         """What a check may put off now (``worker.CLAIMED``, ``UNBUILT``): nothing once a failure is found."""
@@ -488,14 +490,18 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
         if "first" not in seen and should_stop is not None and should_stop():
             raise StopRequested()
 
+    def judge_late(case: Case, defer: str | None) -> None:
+        """Check a case put off earlier; a failure ends the run (``FoundLate``)."""
+        stop_if_asked()
+        outcome = judge(case, defer)
+        if outcome is not None and outcome.failed:
+            raise FoundLate(case, outcome)
+
     def check_landed() -> None:
         """The put-off cases whose binaries have landed, checked now (one whose compile failed in
-        another process, compiling it here); a failure ends the run."""
+        another process, compiling it here)."""
         for case, built in deferrals.landed(farm_running()):
-            stop_if_asked()
-            outcome = judge(case, deferring() if built else CLAIMED)
-            if outcome is not None and outcome.failed:
-                raise FoundLate(case, outcome)
+            judge_late(case, deferring() if built else CLAIMED)
 
     def check_remaining() -> None:
         """The run is over: every case still put off is checked as soon as its binaries land, and
@@ -507,10 +513,7 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
                 time.sleep(_LANDING_POLL)
                 continue
             for case in deferrals.remaining():
-                stop_if_asked()
-                outcome = judge(case, None)
-                if outcome.failed:
-                    raise FoundLate(case, outcome)
+                judge_late(case, None)
 
     def run_case(case: Case) -> None:
         stop_if_asked()
@@ -518,13 +521,13 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
             campaign.notes.append(f"{kernel.name}: shrinking stopped after {shrink_budget:.0f} s; "
                                   "the repro is the smallest failing case found by then")
             raise StopRequested()
-        if replaying:
-            known = replaying[0].known(case)
+        if replay is not None:
+            known = replay.known(case)
             if known is not None:
                 if known.failed:
                     raise _FAILURE_TYPES[known.verdict](known, case)
                 return
-            if replaying[0].passes_over(case):
+            if replay.passes_over(case):
                 return
         if deferrals and "first" not in seen:  # after a failure, cases put off no longer matter
             check_landed()
@@ -565,11 +568,11 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
             while True:
                 try:
                     hypothesis_run(size, chunk_index)()
-                    if not replaying:
+                    if replay is None:
                         check_remaining()
                     break
                 except FoundLate as late:  # draw the run again, up to the late failure, for Hypothesis to shrink
-                    replaying[:] = [Replay(late, judged, deferrals.remaining())]
+                    replay = Replay(late, judged, deferrals.remaining())
         except KernelFailed as failure:
             campaign.failure, campaign.failing_case = failure.outcome, failure.case
             return
@@ -591,7 +594,7 @@ def _search(kernel, settings, profile, caps, campaign, subject, journal, start, 
             break
         finally:
             campaign.deferred = deferrals.count
-        if replaying:  # the run drawn again never met the late failure: it stands unshrunk
+        if replay is not None:  # the run drawn again never met the late failure: it stands unshrunk
             campaign.notes.append(f"{kernel.name}: the failure was found while its binary compiled, out of order, and "
                                   "Hypothesis did not draw it again; the repro is the failing case as found, unshrunk")
             break
