@@ -28,7 +28,7 @@ _session_key = pytest.StashKey[contextlib.ExitStack]()
 
 
 def pytest_configure(config):
-    from nanfuzz.harness.backend import choose_backend, host_threads
+    from nanfuzz.harness.launch.backend import choose_backend, host_threads
     from nanfuzz.reference.errors import NanfuzzError
 
     try:
@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_tests = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_tests:
         return
-    from nanfuzz.harness.backend import gpu_available
+    from nanfuzz.harness.launch.backend import gpu_available
 
     if config.stash[_device_key] == "cuda":
         return

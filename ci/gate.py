@@ -186,7 +186,7 @@ def pytest_command(plan: Plan, workers, junit: Path, restarts: int) -> list[str]
         if plan.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = str(threads)
         if plan.device == "cuda" and "NANFUZZ_COMPILE_JOBS" not in os.environ:
-            env["NANFUZZ_COMPILE_JOBS"] = str(compile_jobs)  # for its compile farm (harness.precompile)
+            env["NANFUZZ_COMPILE_JOBS"] = str(compile_jobs)  # for its compile farm (harness.launch.farm)
         if any("//" in v for v in env.values()):
             raise GateUsageError(f"a worker's environment cannot carry '//' (execnet's separator): {env}")
         specs += ["--tx", "popen" + "".join(f"//env:{k}={v}" for k, v in env.items())]
@@ -284,9 +284,9 @@ def _gate(args) -> int:
             os.environ[env_var] = str(Path(given).resolve())  # the workers read it
 
     from gate_report import consolidate, junit_xml, markdown, summary_json
-    from nanfuzz.harness.profiles import get_profile
+    from nanfuzz.harness.campaign.profiles import get_profile
 
-    from nanfuzz.harness.example_db import check as check_example_db
+    from nanfuzz.harness.campaign.example_db import check as check_example_db
 
     profile = get_profile(args.profile)
     shard, shards = args.shard or (1, 1)

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from nanfuzz.harness.backend import usable_cores
+from nanfuzz.harness.launch.backend import usable_cores
 from nanfuzz.reference.errors import NanfuzzError
 
 MAX_CPU_WORKERS = 8

@@ -81,11 +81,11 @@ def recover_dead_shard(plan: Plan, record: ShardRecord, *, stopped_at_deadline: 
                        pytest_message: str) -> ShardRecord:
     """A ``running`` record whose worker died: its in-flight case, from the slot's journal, is replayed
     in a fresh supervised worker; it is a CRASH (or HANG) only if it fails that way again."""
-    from nanfuzz.harness.fuzz import make_subject
-    from nanfuzz.harness.journal import leftovers
+    from nanfuzz.harness.launch.subjects import make_subject
+    from nanfuzz.harness.campaign.journal import leftovers
     from nanfuzz.harness.registry import resolve
-    from nanfuzz.harness.repro import write_repro
-    from nanfuzz.harness.settings import Settings
+    from nanfuzz.harness.report.repro import write_repro
+    from nanfuzz.harness.campaign.settings import Settings
 
     why = "the gate stopped the worker at its deadline" if stopped_at_deadline else "the worker process died"
     record.status, record.worker_died = "done", True
@@ -271,7 +271,7 @@ def failure_lines(failure: Failure, found_by: str, replay_prefix: str) -> list[s
 
 def kernel_statistics(result: GateResult) -> dict:
     """What each kernel's shards exercised together: shares of examples by situation."""
-    from nanfuzz.harness.statistics import Statistics
+    from nanfuzz.harness.report.statistics import Statistics
 
     merged: dict[str, Statistics] = {}
     for row in result.rows:

@@ -1,6 +1,6 @@
 """One shard of a gate run, inside a pytest-xdist worker: a campaign until the budget is spent.
 
-The shard is one call of the campaign runner (``nanfuzz.harness.fuzz``) with
+The shard is one call of the campaign runner (``nanfuzz.harness.campaign.runner``) with
 the shard's time budget: the runner sizes its Hypothesis runs from the
 measured cost of an example, so the budget holds to within about one
 example, and it always runs at least one example (a shard that tried nothing
@@ -25,12 +25,12 @@ from gate_plan import Plan, ShardRecord
 
 def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardRecord:
     """Fuzz ``kernel_name`` in this worker until the shard's budget is spent or it fails."""
-    from nanfuzz.harness.check import Verdict
-    from nanfuzz.harness.fuzz import fuzz
+    from nanfuzz.harness.judge.check import Verdict
+    from nanfuzz.harness.campaign.runner import fuzz
     from nanfuzz.harness.registry import resolve
-    from nanfuzz.harness.report import report_failure
-    from nanfuzz.harness.repro import environment
-    from nanfuzz.harness.settings import Settings
+    from nanfuzz.harness.report.failures import report_failure
+    from nanfuzz.harness.report.repro import environment
+    from nanfuzz.harness.campaign.settings import Settings
 
     # the gate sets this worker's NANFUZZ_STATE_DIR (its slot's folder); read once, here
     settings = Settings.from_environment(device=device, profile=plan.profile,

@@ -1,4 +1,4 @@
-"""Calibrate and check MISMATCH's bound (harness/tolerance.py) on a device.
+"""Calibrate and check MISMATCH's bound (harness/judge/tolerance.py) on a device.
 
 Two parts, each optional:
 
@@ -35,7 +35,7 @@ DTYPES = ("float16", "bfloat16", "float32")
 
 def survey(runs: list[str], dtypes: tuple[str, ...], examples: int, jobs: int, device: str,
            extra: list[str], save) -> dict:
-    from nanfuzz.harness.accuracy import Accuracy
+    from nanfuzz.harness.judge.accuracy import Accuracy
 
     merged = Accuracy()
     campaigns = []
@@ -78,8 +78,8 @@ def survey(runs: list[str], dtypes: tuple[str, ...], examples: int, jobs: int, d
 
 def sensitivity(seeds: int, examples: int, device: str) -> list[dict]:
     sys.path.insert(0, os.getcwd())
-    from nanfuzz.harness.fuzz import fuzz
-    from nanfuzz.harness.settings import Settings
+    from nanfuzz.harness.campaign.runner import fuzz
+    from nanfuzz.harness.campaign.settings import Settings
     from tests.planted_errors import PLANTED
 
     rows = []

@@ -11,8 +11,8 @@ from nanfuzz.harness.kernel import Kernel
 
 
 def _settings(device: str | None, **options):
-    from nanfuzz.harness.backend import choose_backend
-    from nanfuzz.harness.settings import Settings
+    from nanfuzz.harness.launch.backend import choose_backend
+    from nanfuzz.harness.campaign.settings import Settings
 
     return Settings.from_environment(device=choose_backend(device), **options)
 
@@ -27,7 +27,7 @@ def fuzz(kernel: Kernel | str, *, device: str | None = None, **options):
     """Run a campaign against ``kernel``; ``options`` are ``Settings`` fields (``max_examples``,
     ``seed``, ``time_budget``, ...).  Returns the Campaign (``.failed``, ``.failure``, ``.failing_case``,
     ``.statistics``)."""
-    from nanfuzz.harness.fuzz import fuzz as run_campaign
+    from nanfuzz.harness.campaign.runner import fuzz as run_campaign
 
     settings = _settings(device, **options)
     return run_campaign(_kernel(kernel, settings), settings)
@@ -35,7 +35,7 @@ def fuzz(kernel: Kernel | str, *, device: str | None = None, **options):
 
 def check(kernel: Kernel | str, case, *, device: str | None = None):
     """Judge ``kernel`` on one ``Case`` in this process; returns the Outcome (``.verdict``, ``.summary``)."""
-    from nanfuzz.harness.check import check as judge
+    from nanfuzz.harness.judge.check import check as judge
 
     settings = _settings(device)
     return judge(_kernel(kernel, settings), case, settings.device)

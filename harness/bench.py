@@ -8,7 +8,7 @@ oracle, reference (the same-precision yardstick of MISMATCH) and verdict.  A kno
 failure, so its campaigns repeat with new seeds until the count is reached.
 
 With ``jobs``, the throughput is that of several campaigns sharing the
-device, one process each (see ``harness.parallel``).
+device, one process each (see ``harness.campaign.jobs``).
 
 Detection: for each known-bad kernel (``expect == "caught"``) and each seed,
 a campaign from an empty state directory (no example database, no pending
@@ -26,10 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from nanfuzz.harness.fuzz import compile_plan, fuzz, make_subject, start_farm
+from nanfuzz.harness.campaign.runner import fuzz
+
+from nanfuzz.harness.campaign.scope import compile_plan, start_farm
+
+from nanfuzz.harness.launch.subjects import make_subject
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.parallel import fuzz_parallel
-from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.campaign.jobs import fuzz_parallel
+from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 
 PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict")
@@ -50,7 +54,7 @@ class Throughput:
     specialisations: int | None = None  # new kernel specialisations after the warm-up (GPU: compiles)
     busy_seconds: float | None = None  # several jobs: the sum of their own times (phases are shares of it)
     first_example_s: float | None = None  # from the start (worker, farm, warm-up) to the first measured example
-    farm: dict | None = None  # what the compile farm did (harness.precompile.Farm.summary)
+    farm: dict | None = None  # what the compile farm did (harness.launch.farm.Farm.summary)
     cpu_seconds: float = 0.0          # the campaigns' own processes
     judging_cpu_seconds: float = 0.0  # judging the examples, wherever it ran (the workers)
 
@@ -146,7 +150,7 @@ def measure_throughput(kernel: Kernel, settings: Settings, examples: int, warmup
 
     Every campaign (warm-up included) draws from the same specialisation
     pool, pool 0; the seeds vary everything else.  A compile farm
-    (``harness.precompile``) builds the pool from the start, so with
+    (``harness.launch.farm``) builds the pool from the start, so with
     ``warmup=0`` on an empty Triton cache the figure is the cold start's.
     """
     if seconds is not None:
@@ -222,7 +226,7 @@ def measure_detection(kernel: Kernel, settings: Settings, seeds: int, max_exampl
             "shrink_s": campaign.shrink_time,
             # where a cold seed's time goes: its first example, waits for the farm, launches (a compile
             # in the worker counts there), specialisations its worker met, checks it put off while their
-            # binaries compiled (``harness.deferrals``), what its farm built, and
+            # binaries compiled (``harness.campaign.deferrals``), what its farm built, and
             # its first examples one by one (when each started, waited for the farm, compiled itself)
             "time_to_first_example_s": campaign.time_to_first_example,
             "farm_wait_s": campaign.phase_times.get("compile", 0.0),

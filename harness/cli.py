@@ -138,12 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         forks = args.command in ("fuzz", "bench") and not args.no_isolation
         if forks:
-            from nanfuzz.harness.processes import likely_backend, restart_fork_server, start_fork_server
+            from nanfuzz.harness.launch.processes import likely_backend, restart_fork_server, start_fork_server
 
             guess = likely_backend(args.device)
             if guess is not None:
                 start_fork_server(guess)  # its imports of torch and Triton overlap with this process's own
-        from nanfuzz.harness.backend import choose_backend
+        from nanfuzz.harness.launch.backend import choose_backend
 
         device = choose_backend(args.device)  # before any @triton.jit import
         if forks and guess != device:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _settings(args, device: str):
     """The one place the command line and the environment become Settings."""
-    from nanfuzz.harness.settings import Settings
+    from nanfuzz.harness.campaign.settings import Settings
 
     if getattr(args, "launch_timeout", None) is not None and args.launch_timeout <= 0:
         raise NanfuzzError(f"--launch-timeout={args.launch_timeout} must be > 0 seconds")
@@ -180,7 +180,7 @@ def _settings(args, device: str):
         options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs)
     settings = Settings.from_environment(**options)
     if args.command == "fuzz":
-        from nanfuzz.harness.example_db import check
+        from nanfuzz.harness.campaign.example_db import check
 
         check(settings.example_db)  # a bad URL or a server that does not answer: one line, exit 2, now
     return settings
@@ -194,7 +194,7 @@ def _list(args, settings) -> int:
     device = settings.device
     from nanfuzz.harness.registry import builtin_kernels
 
-    from nanfuzz.harness import encodings
+    from nanfuzz.harness.judge import encodings
 
     rows = [("kernel", "expect", "runs on", "capabilities")]
     for kernel in builtin_kernels().values():
@@ -229,7 +229,7 @@ def _table(rows) -> None:
 
 
 def _focus(args):
-    from nanfuzz.harness.focus import Focus
+    from nanfuzz.harness.campaign.focus import Focus
 
     return Focus(decode_only=args.decode_only, prefill_only=args.prefill_only, no_window=args.no_window,
                  causal_only=args.causal_only, non_causal_only=args.non_causal_only, dtype=args.dtype,
@@ -238,9 +238,9 @@ def _focus(args):
 
 
 def _fuzz(args, settings) -> int:
-    from nanfuzz.harness.example_db import parse
-    from nanfuzz.harness.fuzz import compile_plan, start_farm
-    from nanfuzz.harness.profiles import get_profile
+    from nanfuzz.harness.campaign.example_db import parse
+    from nanfuzz.harness.campaign.scope import compile_plan, start_farm
+    from nanfuzz.harness.campaign.profiles import get_profile
     from nanfuzz.harness.registry import builtin_kernels, resolve
 
     if args.max_examples is not None and args.max_examples < 1:
@@ -267,11 +267,11 @@ def _fuzz(args, settings) -> int:
 
 def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> int:
     """Each kernel's campaign in turn (``farm``: the self-check's compile farm); the table and the exit status."""
-    from nanfuzz.harness.fuzz import fuzz
-    from nanfuzz.harness.parallel import fuzz_parallel
-    from nanfuzz.harness.progress import Progress
+    from nanfuzz.harness.campaign.runner import Hooks, fuzz
+    from nanfuzz.harness.campaign.jobs import fuzz_parallel
+    from nanfuzz.harness.report.progress import Progress
     from nanfuzz.harness.registry import import_path
-    from nanfuzz.harness.report import print_notes, report_failure
+    from nanfuzz.harness.report.failures import print_notes, report_failure
 
     summary = []
     all_good = True
@@ -290,7 +290,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                 progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
 
             try:
-                campaign = fuzz(kernel, settings, on_example=show, farm=handle)
+                campaign = fuzz(kernel, settings, hooks=Hooks(on_example=show), farm=handle)
             finally:
                 progress.finish()
         print_notes(campaign)
@@ -353,13 +353,13 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
 
 
 def _replay(args, settings) -> int:
-    from nanfuzz.harness.picture import picture
+    from nanfuzz.harness.report.picture import picture
     from nanfuzz.harness.replay import replay
 
     result = replay(args.file, kernel_name=args.kernel, settings=settings)
     print(result.line())
     if result.still_fails:
-        from nanfuzz.harness.repro import load_repro
+        from nanfuzz.harness.report.repro import load_repro
 
         print(picture(load_repro(args.file)["case"]))
     return 1 if result.still_fails else 0

@@ -73,14 +73,14 @@ def pytest_configure(config):
     config.stash[_USE] = _Use()
     profile = config.getoption("--hypothesis-profile", default=None)
     if isinstance(profile, str) and profile.startswith("nanfuzz-"):
-        from nanfuzz.harness.profiles import register_hypothesis_profiles
+        from nanfuzz.harness.campaign.profiles import register_hypothesis_profiles
 
         register_hypothesis_profiles()
     if any(config.getoption(name) not in (None, []) for name in _OPTIONS):
         try:
             _activate(config, early=True)
             if config.getoption("nanfuzz_example_db") and not hasattr(config, "workerinput"):
-                from nanfuzz.harness.example_db import check
+                from nanfuzz.harness.campaign.example_db import check
 
                 check(config.getoption("nanfuzz_example_db"))  # once, in the controlling process
         except NanfuzzError as exc:
@@ -121,7 +121,7 @@ def _activate(config, *, early: bool) -> str:
     use = config.stash[_USE]
     if use.device is not None:
         return use.device
-    from nanfuzz.harness.backend import choose_backend, host_threads, wrong_mode_kernels, wrong_mode_message
+    from nanfuzz.harness.launch.backend import choose_backend, host_threads, wrong_mode_kernels, wrong_mode_message
 
     requested = config.getoption("nanfuzz_device")
     if requested == "cuda" and os.environ.get("TRITON_INTERPRET") == "1":
@@ -175,7 +175,7 @@ def nanfuzz_kernel(request, nanfuzz_device):
         pytest.skip("no --nanfuzz-kernel given")
     from nanfuzz.harness.registry import resolve
 
-    from nanfuzz.harness.settings import Settings
+    from nanfuzz.harness.campaign.settings import Settings
 
     try:
         return resolve(name, **Settings.from_environment().sources)
@@ -206,7 +206,7 @@ class Nanfuzz:
         from nanfuzz.harness.kernel import Kernel
         from nanfuzz.harness.registry import resolve
 
-        from nanfuzz.harness.settings import Settings
+        from nanfuzz.harness.campaign.settings import Settings
 
         return kernel if isinstance(kernel, Kernel) else resolve(kernel, **Settings.from_environment().sources)
 
@@ -219,9 +219,9 @@ class Nanfuzz:
         import io
         from pathlib import Path
 
-        from nanfuzz.harness.fuzz import fuzz
-        from nanfuzz.harness.report import report_failure
-        from nanfuzz.harness.settings import Settings
+        from nanfuzz.harness.campaign.runner import fuzz
+        from nanfuzz.harness.report.failures import report_failure
+        from nanfuzz.harness.campaign.settings import Settings
 
         kernel = self._kernel(kernel)
         config = self._request.config
@@ -231,7 +231,7 @@ class Nanfuzz:
         if any(kv.values()):
             from dataclasses import replace
 
-            from nanfuzz.harness.focus import Focus
+            from nanfuzz.harness.campaign.focus import Focus
 
             focus = options.get("focus") or Focus()
             options["focus"] = replace(focus, **{k: getattr(focus, k) or v for k, v in kv.items()})
@@ -256,9 +256,9 @@ class Nanfuzz:
 
     def check(self, kernel, case):
         """Check one case; on a failure write the repro and fail the test."""
-        from nanfuzz.harness.check import check
-        from nanfuzz.harness.picture import picture
-        from nanfuzz.harness.repro import write_repro
+        from nanfuzz.harness.judge.check import check
+        from nanfuzz.harness.report.picture import picture
+        from nanfuzz.harness.report.repro import write_repro
 
         kernel = self._kernel(kernel)
         outcome = check(kernel, case, self.device)

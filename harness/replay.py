@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nanfuzz.harness.check import Outcome
+from nanfuzz.harness.judge.check import Outcome
 from nanfuzz.harness.registry import resolve
-from nanfuzz.harness.repro import environment, load_repro
-from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.report.repro import environment, load_repro
+from nanfuzz.harness.campaign.settings import Settings
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Replay:
 
 def replay(path: str, *, kernel_name: str | None = None, settings: Settings | None = None,
            device: str | None = None) -> Replay:
-    from nanfuzz.harness.fuzz import make_subject
+    from nanfuzz.harness.launch.subjects import make_subject
 
     settings = settings or Settings(device=device or "cpu")
     record = load_repro(path)

@@ -7,7 +7,7 @@ For float32 inputs ``tl.dot`` runs as TF32 on GPU matrix units unless the
 kernel asks for ``input_precision="ieee"``: the operands keep 10 mantissa
 bits.  :func:`same_precision` is that recipe, computed plainly, and its
 distance from the float64 oracle is the error a straightforward kernel in
-that precision makes: the yardstick for MISMATCH (see harness/tolerance.py).
+that precision makes: the yardstick for MISMATCH (see harness/judge/tolerance.py).
 """
 from __future__ import annotations
 

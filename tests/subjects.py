@@ -77,9 +77,9 @@ ELSEWHERE_KEY, ELSEWHERE_GROUP = "ANOTHERPROCESSCOMPILESTHIS", "windowed_kernel.
 
 def _compiles_elsewhere(batch, out):
     """A windowed case's launch needs a binary, as a Triton launch does: it waits for it while
-    another process holds its claim (``harness.shared_compiles``), or compiles it itself."""
+    another process holds its claim (``harness.launch.shared_compiles``), or compiles it itself."""
     if _windowed(batch):
-        from nanfuzz.harness import shared_compiles
+        from nanfuzz.harness.launch import shared_compiles
 
         cache = shared_compiles._claiming_class()(ELSEWHERE_KEY)
         if cache.get_group(ELSEWHERE_GROUP) is None:  # ours to compile

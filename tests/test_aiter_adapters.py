@@ -19,7 +19,7 @@ import triton.language as tl
 
 from nanfuzz.harness.adapters import aiter as aiter_adapters
 from nanfuzz.harness.adapters import aiter_loader, launches
-from nanfuzz.harness.check import check
+from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.cli import main
 from nanfuzz.harness.kernels._common import INTERPRETED
 from nanfuzz.harness.registry import resolve

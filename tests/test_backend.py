@@ -2,7 +2,7 @@
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from nanfuzz.harness.backend import host_threads
+from nanfuzz.harness.launch.backend import host_threads
 
 
 def _pool_threads() -> set[int]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nanfuzz.harness.repro import write_repro
-from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.harness.report.repro import write_repro
+from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.reference.case import Case, Geometry, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from nanfuzz.harness.cli import main
-from nanfuzz.harness.fuzz import EARLY_EXAMPLES
+from nanfuzz.harness.campaign.result import EARLY_EXAMPLES
 from nanfuzz.harness.kernels.paged_decode import KERNELS as DECODE_KERNELS
 from nanfuzz.harness.kernel import Kernel
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from nanfuzz.harness.check import Verdict, check
+from nanfuzz.harness.judge.check import Verdict, check
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from tests.torch_kernels import torch_kernel
 
@@ -109,7 +109,7 @@ def test_a_write_between_the_inputs_allocations_is_a_clobber_and_named_so():
 
 def test_a_device_fault_met_by_the_oracle_is_the_poisoned_runs_crash_and_our_own_errors_are_not(monkeypatch):
     # on a GPU the host first waits for the poisoned run wherever the oracle first needs the device
-    from nanfuzz.harness import check as checking
+    from nanfuzz.harness.judge import check as checking
 
     def faulting_oracle(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -129,7 +129,7 @@ def test_a_device_fault_met_by_the_oracle_is_the_poisoned_runs_crash_and_our_own
 
 def test_an_oracle_error_after_a_faulted_run_reports_the_fault_and_without_one_is_our_own(monkeypatch):
     # a fault that killed the context before cuBLAS was set up reaches the oracle as cuBLAS's own error
-    from nanfuzz.harness import check as checking
+    from nanfuzz.harness.judge import check as checking
 
     def oracle_on_a_dead_context(*args, **kwargs):
         raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`")

@@ -98,8 +98,8 @@ def test_a_server_that_stops_mid_gate_is_one_note_and_the_finding_is_kept(tmp_pa
     # the runner's local folder kept the finding, as a case the next run replays first
     from hypothesis.database import DirectoryBasedExampleDatabase
 
-    from nanfuzz.harness import known_failures
-    from nanfuzz.harness.repro import load_repro
+    from nanfuzz.harness.campaign import known_failures
+    from nanfuzz.harness.report.repro import load_repro
 
     local = DirectoryBasedExampleDatabase(str(tmp_path / "state" / "examples"))
     kept = [case for _, case in known_failures.known(local, known_failures.key("fleet@stops-the-server", "cpu", ""))]

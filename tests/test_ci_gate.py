@@ -79,7 +79,7 @@ def check_summary_junit_and_repro(run):
     assert repro.with_suffix(".txt").read_text().strip() in text  # the picture
     assert f"replay {repro.relative_to(cwd)}" in text  # as the artifact lays it out
 
-    from nanfuzz.harness.repro import load_repro
+    from nanfuzz.harness.report.repro import load_repro
 
     assert load_repro(repro)["kernel"] == OLD
 

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from nanfuzz.harness.cli import main
-from nanfuzz.harness.check import Outcome, Verdict
-from nanfuzz.harness.repro import write_repro
+from nanfuzz.harness.judge.check import Outcome, Verdict
+from nanfuzz.harness.report.repro import write_repro
 from nanfuzz.reference.case import Case, Geometry, Sequence
 
 

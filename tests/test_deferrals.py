@@ -1,4 +1,4 @@
-"""Checks that wait for a compile go to the back of the queue (harness.deferrals): a case whose
+"""Checks that wait for a compile go to the back of the queue (harness.campaign.deferrals): a case whose
 binary another process is compiling is put off, checked once the binary lands, and a failure
 found that way is shrunk as if it had been found in order; a passing campaign still checks
 every case it drew, once."""
@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from nanfuzz.harness import shared_compiles
-from nanfuzz.harness.check import Outcome, Verdict
-from nanfuzz.harness.deferrals import Deferrals, FoundLate, Replay
-from nanfuzz.harness.fuzz import fuzz, worker_spec
+from nanfuzz.harness.launch import shared_compiles
+from nanfuzz.harness.judge.check import Outcome, Verdict
+from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
+from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.launch.subjects import worker_spec
 from nanfuzz.harness.registry import resolve
-from nanfuzz.harness.settings import Settings
-from nanfuzz.harness.shared_compiles import Skipped
-from nanfuzz.harness.worker import CLAIMED, UNBUILT, Deferred, Supervised
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.launch.shared_compiles import Skipped
+from nanfuzz.harness.launch.worker import CLAIMED, UNBUILT, Deferred, Supervised
 from tests import subjects
 from tests.cases import consecutive_case
 
@@ -234,7 +235,7 @@ def test_while_a_farm_runs_nothing_waits_for_a_binary_and_the_end_of_the_run_wai
 
 def test_a_late_failure_the_redrawn_run_never_meets_stands_unshrunk_with_a_note(tmp_path, monkeypatch):
     # a Hypothesis that drew differently the second time: the failure found is still the campaign's
-    from nanfuzz.harness import deferrals
+    from nanfuzz.harness.campaign import deferrals
 
     monkeypatch.setattr(deferrals.Replay, "known", lambda self, case: None if case == self.case else
                         self.judged.get(case))

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from nanfuzz.harness import example_db
-from nanfuzz.harness.fuzz import database_label, fuzz
+from nanfuzz.harness.campaign import example_db
+from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.campaign.search import database_label
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 from tests.fleet_subjects import STOP_PID_VAR
 from tests.redis_server import redis_server  # noqa: F401 (a fixture)
@@ -123,7 +124,7 @@ def test_another_strategy_version_does_not_replay_the_stored_bytes(tmp_path, red
     client = server.client()
     client.delete(b"nanfuzz:failures:torch@window-off-by-one:cpu::case-v1")
     client.close()
-    import nanfuzz.harness.fuzz as fuzz_module
+    import nanfuzz.harness.campaign.search as fuzz_module
 
     monkeypatch.setattr(fuzz_module, "STRATEGY_VERSION", fuzz_module.STRATEGY_VERSION + 1)
     later = campaign(BUGGY, tmp_path, "b", server.url, max_examples=1, shrink=False)

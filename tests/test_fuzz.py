@@ -5,12 +5,12 @@ import pytest
 
 from pathlib import Path
 
-from nanfuzz.harness.check import Verdict
-from nanfuzz.harness.focus import Focus
-from nanfuzz.harness.fuzz import fuzz
+from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.campaign.focus import Focus
+from nanfuzz.harness.campaign.runner import fuzz
 from nanfuzz.harness.registry import builtin_kernels
 from nanfuzz.harness.replay import replay
-from nanfuzz.harness.repro import load_repro, write_repro
+from nanfuzz.harness.report.repro import load_repro, write_repro
 from nanfuzz.reference.case import Case, Geometry, Sequence
 from tests.torch_kernels import torch_kernel
 
@@ -29,7 +29,7 @@ def private_state(tmp_path, monkeypatch):
 
 def _leave_in_journal(kernel_name: str, case: Case) -> Path:
     """What a campaign process killed mid-case leaves: an unlocked journal file holding the case."""
-    from nanfuzz.harness.journal import safe_name
+    from nanfuzz.harness.campaign.journal import safe_name
 
     path = STATE / "journal" / f"{safe_name(kernel_name)}.99999.dead.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,8 @@ import pytest
 
 from pathlib import Path
 
-from nanfuzz.harness.check import Verdict
-from nanfuzz.harness.parallel import fuzz_parallel, split
+from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.campaign.jobs import fuzz_parallel, split
 from nanfuzz.harness.registry import resolve
 from nanfuzz.reference.case import Case, Geometry, Sequence
 
@@ -50,7 +50,7 @@ def test_a_kernel_that_kills_its_worker_is_a_crash_and_the_jobs_carry_on():
 def test_a_case_left_by_a_dead_job_is_replayed_before_anything_runs():
     case = Case(Geometry(1, 1, 32, 16, 2, "float32"), (Sequence(1, 3, (1,)),), sliding_window=2).validate()
     kernel = resolve("tests.torch_kernels:dies_on_windows")
-    from nanfuzz.harness.journal import safe_name
+    from nanfuzz.harness.campaign.journal import safe_name
 
     path = Path(".nanfuzz") / "journal" / f"{safe_name(kernel.name)}.12345.dead.json"
     path.parent.mkdir(parents=True)

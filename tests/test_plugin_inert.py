@@ -164,7 +164,7 @@ CAMPAIGN_TESTS = """
     def test_campaigns(nanfuzz, monkeypatch):
         import torch
 
-        import nanfuzz.harness.fuzz as engine
+        import nanfuzz.harness.campaign.runner as engine
         from oracle_kernel import KERNEL
 
         seeds = []
@@ -280,7 +280,8 @@ class _Config:
 def test_xdist_worker_n_takes_gpu_n_mod_count(monkeypatch):
     import torch
 
-    from nanfuzz.harness import backend, plugin
+    from nanfuzz.harness import plugin
+    from nanfuzz.harness.launch import backend
 
     monkeypatch.setattr(backend, "choose_backend", lambda device: "cuda")
     monkeypatch.setattr(backend, "wrong_mode_kernels", lambda device: [])  # this session's kernels are interpreted
@@ -313,14 +314,14 @@ def test_on_the_cpu_one_host_thread_while_in_use_then_the_user_s_again(monkeypat
 
 
 def test_a_campaign_s_statistics_reach_the_summary_when_it_has_them():
-    from nanfuzz.harness.fuzz import Campaign
+    from nanfuzz.harness.campaign.result import Campaign
     from nanfuzz.harness.plugin import _campaign_record
 
     campaign = Campaign(kernel="k", device="cpu", examples=4, verdicts={"PASS": 3, "NONFINITE": 1}, elapsed=1.5)
     assert _campaign_record(campaign)["statistics"] == ""
     from collections import Counter
 
-    from nanfuzz.harness.statistics import Statistics
+    from nanfuzz.harness.report.statistics import Statistics
 
     campaign.statistics = Statistics(examples=4, counts=Counter({"decode": 4, "window": 1}))
     record = _campaign_record(campaign)
@@ -329,7 +330,7 @@ def test_a_campaign_s_statistics_reach_the_summary_when_it_has_them():
 
 
 def test_the_project_s_own_kernels_match_the_mode_this_session_chose():
-    from nanfuzz.harness import backend
+    from nanfuzz.harness.launch import backend
     from nanfuzz.harness.registry import builtin_kernels
 
     builtin_kernels()

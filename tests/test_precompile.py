@@ -1,4 +1,4 @@
-"""The compile farm (harness.precompile): every entry of a plan is visited once, a campaign
+"""The compile farm (harness.launch.farm): every entry of a plan is visited once, a campaign
 waits for the entries the farm still holds, and a kernel that raises, dies or hangs in the
 farm gives up its entry only (the campaign then meets it in its own worker)."""
 from __future__ import annotations
@@ -7,10 +7,14 @@ import time
 
 import pytest
 
-from nanfuzz.harness.fuzz import campaign_capabilities, campaign_pool_of, compile_plan, fuzz, worker_spec
-from nanfuzz.harness.precompile import SAMPLES_PER_ENTRY, BuiltMarks, Farm, Plan, entry_key, entry_of, sample_cases
+from nanfuzz.harness.campaign.runner import fuzz
+
+from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of, compile_plan
+
+from nanfuzz.harness.launch.subjects import worker_spec
+from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, BuiltMarks, Farm, Plan, entry_key, entry_of, sample_cases
 from nanfuzz.harness.registry import resolve
-from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.campaign.settings import Settings
 
 POOL_SIZE, POOL_SEED = 4, 5
 
@@ -160,8 +164,8 @@ def test_tasks_go_out_sample_by_sample_and_each_sample_is_marked_on_its_own(tmp_
 def test_farm_processes_run_below_the_campaign_and_wait_for_its_worker_s_device_a_bounded_time(tmp_path):
     import os
 
-    from nanfuzz.harness.precompile import DEVICE_WAIT, NICENESS
-    from nanfuzz.harness.processes import fork_server_context
+    from nanfuzz.harness.launch.farm import DEVICE_WAIT, NICENESS
+    from nanfuzz.harness.launch.processes import fork_server_context
 
     plan = _plan("tests.farm_subjects:slow")
     plan = Plan(plan.spec, plan.capabilities, None, plan.entries[:1])  # one entry: one round of tasks
@@ -184,7 +188,7 @@ def test_farm_processes_run_below_the_campaign_and_wait_for_its_worker_s_device_
 
 
 def test_each_upcoming_case_goes_to_as_many_tasks_in_a_row_as_it_has_copies():
-    from nanfuzz.harness.precompile import _upcoming_number, _upcoming_tasks
+    from nanfuzz.harness.launch.farm import _upcoming_number, _upcoming_tasks
 
     plan = _plan("tests.farm_subjects:slow")
     cases = tuple(sample_cases(plan, plan.entries[1], 1) + sample_cases(plan, plan.entries[0], 1))
@@ -198,7 +202,8 @@ def test_each_upcoming_case_goes_to_as_many_tasks_in_a_row_as_it_has_copies():
 def test_a_farm_process_skips_a_launch_whose_binary_another_process_compiles_and_goes_on(monkeypatch):
     from triton.runtime.jit import JITFunction
 
-    from nanfuzz.harness import precompile, shared_compiles
+    from nanfuzz.harness.launch import farm as precompile
+    from nanfuzz.harness.launch import shared_compiles
 
     calls = []
 
@@ -231,7 +236,7 @@ def test_a_farm_process_skips_a_launch_whose_binary_another_process_compiles_and
 
 
 def test_a_binary_that_cannot_load_in_a_farm_process_is_left_for_the_worker_to_meet():
-    from nanfuzz.harness.precompile import _build_launcher
+    from nanfuzz.harness.launch.farm import _build_launcher
 
     class TooBig:
         def _init_handles(self):
@@ -246,7 +251,7 @@ def test_farm_processes_open_their_devices_one_after_another_and_a_failure_passe
 
     import torch
 
-    from nanfuzz.harness import precompile
+    from nanfuzz.harness.launch import farm as precompile
 
     opened = []
 

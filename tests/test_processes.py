@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nanfuzz.harness.processes import likely_backend
+from nanfuzz.harness.launch.processes import likely_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def test_a_fork_server_started_for_the_wrong_backend_is_restarted(tmp_path):
     # the guess says GPU on a machine where the interpreter is chosen: without the restart every
     # job would import Triton's own helpers compiled for the GPU, and the masked kernel would crash
     script = (
-        "import nanfuzz.harness.processes as p\n"
+        "import nanfuzz.harness.launch.processes as p\n"
         "p.likely_backend = lambda device: 'cuda'\n"
         "from nanfuzz.harness.cli import main\n"
         "raise SystemExit(main(['fuzz', '--kernel', 'paged_decode@masked', '--jobs', '2', '--max-examples', '12',\n"

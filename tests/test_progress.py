@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from nanfuzz.harness.progress import Progress, duration
+from nanfuzz.harness.report.progress import Progress, duration
 
 
 class Clock:

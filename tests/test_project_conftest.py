@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nanfuzz.harness import backend
+from nanfuzz.harness.launch import backend
 from nanfuzz.harness.adapters import aiter_fetch, vllm_fetch
 from nanfuzz.harness.adapters.vllm_fetch import FetchError
 from tests.conftest import AITER_VERSION, SLOW_TESTS, aiter_tree, vllm_tree

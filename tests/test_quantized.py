@@ -7,12 +7,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, find, given, settings
 
-from nanfuzz.harness import encodings
-from nanfuzz.harness.check import Verdict, check
+from nanfuzz.harness.judge import encodings
+from nanfuzz.harness.judge.check import Verdict, check
 from nanfuzz.harness.cli import main
-from nanfuzz.harness.focus import Focus
-from nanfuzz.harness.fuzz import fuzz
-from nanfuzz.harness.picture import picture
+from nanfuzz.harness.campaign.focus import Focus
+from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.report.picture import picture
 from nanfuzz.harness.registry import builtin_kernels
 from nanfuzz.reference import materialize as materialize_module
 from nanfuzz.reference.capabilities import Capabilities

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from nanfuzz.harness import encodings
-from nanfuzz.harness.check import check
+from nanfuzz.harness.judge import encodings
+from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.registry import builtin_kernels, library_of, resolve
-from nanfuzz.harness.repro import load_repro
+from nanfuzz.harness.report.repro import load_repro
 
 REPROS = sorted((Path(__file__).parent / "regressions").glob("*.json"))
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from nanfuzz.harness.check import Outcome, Verdict, check
+from nanfuzz.harness.judge.check import Outcome, Verdict, check
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.registry import resolve
-from nanfuzz.harness.repro import load_repro, standalone_script, write_repro
+from nanfuzz.harness.report.repro import load_repro, standalone_script, write_repro
 from tests.cases import consecutive_case
 
 ROOT = Path(__file__).resolve().parents[1]

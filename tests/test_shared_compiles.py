@@ -1,4 +1,4 @@
-"""One compile per binary among processes (harness.shared_compiles): the first process to miss a
+"""One compile per binary among processes (harness.launch.shared_compiles): the first process to miss a
 binary claims it, the others wait for it to land in Triton's cache; a claim ends with its binary,
 its process, or a failed compile, so no process waits for a compile nobody is doing."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from nanfuzz.harness import shared_compiles
+from nanfuzz.harness.launch import shared_compiles
 
 KEY, METADATA = "SOMEBINARYKEY", "kernel.json"
 

@@ -68,7 +68,7 @@ def test_cases_take_their_compile_time_part_from_the_pool(case):
 
 
 def test_a_campaign_with_a_pool_stays_inside_it_and_still_catches_a_bug(tmp_path, monkeypatch):
-    from nanfuzz.harness.fuzz import fuzz
+    from nanfuzz.harness.campaign.runner import fuzz
     from nanfuzz.harness.kernel import Kernel
     from tests.torch_kernels import CAPS as TORCH_CAPS, attention, torch_kernel
 

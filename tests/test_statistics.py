@@ -8,8 +8,8 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 
-from nanfuzz.harness import statistics as statistics_module
-from nanfuzz.harness.statistics import OTHER, Statistics, features
+from nanfuzz.harness.report import statistics as statistics_module
+from nanfuzz.harness.report.statistics import OTHER, Statistics, features
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Poison
 from nanfuzz.strategies import paged_cases

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from nanfuzz.harness.check import Verdict
-from nanfuzz.harness.fuzz import fuzz
-from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.campaign.settings import Settings
 from tests import subjects
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,8 +172,8 @@ def test_a_worker_that_dies_before_it_is_ready_is_one_line_naming_how(settings):
 
 def test_no_launch_stays_open_for_the_watchdog_after_a_case_whatever_its_launch_did():
     # a launch that raised never reported "returned"; left open, the next case's slow start would be a HANG
-    from nanfuzz.harness.fuzz import worker_spec
-    from nanfuzz.harness.worker import Supervised
+    from nanfuzz.harness.launch.subjects import worker_spec
+    from nanfuzz.harness.launch.worker import Supervised
     from tests.cases import consecutive_case
 
     subject = Supervised(worker_spec(subjects.raises_system_exit, Settings(device="cpu")), launch_timeout=2.0)
@@ -188,9 +188,9 @@ def test_no_launch_stays_open_for_the_watchdog_after_a_case_whatever_its_launch_
 
 def test_a_worker_tells_the_farm_when_its_device_is_open_and_again_after_a_restart():
     # the compile farm opens its GPU contexts after the worker's (many opened at once take seconds each)
-    from nanfuzz.harness.fuzz import worker_spec
-    from nanfuzz.harness.processes import fork_server_context
-    from nanfuzz.harness.worker import Supervised
+    from nanfuzz.harness.launch.subjects import worker_spec
+    from nanfuzz.harness.launch.processes import fork_server_context
+    from nanfuzz.harness.launch.worker import Supervised
     from tests.cases import consecutive_case
 
     opened = fork_server_context().Event()
@@ -210,7 +210,7 @@ def test_a_worker_tells_the_farm_when_its_device_is_open_and_again_after_a_resta
 def test_a_worker_counts_the_seconds_its_triton_compiles_take_and_ends_one_that_raised(monkeypatch):
     from triton import knobs
 
-    from nanfuzz.harness import worker
+    from nanfuzz.harness.launch import worker
 
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)

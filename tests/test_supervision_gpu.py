@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from nanfuzz.harness.check import Verdict
-from nanfuzz.harness.fuzz import fuzz
-from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.campaign.settings import Settings
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ def test_an_illegal_address_is_a_crash_shrunk_and_replayed_in_a_fresh_process(tm
     # the fault itself, not what a library set up on the dead context said after it (cuBLAS's "not initialized")
     assert "illegal" in campaign.failure.summary.lower() or "died" in campaign.failure.summary, campaign.failure.summary
     assert len(campaign.failing_case.sequences) == 1 and campaign.failing_case.sliding_window > 0
-    from nanfuzz.harness.report import report_failure
+    from nanfuzz.harness.report.failures import report_failure
 
     (repro, *_) = report_failure(triton_subjects.follows_garbage_table_entry, campaign, settings)
     proc = subprocess.run([sys.executable, "-m", "nanfuzz", "replay", repro, "--device", "cuda"], cwd=ROOT,
@@ -65,8 +65,8 @@ def test_the_correct_triton_subject_passes(tmp_path):
 
 def test_a_kernel_spinning_on_the_device_is_a_hang_of_its_launch():
     # its launch returns at once: the hang shows in the wait for the device, which the watchdog times too
-    from nanfuzz.harness.fuzz import worker_spec
-    from nanfuzz.harness.worker import Supervised
+    from nanfuzz.harness.launch.subjects import worker_spec
+    from nanfuzz.harness.launch.worker import Supervised
     from tests import triton_subjects
     from tests.cases import consecutive_case
 

@@ -1,15 +1,15 @@
-"""MISMATCH's bound (harness/tolerance.py): the same-precision reference, the row ratio, and what they catch."""
+"""MISMATCH's bound (harness/judge/tolerance.py): the same-precision reference, the row ratio, and what they catch."""
 from __future__ import annotations
 
 import pytest
 import torch
 from hypothesis import given, settings
 
-from nanfuzz.harness.check import Verdict, check
-from nanfuzz.harness.fuzz import fuzz
+from nanfuzz.harness.judge.check import Verdict, check
+from nanfuzz.harness.campaign.runner import fuzz
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.settings import Settings
-from nanfuzz.harness.tolerance import BOUND, FLOOR, UNIT_ROUNDOFF, row_errors
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.judge.tolerance import BOUND, FLOOR, UNIT_ROUNDOFF, row_errors
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import materialize
@@ -159,7 +159,7 @@ def test_mismatch_evidence_is_in_units_of_the_reference_and_absolute():
 
 
 def test_the_accuracy_tally_merges_round_trips_and_reads_its_quantiles():
-    from nanfuzz.harness.accuracy import Accuracy
+    from nanfuzz.harness.judge.accuracy import Accuracy
 
     jobs = [Accuracy(), Accuracy()]
     for i, ratio in enumerate((0.0, 0.5, 0.9, 1.2, 2.2)):

@@ -1,4 +1,4 @@
-"""A seeded search's first cases are known before it starts (``harness.upcoming``), and the
+"""A seeded search's first cases are known before it starts (``harness.campaign.upcoming``), and the
 compile farm builds them first, in the order the search meets them."""
 from __future__ import annotations
 
@@ -6,13 +6,18 @@ import dataclasses
 
 import pytest
 
-from nanfuzz.harness.fuzz import (campaign_capabilities, campaign_pool_of, chunk_seed, first_chunk, fuzz, search_seed,
-                                  worker_spec)
-from nanfuzz.harness.precompile import SAMPLES_PER_ENTRY, BuiltMarks, Farm, Plan, entry_of
-from nanfuzz.harness.profiles import get_profile
-from nanfuzz.harness.settings import Settings
-from nanfuzz.harness.upcoming import upcoming_cases
-from nanfuzz.harness.worker import InProcess
+from nanfuzz.harness.campaign.runner import fuzz
+
+from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of
+
+from nanfuzz.harness.campaign.search import chunk_seed, first_chunk, search_seed
+
+from nanfuzz.harness.launch.subjects import worker_spec
+from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, BuiltMarks, Farm, Plan, entry_of
+from nanfuzz.harness.campaign.profiles import get_profile
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.campaign.upcoming import upcoming_cases
+from nanfuzz.harness.launch.worker import InProcess
 from nanfuzz.strategies import paged_cases
 from tests.torch_kernels import torch_kernel
 

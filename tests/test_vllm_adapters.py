@@ -16,7 +16,7 @@ import torch
 from nanfuzz.harness.adapters import vllm as vllm_adapters
 from nanfuzz.harness.adapters import vllm_loader
 from nanfuzz.harness.kernels._common import INTERPRETED
-from nanfuzz.harness.check import Verdict, check
+from nanfuzz.harness.judge.check import Verdict, check
 from nanfuzz.harness.registry import resolve
 from nanfuzz.reference.case import Case, KVCache, Poison, PoisonSite
 from nanfuzz.reference.errors import NanfuzzError

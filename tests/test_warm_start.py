@@ -1,10 +1,10 @@
-"""First-use work moved out of a fresh worker's first check (harness.warm_start): Triton's
+"""First-use work moved out of a fresh worker's first check (harness.launch.warm_start): Triton's
 installation hash in the fork server, the oracle's first float64 attention in a thread."""
 from __future__ import annotations
 
 import pytest
 
-from nanfuzz.harness import warm_start
+from nanfuzz.harness.launch import warm_start
 from nanfuzz.harness.registry import resolve
 
 
@@ -40,7 +40,7 @@ def test_the_oracle_warms_on_a_decode_and_a_prefill_sequence_of_the_kernel_s_dty
 
 @pytest.mark.gpu
 def test_processes_forked_for_the_gpu_inherit_triton_s_hash():
-    from nanfuzz.harness.processes import fork_server_context
+    from nanfuzz.harness.launch.processes import fork_server_context
 
     context = fork_server_context()
     if context.get_start_method() != "forkserver":

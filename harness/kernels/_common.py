@@ -17,7 +17,7 @@ Every family module (``harness.kernels.<family>``) defines
 - ``specialisation(case, variant) -> dict``: the constexpr arguments of a
   launch on ``case``'s batch, variant switches included.  With the case's
   dtype (and the launch options) they are what Triton keys a compile on
-  (see ``harness.compiles``), so batches with equal values share a compile;
+  (see ``harness.launch.compiles``), so batches with equal values share a compile;
 - ``CAPABILITIES`` and ``KERNELS``.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from nanfuzz.reference.capabilities import Capabilities
 # Every constexpr combination is a compile on a GPU (block size, padded head size, query
 # rows, window, sinks, cache encoding, dtype: hundreds of them): GPU campaigns draw
 # them from a pool of this many (see strategies.specialisations), compiled ahead by
-# harness.precompile.
+# harness.launch.farm.
 GPU_POOL = 16
 # tl.dot wants at least 16 along each dimension on current GPUs.
 MIN_DOT_SIZE = 16

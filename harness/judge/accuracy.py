@@ -1,7 +1,7 @@
 """How close passing outputs came to MISMATCH's bound: a histogram per arithmetic.
 
 Every PASS carries its worst row's error in units of the same-precision
-reference's error (``max_error_ratio``, harness/tolerance.py).  An
+reference's error (``max_error_ratio``, harness/judge/tolerance.py).  An
 :class:`Accuracy` tallies those per arithmetic ("bfloat16", "float32/tf32")
 in quarter-octave bins, so a campaign can say "fp16: median 0.9x, 99.9th
 percentile 2.1x, worst 2.8x, bound 4x", jobs can merge their tallies, and the

@@ -21,7 +21,7 @@ launches side by side (a mixed batch's decode and prefill kernels) instead
 of one after the other.  A worker does the same for one check at a time
 (``skipping_misses``), and while a farm runs it also skips a binary nobody
 compiles yet: the campaign checks another case meanwhile and comes back to
-this one once the binary has landed (``harness.deferrals``).
+this one once the binary has landed (``harness.campaign.deferrals``).
 """
 from __future__ import annotations
 

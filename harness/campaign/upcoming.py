@@ -3,7 +3,7 @@
 While every case passes, what Hypothesis draws next depends only on its seed,
 its settings and the strategy, never on the kernel: the search's first cases
 can be drawn in advance, on the host, in milliseconds each.  The compile farm
-(``harness.precompile``) builds those cases first, in the order the search
+(``harness.launch.farm``) builds those cases first, in the order the search
 meets them, so a cold campaign's first examples wait for one round of
 parallel compiles instead of meeting the pool one compile at a time.  Once a
 case fails, the search goes its own way (shrinking), and the farm's other
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, setti
 
 from nanfuzz.reference.case import Case
 
-# A GPU search puts off the cases whose binaries are not built yet (``harness.deferrals``) and
+# A GPU search puts off the cases whose binaries are not built yet (``harness.campaign.deferrals``) and
 # draws on: it meets several dozen cases while the farm builds its first binaries.
 UPCOMING_CASES = 64
 

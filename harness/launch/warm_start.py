@@ -48,7 +48,7 @@ def _attend_once(kernel, device) -> None:
 def attend_tiny_case(kernel, device):
     """What a check does around the launch, on a decode and a prefill sequence: move a case to
     ``device``, attend in float64 and in the kernel's precision, measure the rows' errors."""
-    from nanfuzz.harness.tolerance import effective_precision, row_errors
+    from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
     from nanfuzz.reference.batch import PagedBatch
     from nanfuzz.reference.case import Case, Geometry, Sequence
     from nanfuzz.reference.materialize import build_on_host

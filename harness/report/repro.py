@@ -8,9 +8,9 @@ import platform
 import re
 from pathlib import Path
 
-from nanfuzz.harness.check import Outcome, Verdict
+from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.picture import picture
+from nanfuzz.harness.report.picture import picture
 from nanfuzz.reference.case import SCHEMA_VERSION, Case
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -148,15 +148,15 @@ def main(argv=None):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
 
-    from nanfuzz.harness.backend import choose_backend
+    from nanfuzz.harness.launch.backend import choose_backend
     from nanfuzz.reference.errors import NanfuzzError
 
     try:
         device = choose_backend(args.device)  # sets TRITON_INTERPRET before any @triton.jit import
-        from nanfuzz.harness.check import check
+        from nanfuzz.harness.judge.check import check
         from nanfuzz.harness.import_path import cwd_first_on_path
         from nanfuzz.harness.registry import resolve
-        from nanfuzz.harness.repro import VERDICT_MEANINGS
+        from nanfuzz.harness.report.repro import VERDICT_MEANINGS
         from nanfuzz.reference.case import Case
         from nanfuzz.reference.materialize import materialize
 

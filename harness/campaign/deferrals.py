@@ -10,7 +10,7 @@ has landed (``Deferrals.landed``), and every case still put off when the
 Hypothesis run ends is checked then, each as soon as it can be.
 
 To Hypothesis a skipped case is a pass, and it draws exactly what it would
-have drawn had the case passed (``harness.upcoming`` relies on the same).
+have drawn had the case passed (``harness.campaign.upcoming`` relies on the same).
 So when a case checked late fails, the runner replays the same seeded run:
 a ``Replay`` answers each case already judged with its outcome, passes the
 cases still unchecked, and raises the late failure when Hypothesis draws its
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import os
 
-from nanfuzz.harness import shared_compiles
-from nanfuzz.harness.check import Outcome
-from nanfuzz.harness.shared_compiles import Skipped
+from nanfuzz.harness.launch import shared_compiles
+from nanfuzz.harness.judge.check import Outcome
+from nanfuzz.harness.launch.shared_compiles import Skipped
 from nanfuzz.reference.case import Case
 
 

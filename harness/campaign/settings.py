@@ -11,11 +11,14 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from nanfuzz.harness.focus import Focus
+from nanfuzz.harness.campaign.focus import Focus
 
 # Generous: a correct launch of the largest generated case takes milliseconds
 # on a GPU and a few seconds under the interpreter; compiles are excluded.
 DEFAULT_LAUNCH_TIMEOUT = {"cuda": 60.0, "cpu": 300.0}
+# Shrinking stops after this long and reports the smallest failing case so far:
+# a HANG costs a launch timeout per candidate, and a gate must finish.
+DEFAULT_SHRINK_BUDGET = 600.0
 
 
 @dataclass(frozen=True)
@@ -35,19 +38,23 @@ class Settings:
     shrink: bool = True
     use_database: bool | None = None         # None: from the profile
     pool_size: int | None = None             # None: the kernel's own pool on a GPU
+    pool_seed: int | None = None             # picks the pool; None: the seed, else 0 (--jobs share one)
     compile_jobs: int | None = None          # compile-farm processes on a GPU; None: one per core, 0: no farm
                                              # (NANFUZZ_COMPILE_JOBS; the gate gives each GPU worker its share)
     jobs: int = 1
     isolation: bool = True                   # launches in a supervised worker process
     launch_timeout: float | None = None      # None: DEFAULT_LAUNCH_TIMEOUT for the device
     replays: int = 3                         # how often a found failure is replayed in a fresh worker
+    shrink_budget: float = DEFAULT_SHRINK_BUDGET  # seconds of shrinking before the smallest failure so far stands
+    check_leftovers: bool = True             # replay cases a dead campaign left in the journal first
+                                             # (jobs leave it to the run that started them)
     cuda_index: int | None = None            # pin workers to this GPU
 
     @property
     def examples_path(self) -> Path:
         """The example database's local folder: ``example_db`` when that is a plain folder, else
         ``examples_dir`` or STATE/examples (in front of the shared store, if there is one)."""
-        from nanfuzz.harness.example_db import parse
+        from nanfuzz.harness.campaign.example_db import parse
 
         store = parse(self.example_db)
         if store is not None and not store.layered:

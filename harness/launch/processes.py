@@ -24,8 +24,8 @@ def fork_server_context():
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "triton", "nanfuzz.harness.check", "nanfuzz.harness.registry",
-                                    "nanfuzz.harness.fuzz", "nanfuzz.harness.warm_start"])
+    context.set_forkserver_preload(["torch", "triton", "nanfuzz.harness.judge.check", "nanfuzz.harness.registry",
+                                    "nanfuzz.harness.campaign.runner", "nanfuzz.harness.launch.warm_start"])
     return context
 
 
@@ -65,7 +65,7 @@ def restart_fork_server() -> None:
 
 
 def likely_backend(device: str | None) -> str | None:
-    """The backend ``harness.backend.choose_backend`` will pick, where the environment tells without
+    """The backend ``harness.launch.backend.choose_backend`` will pick, where the environment tells without
     importing torch; None where only torch can tell.  A wrong guess costs a restarted fork server."""
     if device in ("cpu", "cuda"):
         return device

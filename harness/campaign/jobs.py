@@ -3,10 +3,10 @@
 A campaign spends most of its time in Python (Hypothesis, building the case,
 the verdict) while the GPU idles, so ``jobs`` processes sharing the device
 run that many times the examples.  Job ``i`` runs the ordinary campaign
-runner (``harness.fuzz``) with seed ``seed + i`` (its own random draws when
+runner (``harness.campaign.runner``) with seed ``seed + i`` (its own random draws when
 no seed is given).  For kernels that compile per shape, every job draws from
 the campaign's one pool (picked by ``seed``, else 0), which a compile farm
-(``harness.precompile``) builds once for all of them on the host's cores
+(``harness.launch.farm``) builds once for all of them on the host's cores
 while the jobs start: a cold run pays each compile once, not once per job.
 Each job has its own supervised worker and its own
 journal, and they share the example database.  The first job to fail asks
@@ -24,8 +24,8 @@ import threading
 import time
 
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.processes import interpret_if_cpu
-from nanfuzz.harness.settings import Settings
+from nanfuzz.harness.launch.processes import interpret_if_cpu
+from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 
 _WARMUP_SEED = 1_000_003
@@ -47,7 +47,8 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
     signal.signal(signal.SIGINT, interrupt)
     interpret_if_cpu(settings.device)  # before the kernel's module is imported
     try:
-        from nanfuzz.harness.fuzz import fuzz, make_subject
+        from nanfuzz.harness.campaign.runner import Hooks, fuzz
+        from nanfuzz.harness.launch.subjects import make_subject
         from nanfuzz.harness.registry import resolve
 
         kernel = resolve(kernel_spec, **settings.sources)
@@ -56,8 +57,8 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
             if warmup:
                 fuzz(kernel, settings.replace(max_examples=warmup, seed=pool_seed + _WARMUP_SEED, shrink=False,
                                               use_database=False, replays=0),
-                     pool_seed=pool_seed, subject=subject, check_leftovers=False, interrupted=interrupt_event.is_set,
-                     farm=farm)
+                     pool_seed=pool_seed, subject=subject, check_leftovers=False,
+                     hooks=Hooks(interrupted=interrupt_event.is_set), farm=farm)
                 try:
                     ready.wait(timeout=_READY_TIMEOUT)
                 except threading.BrokenBarrierError:
@@ -68,8 +69,8 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
                 if campaign.time_to_first_failure is not None:
                     stop_event.set()
 
-            campaign = fuzz(kernel, settings, on_example=note_failure, should_stop=stop_event.is_set,
-                            interrupted=interrupt_event.is_set, pool_seed=pool_seed, subject=subject,
+            hooks = Hooks(on_example=note_failure, should_stop=stop_event.is_set, interrupted=interrupt_event.is_set)
+            campaign = fuzz(kernel, settings, hooks=hooks, pool_seed=pool_seed, subject=subject,
                             check_leftovers=False, farm=farm)
             campaign.compiles = subject.specialisations
         finally:
@@ -99,8 +100,9 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     farm's handle the caller started for this campaign (else one starts here).
     ``pool_seed`` picks the jobs' one pool (default: the seed, else 0).
     """
-    from nanfuzz.harness.fuzz import compile_plan, recover_leftovers, start_farm
-    from nanfuzz.harness.profiles import get_profile
+    from nanfuzz.harness.campaign.leftovers import recover_leftovers
+    from nanfuzz.harness.campaign.scope import compile_plan, start_farm
+    from nanfuzz.harness.campaign.profiles import get_profile
 
     settings = (settings or Settings()).replace(**overrides)
     jobs = settings.jobs
@@ -132,9 +134,9 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
 
 
 def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, notes, farm, start):
-    from nanfuzz.harness.fuzz import Campaign
+    from nanfuzz.harness.campaign.result import Campaign
     from nanfuzz.harness.registry import import_path, kernel_sources
-    from nanfuzz.harness.processes import fork_server_context
+    from nanfuzz.harness.launch.processes import fork_server_context
 
     # Not fork: a forked child of a process that used CUDA cannot use it.  Jobs come from the
     # workers' fork server, which has imported torch, Triton and the campaign runner but never
@@ -206,7 +208,7 @@ def _collect(processes, results, done, died, stop_event, ready, deadline) -> Non
 
 
 def _merge(kernel_name: str, device: str, results: list, start: float):
-    from nanfuzz.harness.fuzz import Campaign
+    from nanfuzz.harness.campaign.result import Campaign
 
     merged = Campaign(kernel=kernel_name, device=device, busy_seconds=0.0)
     first_failure_at = None

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import sys
 
-from nanfuzz.harness.picture import picture
-from nanfuzz.harness.repro import repro_record, write_repro
+from nanfuzz.harness.report.picture import picture
+from nanfuzz.harness.report.repro import repro_record, write_repro
 
 
 def report_failure(kernel, campaign, settings, stream=None) -> list[str]:

@@ -4,7 +4,7 @@ Three launches per case: the poisoned batch, the same batch again (two
 launches on identical inputs must agree bit for bit), and the batch with
 different finite garbage in every dead slot and redzone (LEAK).  HANG and a
 crash that kills the process are the supervisor's verdicts
-(``harness.worker``); this module judges what a launch that returns gives.
+(``harness.launch.worker``); this module judges what a launch that returns gives.
 
 On a GPU the host waits for the device twice per case, not once per launch:
 after the poisoned run (with the oracle queued behind it, and the
@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from nanfuzz.harness import encodings
-from nanfuzz.harness.evidence import classes_line, describe_rows, span
+from nanfuzz.harness.judge import encodings
+from nanfuzz.harness.judge.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.tolerance import effective_precision, row_errors
+from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.batch import PagedBatch
@@ -214,7 +214,7 @@ def _judge_case(kernel: Kernel, case: Case, device: str | torch.device = "cpu", 
     """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
     materialize (every batch), kernel (every launch), oracle (the gather of the live keys
     and the float64 pass), reference (the same-precision pass from the same gather, and
-    the row errors: harness/tolerance.py), verdict (the rest).  They are the host's
+    the row errors: harness/judge/tolerance.py), verdict (the rest).  They are the host's
     seconds: on a GPU the host waits for the device only in the verdict phase (see the
     module notes), so the device time of the launches, the oracle and the reference is
     counted there.  ``digest_pass=False`` leaves a PASS without its output digest (a

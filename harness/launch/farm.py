@@ -17,7 +17,7 @@ that also loads the binary and builds its launcher: nothing runs on the
 device, and the binaries (and launchers) land in Triton's on-disk cache,
 where the campaign's worker (and every job of a ``--jobs`` run) loads them
 in milliseconds.  A campaign's own first cases, drawn ahead of its search
-(``harness.upcoming``), go out first, in the order the search meets them,
+(``harness.campaign.upcoming``), go out first, in the order the search meets them,
 each to two processes at once: a farm process skips a binary another
 process is compiling (``shared_compiles.install(skip_claimed=True)``) and
 goes on to the case's next launch, so a mixed batch's decode and prefill
@@ -34,10 +34,10 @@ task is built: a warm campaign starts in the time its worker takes.  A mark
 that no longer describes the cache costs speed only (the worker compiles).
 
 A worker that needs a binary a farm process (or another worker) is compiling
-waits for that binary alone and loads it (``harness.shared_compiles``), and
+waits for that binary alone and loads it (``harness.launch.shared_compiles``), and
 compiles what nobody is compiling; a fuzzing campaign's worker rather puts
 the case off and checks others meanwhile, and while the farm runs leaves
-to it what nobody compiles yet (``harness.deferrals``).  Where claims cannot be installed (a Triton
+to it what nobody compiles yet (``harness.campaign.deferrals``).  Where claims cannot be installed (a Triton
 without ``knobs``, a cache manager of the user's own), the campaign instead
 waits before each case while the farm still holds any task of the case's
 entry (``FarmHandle.wait_for``).
@@ -62,8 +62,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nanfuzz.harness import shared_compiles
-from nanfuzz.harness.processes import interpret_if_cpu
+from nanfuzz.harness.launch import shared_compiles
+from nanfuzz.harness.launch.processes import interpret_if_cpu
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.strategies.geometry import Shape
@@ -87,13 +87,13 @@ _FINISHED = "FINISHED"
 @dataclass(frozen=True)
 class Plan:
     """A campaign's pool, as a farm process rebuilds it: the kernel as a worker loads it
-    (``harness.worker.WorkerSpec``), the capabilities its cases are drawn under, and the entries."""
+    (``harness.launch.worker.WorkerSpec``), the capabilities its cases are drawn under, and the entries."""
 
     spec: object                     # WorkerSpec
     capabilities: Capabilities       # after the campaign's focus and the device's encodings
     poison_classes: tuple[str, ...] | None
     entries: tuple[Specialisation, ...]
-    upcoming: tuple[Case, ...] = ()  # the campaign's first cases, in order (``harness.upcoming``)
+    upcoming: tuple[Case, ...] = ()  # the campaign's first cases, in order (``harness.campaign.upcoming``)
 
 
 def entry_of(case: Case) -> Specialisation:
@@ -193,7 +193,7 @@ def _current_key(module: str, name: str) -> str | None:
 @dataclass(frozen=True)
 class FarmHandle:
     """What a campaign (in any process) needs to wait for the farm's entries: its folder.
-    ``per_binary``: the workers wait for each binary they need instead (``harness.shared_compiles``)."""
+    ``per_binary``: the workers wait for each binary they need instead (``harness.launch.shared_compiles``)."""
 
     folder: str
     per_binary: bool = False
@@ -234,7 +234,7 @@ class Farm:
                  marks: BuiltMarks | None = None, after=None):
         """``after``: an event (of the fork server's context) the farm processes wait for, up to
         ``DEVICE_WAIT`` seconds, before their first device work: a worker's opened GPU context."""
-        from nanfuzz.harness.processes import fork_server_context
+        from nanfuzz.harness.launch.processes import fork_server_context
 
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
         per_binary = plans[0].spec.device == "cuda" and shared_compiles.available()
@@ -392,7 +392,7 @@ def _upcoming_number(sample: str) -> int:
 def default_processes() -> int:
     """One farm process per core this process may use: the campaign's own processes mostly wait
     for compiles while the farm runs."""
-    from nanfuzz.harness.backend import usable_cores
+    from nanfuzz.harness.launch.backend import usable_cores
 
     return max(1, usable_cores())
 
@@ -409,11 +409,11 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None,
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    from nanfuzz.harness.worker import _exit_with_parent
+    from nanfuzz.harness.launch.worker import _exit_with_parent
 
     _exit_with_parent()
     _compile_only()
-    from nanfuzz.harness.backend import host_threads
+    from nanfuzz.harness.launch.backend import host_threads
 
     shared_compiles.install(skip_claimed=True)  # another process's binary: on to the next launch
 

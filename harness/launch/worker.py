@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from nanfuzz.harness.check import Outcome, Verdict
-from nanfuzz.harness.processes import fork_server_context, interpret_if_cpu, plain_fork_context
-from nanfuzz.harness.shared_compiles import Skipped
+from nanfuzz.harness.judge.check import Outcome, Verdict
+from nanfuzz.harness.launch.processes import fork_server_context, interpret_if_cpu, plain_fork_context
+from nanfuzz.harness.launch.shared_compiles import Skipped
 from nanfuzz.reference.errors import NanfuzzError
 
 # A worker imports torch, Triton and the kernel's module before it is ready.
@@ -104,7 +104,7 @@ CLAIMED, UNBUILT = "claimed", "unbuilt"
 @dataclass(frozen=True)
 class Deferred:
     """No verdict yet: a launch of the case needed a binary it did without (``skipped``: where its
-    compile is claimed, where it lands, whether anyone was compiling it; see ``harness.deferrals``)."""
+    compile is claimed, where it lands, whether anyone was compiling it; see ``harness.campaign.deferrals``)."""
 
     skipped: Skipped
 
@@ -115,7 +115,7 @@ class InProcess:
     def __init__(self, kernel, device: str):
         import contextlib
 
-        from nanfuzz.harness.compiles import count_specialisations
+        from nanfuzz.harness.launch.compiles import count_specialisations
 
         self.kernel = kernel
         self.device = device
@@ -129,7 +129,7 @@ class InProcess:
     defers = False  # this process compiles what it needs itself
 
     def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None) -> Outcome:
-        from nanfuzz.harness.check import check
+        from nanfuzz.harness.judge.check import check
 
         return check(self.kernel, case, self.device, digest_pass=digest, explain=explain)
 
@@ -219,7 +219,7 @@ class Supervised:
     def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None
               ) -> Outcome | Deferred:
         """The case's outcome.  ``defer`` (``CLAIMED`` or ``UNBUILT``): where a launch needs such a
-        binary, ``Deferred`` at once rather than a wait or a compile (``harness.shared_compiles``)."""
+        binary, ``Deferred`` at once rather than a wait or a compile (``harness.launch.shared_compiles``)."""
         self._await_ready()
         try:
             return self._check(case, digest, explain, defer if self.defers else None)
@@ -321,8 +321,8 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
     os.dup2(log, 2)
     interpret_if_cpu(spec.device)  # before any @triton.jit import
     try:
-        from nanfuzz.harness.backend import host_threads
-        from nanfuzz.harness.check import check
+        from nanfuzz.harness.launch.backend import host_threads
+        from nanfuzz.harness.judge.check import check
 
         kernel = spec.load()
     except NanfuzzError as exc:
@@ -335,18 +335,18 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
     event = clock.event
     _report_compiles(event)
     _exit_with_parent()
-    from nanfuzz.harness import shared_compiles
+    from nanfuzz.harness.launch import shared_compiles
 
     if spec.device == "cuda":
         shared_compiles.install()  # a binary another process is compiling is waited for, not compiled again
         _open_device_context()
-        from nanfuzz.harness.warm_start import warm_oracle
+        from nanfuzz.harness.launch.warm_start import warm_oracle
 
         warm_oracle(kernel, "cuda")  # beside the first check's launch, not inside its oracle
     if device_opened is not None:
         device_opened.set()
     conn.send(("ready", None))
-    from nanfuzz.harness.compiles import count_specialisations
+    from nanfuzz.harness.launch.compiles import count_specialisations
 
     with host_threads(spec.device, own_process=True), count_specialisations(interpreter=spec.device == "cpu") as seen:
         while True:
@@ -364,7 +364,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
                     conn.send(("error", str(exc)))
                     continue
                 except BaseException as exc:  # the kernel broke our judging (e.g. returned something odd)
-                    from nanfuzz.harness.check import _crash
+                    from nanfuzz.harness.judge.check import _crash
 
                     outcome = _crash(exc, "while judging the output")
                 finally:

@@ -1,0 +1,80 @@
+"""What a campaign found and what it ran: the result every front door reports from."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
+from nanfuzz.harness.judge.accuracy import Accuracy
+from nanfuzz.harness.judge.check import Outcome
+from nanfuzz.harness.report.statistics import Statistics
+from nanfuzz.reference.case import Case
+
+# The first examples of a campaign whose timing it keeps (``Campaign.early_examples``): as many
+# as it draws in advance for the compile farm (``harness.campaign.upcoming``).
+EARLY_EXAMPLES = UPCOMING_CASES
+
+
+@dataclass
+class Campaign:
+    kernel: str
+    device: str
+    examples: int = 0
+    verdicts: dict[str, int] = field(default_factory=dict)
+    failure: Outcome | None = None
+    failing_case: Case | None = None
+    elapsed: float = 0.0
+    time_to_first_failure: float | None = None
+    examples_to_first_failure: int | None = None
+    shrink_time: float | None = None
+    phase_times: dict[str, float] = field(default_factory=dict)
+    repro_paths: list[str] = field(default_factory=list)
+    recovered_crash: bool = False
+    busy_seconds: float | None = None  # jobs' campaigns: the sum of their own elapsed times
+    notes: list[str] = field(default_factory=list)  # one line each, for the user
+    statistics: Statistics = field(default_factory=Statistics)  # what the generated cases exercised
+    accuracy: Accuracy = field(default_factory=Accuracy)        # how close passing outputs came to the bound
+    interrupted: bool = False
+    worker_restarts: int = 0
+    time_to_first_example: float | None = None  # seconds from the start to the first example judged
+    # where a cold start's time goes, example by example (``EARLY_EXAMPLES`` of them): see ``note_early``
+    early_examples: list[dict] = field(default_factory=list)
+    compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
+    deferred: int = 0             # checks put off while a binary they needed compiled elsewhere (GPU)
+    farm: dict | None = None      # what its own compile farm did (Farm.summary())
+    # CPU seconds: the campaign's own process (judging included where the kernel runs in it), and the
+    # judging of its examples wherever it ran; against elapsed time they show a busy or a waiting host
+    cpu_seconds: float = 0.0
+    judging_cpu_seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.failure is not None
+
+    def note_early(self, outcome: Outcome, started: float, seconds: float) -> None:
+        """One of the campaign's first examples: when its check started (seconds from the campaign's
+        start), how long it took, how much of that it waited for a binary another process was
+        compiling, and how much its worker spent compiling (or loading) binaries itself."""
+        if len(self.early_examples) < EARLY_EXAMPLES:
+            self.early_examples.append({
+                "at_s": round(started, 3), "seconds": round(seconds, 3),
+                "farm_wait_s": round(outcome.timings.get("compile", 0.0), 3),
+                "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value})
+
+    def count(self, outcome: Outcome) -> None:
+        self.examples += 1
+        self.judging_cpu_seconds += outcome.cpu_seconds
+        self.verdicts[outcome.verdict.value] = self.verdicts.get(outcome.verdict.value, 0) + 1
+        for phase, seconds in outcome.timings.items():
+            self.phase_times[phase] = self.phase_times.get(phase, 0.0) + seconds
+
+    def tally(self, case: Case, outcome: Outcome) -> None:
+        """``count`` plus what the case exercised and how close it came to the bound."""
+        self.count(outcome)
+        self.statistics.add(case)
+        self.accuracy.add(outcome.evidence)
+
+    def found(self, outcome: Outcome, case: Case, at: float) -> None:
+        """The first failure, found ``at`` seconds into the campaign."""
+        self.failure, self.failing_case = outcome, case
+        self.time_to_first_failure = at
+        self.examples_to_first_failure = self.examples

@@ -1,0 +1,242 @@
+"""The campaign runner: generate, check in a supervised worker, shrink, never lose a failure.
+
+One runner serves the CLI, the self-check, ``--jobs`` (``harness.campaign.jobs``
+runs it once per job process), the gate's shards, bench and the pytest
+plugin.  Everything it is told comes in one ``Settings`` object; how a caller
+watches and steers it comes in ``Hooks``.
+
+A campaign is a ``CampaignRunner`` whose stages are its methods: prepare (the
+worker, the compile farm), recover the cases dead campaigns left, replay the
+kernel's known failures, search (``harness.campaign.search``), remember the
+failure, confirm it by replays, and summarise.  A case goes to the journal
+before it goes to the subject (a worker process, ``harness.launch.worker``), so
+even a campaign process killed outright leaves its case behind for the next
+run to replay.  With an example database (``harness.campaign.example_db``), the
+kernel's known failures (``harness.campaign.known_failures``) run before the
+search, and a failure found is kept there for every later campaign.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from nanfuzz.harness.campaign import known_failures
+from nanfuzz.harness.campaign.journal import Journal
+from nanfuzz.harness.campaign.leftovers import recover_leftovers
+from nanfuzz.harness.campaign.profiles import Profile, get_profile
+from nanfuzz.harness.campaign.result import Campaign
+from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool_of, campaign_strategy, plan_for,
+                                            start_farm)
+from nanfuzz.harness.campaign.search import Search, chunk_seed, first_chunk, search_seed
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
+from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.launch.farm import FarmHandle
+from nanfuzz.harness.launch.processes import fork_server_context
+from nanfuzz.harness.launch.subjects import subject_for, worker_spec
+from nanfuzz.reference.case import Case
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """How a caller watches and steers a campaign.  ``on_example`` is told after every example;
+    ``should_stop`` is asked before each example while no failure is found (a sibling job found
+    one); ``interrupted`` before every example, shrinking included (stop now, keep the smallest
+    failure so far)."""
+
+    on_example: Callable[[Campaign], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    interrupted: Callable[[], bool] | None = None
+
+
+class _FarmWait:
+    """Before a case: wait while the compile farm still builds its entry (time kept as the "compile" phase)."""
+
+    def __init__(self, farm: FarmHandle | None, kernel: Kernel):
+        from nanfuzz.harness.registry import import_path
+
+        self.farm = farm
+        self.kernel = import_path(kernel) if farm is not None else None  # what the farm's plan names it by
+
+    def farm_running(self) -> bool:
+        if self.farm is not None and not self.farm.running():
+            self.farm = None  # done for good (the entries it held are built or given up): no more looks
+        return self.farm is not None
+
+    def __call__(self, case: Case, campaign: Campaign) -> None:
+        if self.farm is None:
+            return
+        waited = self.farm.wait_for(self.kernel, case)
+        if waited:
+            campaign.phase_times["compile"] = campaign.phase_times.get("compile", 0.0) + waited
+
+
+def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | None = None, subject=None,
+         farm: FarmHandle | None = None, **overrides) -> Campaign:
+    """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
+
+    ``settings`` fields may be overridden by keyword (``device=``, ``max_examples=``, ...).
+    ``subject``: a worker the caller keeps between campaigns (jobs, bench); ``farm``: the compile
+    farm of a caller that started one for this campaign (jobs, the self-check); otherwise a GPU
+    campaign with a pool starts its own.
+    """
+    settings = settings or Settings()
+    if overrides:
+        settings = settings.replace(**overrides)
+    return CampaignRunner(kernel, settings, hooks or Hooks(), subject, farm).run()
+
+
+class CampaignRunner:
+    """One campaign against one kernel: what it is, once, and its stages as methods."""
+
+    def __init__(self, kernel: Kernel, settings: Settings, hooks: Hooks, subject=None, farm: FarmHandle | None = None):
+        self.kernel, self.settings, self.hooks = kernel, settings, hooks
+        self.profile = settings.profile if isinstance(settings.profile, Profile) else get_profile(settings.profile)
+        self.caps, skipped = campaign_capabilities(kernel, settings)
+        self.pool, self.pool_seed = campaign_pool_of(self.caps, settings)
+        self.max_examples = settings.max_examples or self.profile.max_examples
+        self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
+        self.search_seed = search_seed(settings, self.profile)
+        self.campaign = Campaign(kernel=kernel.name, device=settings.device)
+        self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
+        self.start, self._cpu_start = time.perf_counter(), time.process_time()
+        self.subject, self._own_subject = subject, subject is None
+        self.farm, self._own_farm = farm, None
+        self.waiting: _FarmWait | None = None
+        self.database = None
+        self.journal: Journal | None = None
+
+    def run(self) -> Campaign:
+        try:
+            self.prepare()
+            leftover = self.recover_leftovers()
+            if leftover is not None:
+                return leftover
+            self.database = self._open_database()
+            with Journal(self.settings.state_dir, self.kernel.name) as self.journal:
+                if self.journal.note:
+                    self.campaign.notes.append(self.journal.note)
+                if not self.replay_known_failures():
+                    Search(self)()
+            self.remember_failure()
+            self.confirm()
+        finally:
+            self.close()
+        return self.summarise()
+
+    # -- the stages ----------------------------------------------------------------------
+    def prepare(self) -> None:
+        """The worker first (the campaign waits for it), then a compile farm that works ahead of it,
+        compiling the search's first cases first, in the order it meets them."""
+        settings = self.settings
+        farm_needed = self.farm is None and self._own_subject and bool(self.pool)
+        # one look-up of how another process loads the kernel, for the worker and the farm both
+        spec = worker_spec(self.kernel, settings) if (self._own_subject and settings.isolation) or farm_needed else None
+        plan = plan_for(spec, self.caps, self.pool, settings) if farm_needed else None
+        # the farm opens its GPU contexts after the worker's: sixteen at once take seconds each
+        device_opened = fork_server_context().Event() if plan is not None and settings.isolation else None
+        if self._own_subject:
+            self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
+        if plan is not None:
+            upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool), chunk_seed(self.search_seed, 0),
+                                      first_chunk(self.max_examples, self.time_budget, settings.device), UPCOMING_CASES)
+            self._own_farm = start_farm([replace(plan, upcoming=upcoming)], settings, after=device_opened)
+            self.farm = self._own_farm.handle if self._own_farm else None
+        self.waiting = _FarmWait(self.farm, self.kernel)
+
+    def recover_leftovers(self) -> Campaign | None:
+        """The failure a case left by a dead campaign gives again, if any (notes for the others)."""
+        if not self.settings.check_leftovers:
+            return None
+        leftover, notes = recover_leftovers(self.kernel, self.settings, self.subject)
+        self.campaign.notes += notes
+        return leftover
+
+    def replay_known_failures(self) -> bool:
+        """Replay the kernel's known failures (see ``harness.campaign.known_failures``) before any
+        search.  True when one fails again: it is the campaign's failure, shrunk when it was found."""
+        if self.database is None:
+            return False
+        campaign = self.campaign
+        interpreter = self.settings.device == "cpu"
+        for raw, case in known_failures.known(self.database, self._known_key()):
+            if self.caps.unsupported(case, interpreter=interpreter):
+                continue  # the kernel's capabilities changed since; the entry may still matter elsewhere
+            self.journal.record(case)
+            outcome = self.subject.check(case)
+            self.journal.clear()
+            campaign.tally(case, outcome)
+            if self.hooks.on_example is not None:
+                self.hooks.on_example(campaign)
+            if outcome.failed:
+                campaign.found(outcome, case, time.perf_counter() - self.start)
+                campaign.notes.append(f"{self.kernel.name}: a known failure from the example database fails again")
+                return True
+            known_failures.forget(self.database, self._known_key(), raw)
+        return False
+
+    def remember_failure(self) -> None:
+        """A failure found goes into the example database, for every later campaign to replay first."""
+        if self.database is not None and self.campaign.failed:
+            known_failures.remember(self.database, self._known_key(), self.campaign.failing_case)
+
+    def confirm(self) -> None:
+        """Run the reported case again in the subject: how often does it repeat, bit for bit?"""
+        campaign, replays = self.campaign, self.settings.replays
+        if not campaign.failed or not replays or campaign.interrupted:
+            return
+        outcome = campaign.failure
+        runs = 1 if outcome.verdict is Verdict.HANG else replays  # each HANG replay costs a whole timeout
+        repeated, digests, final = 0, set(), None
+        for n in range(runs):
+            again = self.subject.check(campaign.failing_case, digest=True, explain=n == 0)
+            if again.verdict is outcome.verdict:
+                repeated += 1
+                final = final or again
+                if again.output_sha256:
+                    digests.add(again.output_sha256)
+        if final is not None:
+            final.evidence = {**final.evidence, "repeated": f"{repeated}/{runs}"}
+            campaign.failure = final
+        else:
+            outcome.evidence = {**outcome.evidence, "repeated": f"0/{runs}"}
+        if repeated < runs:
+            campaign.notes.append(f"{campaign.kernel}: the reported {outcome.verdict.value} repeated on {repeated} of "
+                                  f"{runs} replays in a fresh run: a flaky or nondeterministic failure")
+        if len(digests) > 1:
+            campaign.notes.append(f"{campaign.kernel}: replays of the failing case gave {len(digests)} different outputs")
+
+    def close(self) -> None:
+        """The worker and the farm this campaign started, stopped, with what they counted."""
+        campaign = self.campaign
+        if self._own_subject and self.subject is not None:
+            campaign.worker_restarts = getattr(self.subject, "restarts", 0)
+            campaign.compiles = getattr(self.subject, "specialisations", None)
+            self.subject.close()
+        if self._own_farm is not None:
+            self._own_farm.close()
+            campaign.farm = self._own_farm.summary()
+
+    def summarise(self) -> Campaign:
+        campaign = self.campaign
+        campaign.elapsed = time.perf_counter() - self.start
+        campaign.cpu_seconds = time.process_time() - self._cpu_start
+        if campaign.failure is not None and campaign.time_to_first_failure is not None:
+            campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
+        return campaign
+
+    # -- helpers -------------------------------------------------------------------------
+    def _open_database(self):
+        settings, use = self.settings, self.settings.use_database
+        if use is None:  # an example database named explicitly is one to use
+            use = bool(settings.example_db) or self.profile.use_database
+        if not use:
+            return None
+        from nanfuzz.harness.campaign.example_db import open_database
+
+        return open_database(settings.example_db, settings.examples_path, self.campaign.notes.append)
+
+    def _known_key(self) -> bytes:
+        return known_failures.key(self.kernel.name, self.settings.device, self.settings.focus.label())

@@ -1,0 +1,80 @@
+"""What a campaign draws its cases under: capabilities, specialisation pool, strategy, compile plan.
+
+The capabilities are the kernel's, narrowed by the campaign's focus and by
+what the device's Triton runs; on a GPU, a kernel that compiles per shape
+draws each case's compile-time part from a pool (``strategies.specialisations``),
+and a compile farm (``harness.launch.farm``) builds that pool ahead of the search.
+"""
+from __future__ import annotations
+
+from nanfuzz.harness.judge import encodings
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.launch.farm import Farm, Plan, default_processes
+from nanfuzz.harness.launch.subjects import worker_spec
+from nanfuzz.harness.launch.worker import WorkerSpec
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.strategies import paged_cases
+from nanfuzz.strategies.cases import campaign_pool
+
+
+def campaign_capabilities(kernel: Kernel, settings: Settings) -> tuple[Capabilities, list[str]]:
+    """What the campaign draws cases under (the kernel's capabilities, its focus, what the
+    device's Triton runs), and a note for each KV-cache encoding left out."""
+    interpreter = settings.device == "cpu"
+    caps = settings.focus.apply(kernel.capabilities, kernel.name)
+    if interpreter and not caps.runnable_dtypes(interpreter=True):
+        raise NanfuzzError(f"kernel {kernel.name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's interpreter; "
+                           "use --device cuda")
+    caps, skipped = encodings.runnable(caps, settings.device)
+    if not caps.kv_cache_dtypes and not caps.token_head_dtypes:
+        raise NanfuzzError(f"kernel {kernel.name}: no KV cache it takes runs here ({'; '.join(skipped)})")
+    return caps, skipped
+
+
+def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | None = None) -> tuple[tuple | None, int]:
+    """The campaign's specialisation pool (None: free draws) and the seed that picked it
+    (``pool_seed``, else ``settings.pool_seed``, else the campaign's seed, else 0)."""
+    interpreter = settings.device == "cpu"
+    pool_size = settings.pool_size
+    if pool_size is None:
+        # the kernel's own pool is for compiles, and under the interpreter nothing compiles
+        pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
+    if pool_seed is None:
+        pool_seed = settings.pool_seed if settings.pool_seed is not None else (settings.seed or 0)
+    return (campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter) if pool_size else None), pool_seed
+
+
+def campaign_strategy(caps: Capabilities, settings: Settings, pool):
+    """What the campaign's search draws its cases from (and ``harness.campaign.upcoming`` draws ahead)."""
+    return paged_cases(caps, interpreter=settings.device == "cpu", poison_classes=settings.focus.poison_classes,
+                       pool=pool)
+
+
+def compile_plan(kernel: Kernel, settings: Settings, pool_seed: int | None = None) -> Plan | None:
+    """What a compile farm builds ahead of ``kernel``'s campaign: None under the interpreter,
+    without a pool, or for a kernel no other process can load."""
+    if settings.device == "cpu" or settings.compile_jobs == 0:
+        return None
+    try:
+        caps, _ = campaign_capabilities(kernel, settings)
+    except NanfuzzError:
+        return None  # the campaign itself says why
+    pool, _ = campaign_pool_of(caps, settings, pool_seed)
+    return plan_for(worker_spec(kernel, settings) if pool else None, caps, pool, settings)
+
+
+def plan_for(spec: WorkerSpec | None, caps: Capabilities, pool, settings: Settings) -> Plan | None:
+    """``compile_plan`` for a caller that has the worker spec, capabilities and pool already."""
+    if settings.device == "cpu" or settings.compile_jobs == 0 or not pool or spec is None:
+        return None
+    return Plan(spec, caps, settings.focus.poison_classes, pool)
+
+
+def start_farm(plans: list[Plan | None], settings: Settings, after=None) -> Farm | None:
+    """A compile farm for the plans there are (None when there is none); ``after``: see ``Farm``."""
+    plans = [p for p in plans if p is not None]
+    if not plans:
+        return None
+    return Farm(plans, settings.compile_jobs or default_processes(), after=after)

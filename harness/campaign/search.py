@@ -1,0 +1,295 @@
+"""The search: Hypothesis runs until the examples or the time are spent, or a failure is shrunk.
+
+A campaign bounded by wall time runs Hypothesis in chunks: the first is short
+(nothing is timed yet), later ones fill a share of the time left at the pace
+so far.  Each chunk is seeded from the campaign's search seed, so a seeded
+campaign draws the same cases (``harness.campaign.upcoming`` draws them ahead).
+
+Every failing case met is remembered as it is met, so a failure survives
+whatever ends the search: a flaky replay, Hypothesis giving up, a shrink that
+runs out of time, Ctrl-C.  On a GPU a case whose binary another process
+compiles is put off (``harness.campaign.deferrals``); a put-off case that fails
+later is found again by replaying the same seeded run, for Hypothesis to shrink.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import time
+from typing import TYPE_CHECKING
+
+from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings as hypothesis_settings
+from hypothesis.errors import HypothesisException
+
+from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
+from nanfuzz.harness.campaign.profiles import Profile
+from nanfuzz.harness.campaign.scope import campaign_strategy
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.judge.check import Outcome, Verdict
+from nanfuzz.harness.launch.worker import CLAIMED, UNBUILT, Deferred
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.strategies import STRATEGY_VERSION
+
+if TYPE_CHECKING:
+    from nanfuzz.harness.campaign.runner import CampaignRunner
+
+# Examples per Hypothesis run when a campaign is bounded by wall time: the
+# first run is short (nothing is timed yet), later runs fill this share of the
+# time left, so they shrink geometrically toward the deadline and the last
+# overshoots it by about one example.
+_CHUNK = 250
+_FIRST_CHUNK = {"cpu": 2, "cuda": 32}
+_CHUNK_SHARE = 0.5
+# How often the end of a Hypothesis run looks whether the binaries of the cases it put off have landed.
+_LANDING_POLL = 0.01
+
+
+class KernelFailed(Exception):
+    """Raised inside the property so that Hypothesis shrinks the case."""
+
+    def __init__(self, outcome: Outcome, case: Case):
+        super().__init__(outcome.summary)
+        self.outcome = outcome
+        self.case = case
+
+
+class StopRequested(KeyboardInterrupt):
+    """Ends a campaign between examples (a sibling job found a failure, the shrink budget ran out).
+
+    A KeyboardInterrupt to Hypothesis, so that it stops without shrinking
+    further, reporting or saving the unfinished example to the database.
+    """
+
+
+class _Aborted(KeyboardInterrupt):
+    """Carries a usage or configuration error (NanfuzzError) out of Hypothesis, which would
+    otherwise take it for a failure of the kernel and try to shrink it."""
+
+    def __init__(self, error: NanfuzzError):
+        super().__init__(str(error))
+        self.error = error
+
+
+# One exception class per verdict: Hypothesis then shrinks a NONFINITE case
+# toward a smaller NONFINITE case, never into a milder verdict.
+_FAILURE_TYPES = {v: type(f"Kernel{v.value.title()}", (KernelFailed,), {}) for v in Verdict}
+
+
+def database_label(kernel_name: str, device: str, focus_label: str, caps, pool, pool_seed: int) -> str:
+    """What a stored choice sequence means a case under; Hypothesis hashes it into the database key,
+    so entries of another kernel, device, focus, strategy version, capabilities or pool never replay."""
+    caps_id = hashlib.sha256(repr(caps).encode()).hexdigest()[:12]
+    return (f"nanfuzz:{kernel_name}:{device}:{focus_label}:strategies-v{STRATEGY_VERSION}:caps-{caps_id}"
+            + (f":pool{len(pool)}/{pool_seed}" if pool else ""))
+
+
+def search_seed(settings: Settings, profile: Profile) -> int:
+    """The Hypothesis seed of a campaign's chunks (``chunk_seed``): the campaign's seed; 0 under
+    a derandomized profile; else a fresh random one, so that no two unseeded campaigns (the
+    jobs of one run among them) draw the same later chunks."""
+    if settings.seed is not None:
+        return settings.seed
+    return 0 if profile.derandomize else random.SystemRandom().randrange(2 ** 32)
+
+
+def chunk_seed(search_seed: int, chunk_index: int) -> int:
+    return search_seed * 1_000_003 + chunk_index
+
+
+def first_chunk(max_examples: int, time_budget: float | None, device: str) -> int:
+    """How many examples the campaign's first Hypothesis run may draw (later ones fit the time left)."""
+    return max_examples if time_budget is None else max(1, min(max_examples, _CHUNK, _FIRST_CHUNK[device]))
+
+
+class Search:
+    """One campaign's search, over the state its runner holds (kernel, subject, journal, clock...)."""
+
+    def __init__(self, run: CampaignRunner):
+        self.run = run
+        self.campaign = run.campaign
+        self.first: tuple[Outcome, Case] | None = None  # the first failure met
+        self.best: tuple[Outcome, Case] | None = None   # the latest failure of the first's verdict
+        self.defers = getattr(run.subject, "defers", False)  # can its worker put off a case whose binary compiles elsewhere?
+        self.deferrals = Deferrals()
+        self.judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
+        self.replay: Replay | None = None      # the replay under way, if any
+        self.strategy = campaign_strategy(run.caps, run.settings, run.pool)
+        self.phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + (
+            [Phase.shrink] if run.settings.shrink else [])
+
+    # -- the chunks ------------------------------------------------------------------
+    def __call__(self) -> None:
+        """Hypothesis runs until the examples or the time are spent, or a failure is shrunk."""
+        campaign, run = self.campaign, self.run
+        remaining = run.max_examples
+        chunk_index = 0
+        while remaining > 0:
+            size = self._chunk_size(remaining)
+            if size is None:
+                break
+            before = campaign.examples
+            if not self._run_chunk(size, chunk_index):
+                break
+            remaining -= max(1, campaign.examples - before)
+            chunk_index += 1
+        if self.best is not None and campaign.failure is None:
+            campaign.failure, campaign.failing_case = self.best
+
+    def _chunk_size(self, remaining: int) -> int | None:
+        """The next Hypothesis run's examples; None once the time budget is spent."""
+        run, campaign = self.run, self.campaign
+        elapsed = time.perf_counter() - run.start
+        if run.time_budget is not None and elapsed >= run.time_budget and campaign.examples:
+            return None  # at least one example, however late: a campaign that tried nothing is no pass
+        if not campaign.examples:
+            return first_chunk(remaining, run.time_budget, run.settings.device)
+        if run.time_budget is None:
+            return remaining
+        per_example = elapsed / campaign.examples  # a share of the time left, at the pace so far
+        return max(1, min(remaining, _CHUNK, int(_CHUNK_SHARE * (run.time_budget - elapsed) / max(per_example, 1e-6))))
+
+    def _run_chunk(self, size: int, chunk_index: int) -> bool:
+        """One Hypothesis run (drawn again up to a late failure); False when the search is over."""
+        campaign, run = self.campaign, self.run
+        self.judged.clear()
+        try:
+            while True:
+                try:
+                    self._hypothesis_run(size, chunk_index)()
+                    if self.replay is None:
+                        self._check_remaining()
+                    break
+                except FoundLate as late:  # draw the run again, up to the late failure, for Hypothesis to shrink
+                    self.replay = Replay(late, self.judged, self.deferrals.remaining())
+        except KernelFailed as failure:
+            campaign.failure, campaign.failing_case = failure.outcome, failure.case
+            return False
+        except _Aborted as aborted:
+            raise aborted.error from None
+        except StopRequested:
+            if run.hooks.interrupted is not None and run.hooks.interrupted():
+                campaign.interrupted = True
+            return False
+        except KeyboardInterrupt:
+            campaign.interrupted = True
+            return False
+        except HypothesisException as exc:
+            # e.g. a failure that did not repeat when Hypothesis replayed it (Flaky)
+            if self.first is None:
+                raise NanfuzzError(f"kernel {run.kernel.name}: Hypothesis stopped the campaign: {exc}".splitlines()[0]) from None
+            campaign.notes.append(f"{run.kernel.name}: Hypothesis stopped shrinking ({type(exc).__name__}): the failure "
+                                  "did not repeat on every run; the repro is the last failing case seen")
+            return False
+        finally:
+            campaign.deferred = self.deferrals.count
+        if self.replay is not None:  # the run drawn again never met the late failure: it stands unshrunk
+            campaign.notes.append(f"{run.kernel.name}: the failure was found while its binary compiled, out of order, "
+                                  "and Hypothesis did not draw it again; the repro is the failing case as found, unshrunk")
+            return False
+        return True
+
+    def _hypothesis_run(self, size: int, chunk_index: int):
+        run = self.run
+        property_ = given(case=self.strategy)(lambda case: self._run_case(case))
+        property_.hypothesis.inner_test._hypothesis_internal_add_digest = database_label(
+            run.kernel.name, run.settings.device, run.settings.focus.label(), run.caps, run.pool, run.pool_seed).encode()
+        property_ = hypothesis_seed(chunk_seed(run.search_seed, chunk_index))(property_)
+        # settings after @seed: @seed alone would switch the example database off
+        return hypothesis_settings(
+            max_examples=size, deadline=None, database=run.database, phases=self.phases, report_multiple_bugs=False,
+            suppress_health_check=list(HealthCheck), print_blob=False)(property_)
+
+    # -- one case ---------------------------------------------------------------------
+    def _run_case(self, case: Case) -> None:
+        run = self.run
+        self._stop_if_asked()
+        if self.first is not None and time.perf_counter() - run.start - self.campaign.time_to_first_failure > run.settings.shrink_budget:
+            self.campaign.notes.append(f"{run.kernel.name}: shrinking stopped after {run.settings.shrink_budget:.0f} s; "
+                                       "the repro is the smallest failing case found by then")
+            raise StopRequested()
+        if self.replay is not None:
+            known = self.replay.known(case)
+            if known is not None:
+                if known.failed:
+                    raise _FAILURE_TYPES[known.verdict](known, case)
+                return
+            if self.replay.passes_over(case):
+                return
+        if self.deferrals and self.first is None:  # after a failure, cases put off no longer matter
+            self._check_landed()
+        run.waiting(case, self.campaign)
+        outcome = self._judge(case, self._deferring())
+        if outcome is not None and outcome.failed:
+            raise _FAILURE_TYPES[outcome.verdict](outcome, case)
+
+    def _judge(self, case: Case, defer: str | None) -> Outcome | None:
+        """Check one case and count it; None when the worker put it off (``harness.campaign.deferrals``)."""
+        run, campaign = self.run, self.campaign
+        run.journal.record(case)
+        checked = time.perf_counter()
+        try:
+            outcome = run.subject.check(case, defer=defer) if defer else run.subject.check(case)
+        except NanfuzzError as exc:
+            raise _Aborted(exc) from None
+        run.journal.clear()
+        if isinstance(outcome, Deferred):
+            self.deferrals.add(case, outcome.skipped)
+            return None
+        campaign.note_early(outcome, checked - run.start, time.perf_counter() - checked)
+        campaign.count(outcome)
+        if campaign.time_to_first_example is None:
+            campaign.time_to_first_example = time.perf_counter() - run.start
+        campaign.statistics.add(case)
+        campaign.accuracy.add(outcome.evidence)
+        if outcome.failed:
+            if self.first is None:
+                campaign.time_to_first_failure = time.perf_counter() - run.start
+                campaign.examples_to_first_failure = campaign.examples
+                self.first = self.best = (outcome, case)
+            elif outcome.verdict is self.first[0].verdict:
+                self.best = (outcome, case)
+        if self.first is None:
+            self.judged[case] = outcome
+        if run.hooks.on_example is not None:
+            run.hooks.on_example(campaign)
+        return outcome
+
+    def _stop_if_asked(self) -> None:
+        hooks = self.run.hooks
+        if hooks.interrupted is not None and hooks.interrupted():
+            raise StopRequested()
+        if self.first is None and hooks.should_stop is not None and hooks.should_stop():
+            raise StopRequested()
+
+    # -- cases put off while their binaries compile --------------------------------------
+    def _deferring(self) -> str | None:
+        """What a check may put off now (``worker.CLAIMED``, ``UNBUILT``): nothing once a failure is found."""
+        if not self.defers or self.first is not None:
+            return None
+        return UNBUILT if self.run.waiting.farm_running() else CLAIMED
+
+    def _judge_late(self, case: Case, defer: str | None) -> None:
+        """Check a case put off earlier; a failure ends the run (``FoundLate``)."""
+        self._stop_if_asked()
+        outcome = self._judge(case, defer)
+        if outcome is not None and outcome.failed:
+            raise FoundLate(case, outcome)
+
+    def _check_landed(self) -> None:
+        """The put-off cases whose binaries have landed, checked now (one whose compile failed in
+        another process, compiling it here)."""
+        for case, built in self.deferrals.landed(self.run.waiting.farm_running()):
+            self._judge_late(case, self._deferring() if built else CLAIMED)
+
+    def _check_remaining(self) -> None:
+        """The run is over: every case still put off is checked as soon as its binaries land, and
+        once no farm runs, each in turn, waiting for whatever another process still compiles."""
+        while self.deferrals:
+            self._stop_if_asked()
+            if self.run.waiting.farm_running():
+                self._check_landed()
+                time.sleep(_LANDING_POLL)
+                continue
+            for case in self.deferrals.remaining():
+                self._judge_late(case, None)
