@@ -150,29 +150,37 @@ def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gat
     return _Gathered(case, q, k, v, allowed, sinks, tok_seq, tok_row)
 
 
-# Threads inside ``_ieee_float32_matmuls`` (a worker warms the oracle beside its first check),
-# and the setting the last one out puts back: the flag is the process's.
-_ieee_users = threading.Lock(), [0, False]
-
-
-@contextlib.contextmanager
-def _ieee_float32_matmuls():
+class _IeeeMatmuls:
     """float32 products in full precision even where the process allows TF32
-    (``torch.set_float32_matmul_precision``): TF32, where wanted, is the arithmetic's own rounding."""
-    matmul = torch.backends.cuda.matmul
-    lock, users = _ieee_users
-    with lock:
-        if users[0] == 0:
-            users[1] = matmul.allow_tf32
-            matmul.allow_tf32 = False
-        users[0] += 1
-    try:
-        yield
-    finally:
-        with lock:
-            users[0] -= 1
-            if users[0] == 0:
-                matmul.allow_tf32 = users[1]
+    (``torch.set_float32_matmul_precision``): TF32, where wanted, is the arithmetic's own rounding.
+
+    The flag is the process's, and several threads may compute at once (a worker warms the
+    oracle beside its first check): the first one in turns TF32 off, the last one out puts
+    back what it found."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved = False
+
+    @contextlib.contextmanager
+    def __call__(self):
+        matmul = torch.backends.cuda.matmul
+        with self._lock:
+            if self._users == 0:
+                self._saved = matmul.allow_tf32
+                matmul.allow_tf32 = False
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    matmul.allow_tf32 = self._saved
+
+
+_ieee_float32_matmuls = _IeeeMatmuls()
 
 
 def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic) -> torch.Tensor:

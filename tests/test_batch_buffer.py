@@ -3,7 +3,7 @@ layout and alignment; a clone is one independent buffer; one comparison of two b
 tells whether a kernel wrote anywhere, and the regions it wrote are still named."""
 import torch
 
-from nanfuzz.harness.judge.check import _any_written, _written_regions
+from nanfuzz.harness.judge.writes import any_written as _any_written, written_regions as _written_regions
 from nanfuzz.reference.case import KVCache, Poison
 from nanfuzz.reference.materialize import build_on_host
 from nanfuzz.reference.redzones import shared_buffer

@@ -129,7 +129,7 @@ def test_a_process_skipping_claims_raises_at_once_for_a_live_holder_and_compiles
     claimed, go = context.Event(), context.Event()
     holder = context.Process(target=_holder, args=(str(cache_dir), "finishes", claimed, go), daemon=True)
     holder.start()
-    monkeypatch.setattr(shared_compiles, "_skip_claimed", [True])
+    monkeypatch.setattr(shared_compiles._state, "skip_claimed", True)
     try:
         assert claimed.wait(30)
         started = time.monotonic()

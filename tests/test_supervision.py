@@ -214,7 +214,7 @@ def test_a_worker_counts_the_seconds_its_triton_compiles_take_and_ends_one_that_
 
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
-    monkeypatch.setattr(worker, "_compiles", [0.0, None])
+    monkeypatch.setattr(worker, "_compiles", worker._CompileClock())
     events = []
     worker._report_compiles(events.append)
     knobs.runtime.jit_cache_hook()
@@ -224,4 +224,4 @@ def test_a_worker_counts_the_seconds_its_triton_compiles_take_and_ends_one_that_
     knobs.runtime.jit_cache_hook()  # a compile that raises: its end is never reported
     time.sleep(0.1)
     assert 0.3 <= worker._compile_seconds() < 1.2
-    assert worker._compiles[1] is None  # ended where it was counted, not counted again
+    assert worker._compiles.since is None  # ended where it was counted, not counted again

@@ -1,0 +1,1 @@
+"""The judge: one case run on one kernel, and its verdict with evidence."""

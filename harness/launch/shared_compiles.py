@@ -29,17 +29,26 @@ import contextlib
 import functools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CLAIM_FILE = "nanfuzz-compiling"
 CLAIM_TIMEOUT = 300.0   # seconds; big kernels compile for tens of seconds on ROCm
 _POLL = 0.01
 
-_claims: set[str] = set()  # claim files this process holds
-_waited = [0.0]            # seconds this process waited for other processes' compiles
-_skip_claimed = [False]    # raise ClaimedElsewhere rather than wait (a farm process's choice)
-_skip_unclaimed = [False]  # ... and so for a binary nobody compiles (``skipping_misses``)
-_met: list = [None]        # under skipping_misses: the misses skipped so far
+
+
+@dataclass
+class _ProcessClaims:
+    """What this process's claiming cache does on a miss, and what it has done so far."""
+
+    held: set[str] = field(default_factory=set)  # claim files this process holds
+    waited: float = 0.0            # seconds this process waited for other processes' compiles
+    skip_claimed: bool = False     # raise ClaimedElsewhere rather than wait (a farm process's choice)
+    skip_unclaimed: bool = False   # ... and so for a binary nobody compiles (``skipping_misses``)
+    met: list | None = None        # under skipping_misses: the misses skipped so far
+
+
+_state = _ProcessClaims()
 
 
 class ClaimedElsewhere(BaseException):
@@ -70,7 +79,7 @@ def install(skip_claimed: bool = False) -> bool:
     from triton import knobs
 
     knobs.cache.manager_class = _claiming_class()
-    _skip_claimed[0] = skip_claimed
+    _state.skip_claimed = skip_claimed
     return True
 
 
@@ -92,12 +101,12 @@ def skipping_misses(unclaimed: bool = False):
     a compile farm to build).  Yields a list that gets a ``Skipped`` for each, so a caller whose
     code under test caught the exception still knows that a launch was skipped."""
     met: list[Skipped] = []
-    before = _skip_claimed[0], _skip_unclaimed[0], _met[0]
-    _skip_claimed[0], _skip_unclaimed[0], _met[0] = True, unclaimed, met
+    before = _state.skip_claimed, _state.skip_unclaimed, _state.met
+    _state.skip_claimed, _state.skip_unclaimed, _state.met = True, unclaimed, met
     try:
         yield met
     finally:
-        _skip_claimed[0], _skip_unclaimed[0], _met[0] = before
+        _state.skip_claimed, _state.skip_unclaimed, _state.met = before
 
 
 def claim_pending(path: str) -> bool:
@@ -107,17 +116,17 @@ def claim_pending(path: str) -> bool:
 
 def release_claims() -> None:
     """Drop this process's claims left by compiles that raised (a finished compile drops its own)."""
-    for path in list(_claims):
+    for path in list(_state.held):
         _drop(path)
 
 
 def waited_seconds() -> float:
     """Seconds this process has waited so far for binaries other processes were compiling."""
-    return _waited[0]
+    return _state.waited
 
 
 def _drop(path: str) -> None:
-    _claims.discard(path)
+    _state.held.discard(path)
     try:
         os.unlink(path)
     except OSError:
@@ -161,7 +170,7 @@ def _try_claim(path: str) -> bool:
         return True  # a cache folder we cannot write: compile without a claim, as Triton would
     with os.fdopen(fd, "w") as f:
         f.write(str(os.getpid()))
-    _claims.add(path)
+    _state.held.add(path)
     return True
 
 
@@ -182,14 +191,14 @@ def _claiming_class():
             if group is not None or not self._claims_misses or not filename.endswith(".json"):
                 return group
             claim = self._make_path(CLAIM_FILE)
-            if _skip_unclaimed[0]:
+            if _state.skip_unclaimed:
                 self._skip(claim, filename, claimed=_holder_alive(claim))
             started = time.monotonic()
             try:
                 while True:
                     if _try_claim(claim):
                         return None  # ours to compile
-                    if _skip_claimed[0] and _holder_alive(claim):
+                    if _state.skip_claimed and _holder_alive(claim):
                         self._skip(claim, filename, claimed=True)
                     while _holder_alive(claim):
                         time.sleep(_POLL)
@@ -202,18 +211,18 @@ def _claiming_class():
                     if os.path.exists(claim):  # a dead or stale holder's: take it over
                         _drop(claim)
             finally:
-                _waited[0] += time.monotonic() - started
+                _state.waited += time.monotonic() - started
 
         def _skip(self, claim: str, filename: str, claimed: bool):
-            if _met[0] is not None:
-                _met[0].append(Skipped(claim, self._make_path(f"__grp__{filename}"), claimed))
+            if _state.met is not None:
+                _state.met.append(Skipped(claim, self._make_path(f"__grp__{filename}"), claimed))
             raise ClaimedElsewhere(claim)
 
         def put_group(self, filename, group):
             path = super().put_group(filename, group)
             if filename.endswith(".json"):
                 claim = self._make_path(CLAIM_FILE)
-                if claim in _claims:
+                if claim in _state.held:
                     _drop(claim)
             return path
 

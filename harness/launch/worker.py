@@ -364,7 +364,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
                     conn.send(("error", str(exc)))
                     continue
                 except BaseException as exc:  # the kernel broke our judging (e.g. returned something odd)
-                    from nanfuzz.harness.judge.check import _crash
+                    from nanfuzz.harness.judge.outcome import crash as _crash
 
                     outcome = _crash(exc, "while judging the output")
                 finally:
@@ -427,17 +427,30 @@ def _device_alive() -> bool:
         return False
 
 
-# Seconds this worker has spent in Triton's compiles (cache loads and waits for other processes
-# included), and when the compile under way, if any, started.
-_compiles = [0.0, None]
+class _CompileClock:
+    """Seconds this worker has spent in Triton's compiles (cache loads and waits for other
+    processes included), and when the compile under way, if any, started."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.since: float | None = None
+
+    def started(self) -> None:
+        self.since = time.monotonic()
+
+    def total(self) -> float:
+        """Compile seconds so far; a compile that raised (its end never reported) ends now."""
+        if self.since is not None:
+            self.seconds += time.monotonic() - self.since
+            self.since = None
+        return self.seconds
+
+
+_compiles = _CompileClock()
 
 
 def _compile_seconds() -> float:
-    """Compile seconds so far; a compile that raised (its end never reported) ends now."""
-    if _compiles[1] is not None:
-        _compiles[0] += time.monotonic() - _compiles[1]
-        _compiles[1] = None
-    return _compiles[0]
+    return _compiles.total()
 
 
 def _report_compiles(event) -> None:
@@ -454,7 +467,7 @@ def _report_compiles(event) -> None:
 
     def starting(*args, **kwargs):
         event("compile")
-        _compiles[1] = time.monotonic()
+        _compiles.started()
         return before(*args, **kwargs) if before is not None else None
 
     def finished(*args, **kwargs):

@@ -1,0 +1,1 @@
+"""The report: repros, the block-table picture, what a campaign exercised, progress lines."""

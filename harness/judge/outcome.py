@@ -1,0 +1,64 @@
+"""A check's result: the verdict, its one-line summary and its evidence."""
+from __future__ import annotations
+
+import enum
+import traceback
+from dataclasses import dataclass, field
+
+
+class Verdict(str, enum.Enum):
+    """In order of severity; a check reports the first that applies."""
+
+    CRASH = "CRASH"
+    HANG = "HANG"
+    NONFINITE = "NONFINITE"
+    NONDETERMINISTIC = "NONDETERMINISTIC"
+    LEAK = "LEAK"
+    MISMATCH = "MISMATCH"
+    CLOBBER = "CLOBBER"
+    PASS = "PASS"
+
+
+@dataclass
+class Outcome:
+    verdict: Verdict
+    summary: str
+    evidence: dict = field(default_factory=dict)
+    output_sha256: str | None = None
+    timings: dict = field(default_factory=dict)
+    cpu_seconds: float = 0.0  # CPU time of the process that judged it (a worker, or the caller's)
+    # a supervised GPU worker's own Triton compiles (and cache loads) during the check, its waits
+    # for other processes' compiles left out (those are the "compile" timing)
+    compiled_seconds: float = 0.0
+    # a CRASH that left the device context unusable (sticky CUDA/HIP error): the worker must be replaced
+    fatal: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict is not Verdict.PASS
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict.value, "summary": self.summary, "evidence": self.evidence,
+                "output_sha256": self.output_sha256}
+
+
+# Driver errors after which a CUDA or HIP context is dead for the rest of the process.
+_FATAL_SIGNS = ("illegal memory access", "illegal address", "misaligned address", "unspecified launch failure",
+                "device-side assert", "an illegal instruction", "hipErrorIllegalAddress", "hipErrorLaunchFailure",
+                "memory access fault", "CUDA error: launch failure", "context is destroyed")
+
+
+def device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` reports a fault that leaves the device context unusable."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return any(sign.lower() in text for sign in _FATAL_SIGNS)
+
+
+def crash(exc: BaseException, when: str) -> Outcome:
+    """The CRASH of a launch (or of our judging) that raised ``exc``."""
+    frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    fatal = device_fault(exc)
+    return Outcome(Verdict.CRASH, f"CRASH {when}: {message}",
+                   {"error": message, "traceback": "".join(frames[-6:])[-4000:], "device_fault": fatal},
+                   fatal=fatal)

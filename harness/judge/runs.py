@@ -1,0 +1,109 @@
+"""Launching a kernel on a batch, and waiting for the device only where a verdict needs it.
+
+On a GPU the host waits for the device twice per case, not once per launch
+(see ``harness.judge.check``).  For the supervisor's watchdog a launch lasts
+until the wait for it has returned, so a kernel that never ends is a HANG of
+its launch wherever the host first waits for it; a device fault that
+surfaces in the wait is a CRASH of the runs waited for.  A kernel is expected
+to order its work on the current stream, as PyTorch's own operators do; each
+wait also waits for every other stream.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+
+import torch
+
+from nanfuzz.harness.judge.outcome import Outcome, crash
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.redzones import OUT_GUARD_ROWS
+
+GUARD_ROWS = OUT_GUARD_ROWS  # canary rows after the last token's output row
+# A check holds the batch, its pristine copy and two more copies for the later runs.
+_COPIES_HELD = 5
+
+
+def no_events(event: str) -> None:
+    pass
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device: asleep on a blocking event, not spinning (a GPU's default wait spins
+    a core, and a ``--jobs`` run has more processes waiting than the host has cores), then for
+    every stream (a kernel may launch on its own)."""
+    if device.type == "cuda":
+        stream = torch.cuda.current_stream(device)
+        event = _blocking_event(stream.device_index)
+        event.record(stream)
+        event.synchronize()
+        torch.cuda.synchronize(device)
+
+
+@functools.cache
+def _blocking_event(device_index: int) -> torch.cuda.Event:
+    """One event per device, recorded again for each wait."""
+    return torch.cuda.Event(blocking=True)
+
+
+def launch(kernel: Kernel, batch, device, events=no_events, *, wait: bool = True
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch on ``batch``: (what the kernel returned, the output rows, the output buffer with its
+    guard rows).  ``wait=False``, on a GPU: return without waiting for the device, the launch
+    still open for the watchdog until ``await_runs`` has waited for it, so whatever waits for the
+    device in between (the oracle may) is timed as the launch."""
+    case = batch.case
+    g = case.geometry
+    buffer = torch.full((case.num_tokens + GUARD_ROWS, g.num_q_heads, g.head_size), float("nan"),
+                        dtype=batch.q.dtype, device=device)
+    out = buffer[: case.num_tokens]
+    events("launch")
+    result = kernel(batch, out)
+    if wait or device.type != "cuda":
+        sync(device)
+        events("returned")
+    return result, out, buffer
+
+
+def await_runs(device, events, when: str) -> Outcome | None:
+    """Wait for the runs launched without waiting (and the work queued behind them), then close
+    their launch for the watchdog: None, or the CRASH of a device fault they raised."""
+    if device.type != "cuda":
+        return None
+    try:
+        sync(device)
+    except BaseException as exc:  # an asynchronous fault of the kernel surfaces here
+        return crash(exc, when)
+    events("returned")
+    return None
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def case_bytes(case: Case) -> int:
+    """About what one copy of a case's tensors (redzones included) takes."""
+    from nanfuzz.reference.materialize import TORCH_DTYPES
+    from nanfuzz.reference.redzones import CACHE_BLOCKS_AFTER, CACHE_BLOCKS_BEFORE
+
+    g = case.geometry
+    element = torch.empty((), dtype=TORCH_DTYPES[g.dtype]).element_size()
+    caches = 2 * (g.num_blocks + CACHE_BLOCKS_BEFORE + CACHE_BLOCKS_AFTER) * g.block_size * g.num_kv_heads
+    tokens = (case.num_tokens + 2) * (g.num_q_heads + 2 * g.num_kv_heads)
+    return (caches + tokens) * g.head_size * element
+
+
+def refuse_if_too_large(case: Case, device: torch.device) -> None:
+    """A usage error, before anything is allocated, for a case the device's free memory cannot hold."""
+    needed = _COPIES_HELD * case_bytes(case)
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if needed > free:
+        raise NanfuzzError(f"this case needs about {needed / 2**30:.1f} GiB of {device.type} memory and "
+                           f"{free / 2**30:.1f} GiB are free; refusing it before allocating anything")
