@@ -27,6 +27,7 @@ from nanfuzz.harness.judge.runs import await_runs as _await_runs, digest, launch
 from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
 from nanfuzz.harness.judge.writes import any_written, differing, redzone_reads, written_regions
 from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import build_on_host, refill_dead_slots
@@ -101,7 +102,7 @@ class CaseCheck:
         t0 = time.perf_counter()
         self.host = build_on_host(case)
         self.batch = self.host.in_one_buffer(self.device)
-        self.snapshot = self.batch.clone()
+        self.pristine = self._pristine_copy()
         self.timings["materialize"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
@@ -114,6 +115,13 @@ class CaseCheck:
             return Outcome(Verdict.CRASH, f"CRASH: kernel returned shape {tuple(self.result.shape)}, expected "
                                           f"{expected_shape}", {"error": "wrong output shape"})
         return None
+
+    def _pristine_copy(self) -> PagedBatch:
+        """What the judges read: the batch as it was before any launch, on the device.  The oracle,
+        the same-precision reference, the repeated run and the checks of every input and redzone
+        read it, never a tensor the kernel was handed (it may have written there) nor anything an
+        adapter rebound on its batch object (``runs.launch`` hands it an object of its own)."""
+        return self.batch.clone()
 
     def _oracle(self) -> Outcome | None:
         """The float64 oracle and the same-precision reference, queued behind the poisoned run,
@@ -129,7 +137,7 @@ class CaseCheck:
             t0 = now
 
         try:
-            self.reference, yardstick = attend_in(self.batch, (FLOAT64, same_precision(g.dtype, precision)), lap)
+            self.reference, yardstick = attend_in(self.pristine, (FLOAT64, same_precision(g.dtype, precision)), lap)
             self.errors = row_errors(self.result.double(), self.reference, yardstick, g.dtype, precision)
         except BaseException as exc:
             if _device_fault(exc):  # the poisoned run's fault, met where the oracle first waits for the device
@@ -165,7 +173,7 @@ class CaseCheck:
         # Its flag is read back from the device with the later verdicts' flags: one wait, not two.
         self.unstable = None
         if self.kernel.capabilities.deterministic:
-            self.repeat, crash = self._rerun(self.snapshot.clone, "on the repeated run")
+            self.repeat, crash = self._rerun(self.pristine.clone, "on the repeated run")
             if crash:
                 return crash
             self.unstable = differing(self.repeat, self.result)
@@ -185,14 +193,10 @@ class CaseCheck:
             return self._nondeterministic()
         if leaks:
             return self._leak()
+        if guard_hit or inputs_hit:
+            return self._clobber(guard_hit, inputs_hit)
         if mismatches:
             return self._mismatch()
-        written = ["output guard rows past the last token"] if guard_hit else []
-        if inputs_hit:
-            written += written_regions(self.batch, self.snapshot) or ["the memory between its inputs' allocations"]
-        if written:
-            return Outcome(Verdict.CLOBBER, f"CLOBBER: the kernel wrote into {', '.join(written)}",
-                           {"written": written}, digest(self.result))
         return Outcome(Verdict.PASS, "PASS", {"max_abs_error": max_error, "max_error_ratio": max_ratio,
                                               "arithmetic": self.errors.arithmetic, "bound": self.errors.bound})
 
@@ -224,7 +228,7 @@ class CaseCheck:
         worst_ratio = errors.ratio.max() if errors.ratio.numel() else zero
         unstable_any = self.unstable.any() if self.unstable is not None else no
         read = torch.stack([worst_error, worst_ratio, *(f.double() for f in (
-            unstable_any, self.differs.any(), errors.off().any(), written_guard, any_written(self.batch, self.snapshot)))])
+            unstable_any, self.differs.any(), errors.off().any(), written_guard, any_written(self.batch, self.pristine)))])
         crash = _await_runs(device, self.events, "on the repeated run or the finite-garbage run"
                             if self.unstable is not None else "on the finite-garbage run")
         if crash:
@@ -256,6 +260,16 @@ class CaseCheck:
                        f"LEAK: {ev['bad_rows']}/{ev['total_rows']} output rows change when only dead slots change "
                        f"(max change {ev['max_change']:.3g}; tokens {span(ev['tokens'])}, heads {span(ev['heads'])})",
                        ev, digest(self.result))
+
+    def _clobber(self, guard_hit: bool, inputs_hit: bool) -> Outcome:
+        written = ["output guard rows past the last token"] if guard_hit else []
+        where = {}
+        if inputs_hit:
+            regions = written_regions(self.batch, self.pristine)
+            written += [region.label for region in regions] or ["the memory between its inputs' allocations"]
+            where = {region.tensor: region.places for region in regions if region.places}
+        return Outcome(Verdict.CLOBBER, f"CLOBBER: the kernel wrote into {'; '.join(written)}",
+                       {"written": written, "written_at": where}, digest(self.result))
 
     def _mismatch(self) -> Outcome:
         errors = self.errors

@@ -14,8 +14,8 @@ class Verdict(str, enum.Enum):
     NONFINITE = "NONFINITE"
     NONDETERMINISTIC = "NONDETERMINISTIC"
     LEAK = "LEAK"
+    CLOBBER = "CLOBBER"  # above MISMATCH: a kernel that writes its KV cache corrupts every later step
     MISMATCH = "MISMATCH"
-    CLOBBER = "CLOBBER"
     PASS = "PASS"
 
 
