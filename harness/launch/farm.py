@@ -54,7 +54,6 @@ import importlib
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -63,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nanfuzz.harness.launch import shared_compiles
+from nanfuzz.harness.launch.isolation import end_group, isolate
 from nanfuzz.harness.launch.processes import interpret_if_cpu
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
@@ -302,6 +302,7 @@ class Farm:
                 if process.exitcode is None:
                     alive += 1
                     if task >= 0 and time.monotonic() - self._since[slot] > self.task_timeout:
+                        end_group(process.pid)
                         process.kill()
                         self._give_up(task, f"no result in {self.task_timeout:g} s")
                 elif task >= 0:
@@ -352,6 +353,7 @@ class Farm:
             return
         self._stopping.set()
         for process in self._processes:
+            end_group(process.pid)  # and whatever a kernel's host code started there
             if process.exitcode is None:
                 process.kill()
         for process in self._processes:
@@ -400,7 +402,7 @@ def default_processes() -> int:
 # -- a farm process ------------------------------------------------------------------
 
 def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None, turns=None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when the farm stops
+    isolate()  # a kernel's host code runs here too: a session of its own, and death with its parent
     try:
         os.nice(NICENESS)
     except OSError:
@@ -409,9 +411,6 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None,
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    from nanfuzz.harness.launch.worker import _exit_with_parent
-
-    _exit_with_parent()
     _compile_only()
     from nanfuzz.harness.launch.backend import host_threads
 
