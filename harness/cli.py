@@ -241,14 +241,15 @@ def _fuzz(args, settings) -> int:
     from nanfuzz.harness.campaign.example_db import parse
     from nanfuzz.harness.campaign.scope import compile_plan, start_farm
     from nanfuzz.harness.campaign.profiles import get_profile
-    from nanfuzz.harness.registry import builtin_kernels, resolve
+    from nanfuzz.harness.launch.import_probe import load_kernel
+    from nanfuzz.harness.registry import builtin_kernels
 
     if args.max_examples is not None and args.max_examples < 1:
         raise NanfuzzError(f"--max-examples={args.max_examples} must be >= 1")
     if args.jobs < 1:
         raise NanfuzzError(f"--jobs={args.jobs} must be >= 1")
     profile = get_profile(settings.profile)
-    kernels = [resolve(args.kernel, **settings.sources)] if args.kernel else list(builtin_kernels().values())
+    kernels = [load_kernel(args.kernel, settings)] if args.kernel else list(builtin_kernels().values())
     self_check = args.kernel is None
     mode = "GPU" if settings.device == "cuda" else "CPU, Triton interpreter"
     isolation = "supervised worker" if settings.isolation else "in-process launches"
@@ -368,7 +369,8 @@ def _replay(args, settings) -> int:
 def _bench(args, settings) -> int:
     device = settings.device
     from nanfuzz.harness.bench import bench, machine, report, table_rows
-    from nanfuzz.harness.registry import builtin_kernels, resolve
+    from nanfuzz.harness.launch.import_probe import load_kernel
+    from nanfuzz.harness.registry import builtin_kernels
 
     for flag, value, least in (("--examples", args.examples, 0), ("--detect-examples", args.detect_examples, 1),
                                ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0), ("--jobs", args.jobs, 1)):
@@ -376,7 +378,7 @@ def _bench(args, settings) -> int:
             raise NanfuzzError(f"{flag}={value} must be >= {least}")
     if args.seconds is not None and args.seconds <= 0:
         raise NanfuzzError(f"--seconds={args.seconds} must be > 0")
-    kernels = [resolve(name, **settings.sources) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
+    kernels = [load_kernel(name, settings) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
     started = machine()
     mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
     print(f"nanfuzz bench: {len(kernels)} kernel(s), {args.examples} examples each, {args.seeds} seed(s) per "
@@ -402,10 +404,10 @@ def _bench(args, settings) -> int:
 
 def _perf(args, settings) -> int:
     device = settings.device
+    from nanfuzz.harness.launch.import_probe import load_kernel
     from nanfuzz.harness.perf import perf, table_rows
-    from nanfuzz.harness.registry import resolve
 
-    kernel, baseline = resolve(args.kernel, **settings.sources), resolve(args.baseline, **settings.sources)
+    kernel, baseline = load_kernel(args.kernel, settings), load_kernel(args.baseline, settings)
     mode = "GPU, triton.testing.do_bench" if device == "cuda" else "CPU, Triton interpreter, tiny shapes, wall clock"
     print(f"nanfuzz perf: {kernel.name} against {baseline.name}, {args.runs} interleaved rounds, {mode}", flush=True)
     result = perf(kernel, baseline, device=device, which=args.shape, threshold=args.threshold, runs=args.runs,

@@ -42,7 +42,7 @@ def resolve(name: str, vllm_src: str | None = None, aiter_src: str | None = None
     The Kernel's ``spec`` is ``name``, so ``kernel.resolvable`` resolves it
     again in another process (a job, a replay, a repro script).
     """
-    if _is_user_spec(name):
+    if is_user_spec(name):
         return replace(_user_kernel(name), spec=name)
     kernel = _resolve(name, {"vllm": vllm_src, "aiter": aiter_src})
     return kernel if kernel.spec else replace(kernel, spec=name)
@@ -99,7 +99,8 @@ def _adapters(library: str):
     return importlib.import_module(f"nanfuzz.harness.adapters.{library}")
 
 
-def _is_user_spec(name: str) -> bool:
+def is_user_spec(name: str) -> bool:
+    """Does ``name`` name a user's own adapter (``package.module:attr``)?"""
     return ":" in name and "@" not in name and library_of(name) is None
 
 
@@ -129,7 +130,9 @@ def _user_kernel(spec: str) -> Kernel:
                            "(e.g. mykernels.nanfuzz_adapter:kernel)")
     try:
         module = import_user_module(module_name)
-    except Exception as exc:  # a user's module may fail in any way while importing
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a user's module may fail in any way while importing, SystemExit included
         message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         top = module_name.split(".")[0]
         hint = (f"; run nanfuzz from the folder that holds {top!r} (it imports from the current directory)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nanfuzz.harness.judge.check import Outcome
-from nanfuzz.harness.registry import resolve
+from nanfuzz.harness.launch.import_probe import load_kernel
 from nanfuzz.harness.report.repro import environment, load_repro
 from nanfuzz.harness.campaign.settings import Settings
 
@@ -37,7 +37,7 @@ def replay(path: str, *, kernel_name: str | None = None, settings: Settings | No
 
     settings = settings or Settings(device=device or "cpu")
     record = load_repro(path)
-    kernel = resolve(kernel_name or record["kernel"], **settings.sources)
+    kernel = load_kernel(kernel_name or record["kernel"], settings)
     subject = make_subject(kernel, settings)
     try:
         outcome = subject.check(record["case"], digest=True)
