@@ -134,7 +134,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nanfuzz.harness.campaign.stop_signals import stopping_on_signals
+
     args = _parser().parse_args(argv)
+    with stopping_on_signals():  # SIGTERM and SIGHUP stop a campaign as Ctrl-C does
+        return _main(args)
+
+
+def _main(args) -> int:
     try:
         forks = args.command in ("fuzz", "bench") and not args.no_isolation
         if forks:
@@ -156,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nanfuzz: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("nanfuzz: interrupted", file=sys.stderr)
-        return 130
+        from nanfuzz.harness.campaign.stop_signals import describe, exit_status, stop_signal
+
+        print(f"nanfuzz: {describe(stop_signal())}", file=sys.stderr)
+        return exit_status(found=False)
 
 
 def _settings(args, device: str):
@@ -270,6 +279,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     """Each kernel's campaign in turn (``farm``: the self-check's compile farm); the table and the exit status."""
     from nanfuzz.harness.campaign.runner import Hooks, fuzz
     from nanfuzz.harness.campaign.jobs import fuzz_parallel
+    from nanfuzz.harness.campaign.stop_signals import stop_requested
     from nanfuzz.harness.report.progress import Progress
     from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.report.failures import print_notes, report_failure
@@ -291,7 +301,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                 progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
 
             try:
-                campaign = fuzz(kernel, settings, hooks=Hooks(on_example=show), farm=handle)
+                campaign = fuzz(kernel, settings, hooks=Hooks(on_example=show, interrupted=stop_requested), farm=handle)
             finally:
                 progress.finish()
         print_notes(campaign)
@@ -343,9 +353,11 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
         except OSError as exc:
             print(f"nanfuzz: cannot write --summary-json {args.summary_json!r} ({exc.strerror})", file=sys.stderr)
     if interrupted:
-        print("nanfuzz: interrupted" + ("; the failure found before it is reported above" if any_failure else ""),
-              file=sys.stderr)
-        return 1 if any_failure else 130
+        from nanfuzz.harness.campaign.stop_signals import describe, exit_status, stop_signal
+
+        print(f"nanfuzz: {describe(stop_signal())}"
+              + ("; the failure found before it is reported above" if any_failure else ""), file=sys.stderr)
+        return exit_status(any_failure)
     if self_check:
         print("\nself-check: " + ("every old variant caught, every fixed variant passed" if all_good
                                   else "UNEXPECTED results above"))

@@ -2,16 +2,16 @@
 
 A campaign journals its case before the subject sees it (``harness.campaign.journal``),
 so a campaign process killed outright (``kill -9``) leaves its case behind.
-A leftover that crashes or hangs again is the campaign's failure; one that
-does not is a note, never a verdict (the process may have died of a signal
-from outside).
+A leftover that fails again, whatever its verdict, is the campaign's failure
+(a campaign killed while it shrank a MISMATCH leaves that MISMATCH); one that
+passes is a note, never a verdict (the process may have died of a signal from
+outside).
 """
 from __future__ import annotations
 
 from nanfuzz.harness.campaign.journal import leftovers
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.campaign.settings import Settings
-from nanfuzz.harness.judge.check import Verdict
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.subjects import make_subject
 
@@ -33,7 +33,7 @@ def _replay(kernel, settings, subject, cases) -> tuple[Campaign | None, list[str
     notes: list[str] = []
     for case in cases:
         outcome = subject.check(case, digest=True)
-        if outcome.verdict in (Verdict.CRASH, Verdict.HANG):
+        if outcome.failed:
             notes.append(f"{kernel.name}: a campaign process died while running this case earlier; "
                          f"replayed in a fresh worker it gives {outcome.verdict.value}")
             return Campaign(kernel=kernel.name, device=settings.device, failure=outcome, failing_case=case,

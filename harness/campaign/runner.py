@@ -122,6 +122,10 @@ class CampaignRunner:
                     Search(self)()
             self.remember_failure()
             self.confirm()
+        except KeyboardInterrupt:  # Ctrl-C or a stop signal outside the search (which keeps its own)
+            if not self.campaign.failed:
+                raise
+            self.campaign.interrupted = True  # the failure found stands, unconfirmed
         finally:
             self.close()
         return self.summarise()

@@ -56,10 +56,11 @@ def import_first(name: str, device: str, timeout: float) -> None:
         if answer[0] != "kernel":
             raise NanfuzzError(answer[1])
     finally:
-        end_group(process.pid)
-        if process.is_alive():
-            process.kill()
-        process.join(timeout=10)
+        if process.pid is not None:  # None: it never started
+            end_group(process.pid)
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=10)
         receiver.close()
         os.unlink(log)
 

@@ -12,16 +12,18 @@ did it, and no worker runs on after its campaign.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
 import threading
 import time
+from typing import Callable
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _PARENT_POLL = 1.0     # seconds between a watching thread's looks at its parent, where prctl is missing
-# Signals a process that runs a kernel takes as any program does, whatever its parent ignored.
+# Signals a process that runs a kernel takes as any program does, whatever its parent did with them.
 _DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -41,6 +43,36 @@ def isolate() -> None:
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="nanfuzz-parent-watch").start()
     if os.getppid() != parent:  # the parent died before the request took effect
         end_own_group()
+
+
+_holding = [0]                         # how deep this process is in ``signals_held``
+_held: list[Callable[[], None]] = []   # what signal handlers left to do once it is over
+
+
+@contextlib.contextmanager
+def signals_held():
+    """While this process starts a child: the interrupt a signal handler raises waits
+    (``hold_while_starting``) until the child is started.  Raised inside the handlers that run
+    around a fork, it would be swallowed with a traceback; in the middle of a fork server's
+    hand-over, it would leave the child without its instructions."""
+    _holding[0] += 1
+    try:
+        yield
+    finally:
+        _holding[0] -= 1
+        if not _holding[0] and _held:
+            first = _held[0]
+            _held.clear()
+            first()
+
+
+def hold_while_starting(act: Callable[[], None]) -> bool:
+    """For a signal handler: True when ``act`` (raising an interrupt) must wait for a child being
+    started, and is kept to run as soon as it is; False when it may run now."""
+    if not _holding[0]:
+        return False
+    _held.append(act)
+    return True
 
 
 def end_group(pid: int | None) -> None:

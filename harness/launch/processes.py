@@ -16,6 +16,8 @@ import os
 import signal
 import sys
 
+from nanfuzz.harness.launch.isolation import signals_held
+
 
 def fork_server_context():
     """Workers (and ``--jobs`` jobs, and compile-farm processes) are forked from a fork server that
@@ -70,13 +72,14 @@ def start(process, forked_by_server: bool = True) -> None:
     where a kernel killed the last one (also where the server dies as it forks)."""
     if forked_by_server and fork_server_died():
         restart_fork_server()
-    try:
-        process.start()
-    except (EOFError, OSError):
-        if not (forked_by_server and fork_server_died()):
-            raise
-        restart_fork_server()
-        process.start()
+    with signals_held():
+        try:
+            process.start()
+        except (EOFError, OSError):
+            if not (forked_by_server and fork_server_died()):
+                raise
+            restart_fork_server()
+            process.start()
 
 
 def fork_server_died() -> bool:

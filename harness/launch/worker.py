@@ -162,7 +162,11 @@ class Supervised:
         self.defers = spec.device == "cuda"  # only there do workers share compiles (and can skip one)
         self.specialisations: int | None = 0  # kernel specialisations launched (GPU: compiles), all workers
         self._counted = 0
-        self._start()
+        try:
+            self._start()
+        except BaseException:  # a stop raised as the worker starts: no one else would end it
+            self._stop()
+            raise
 
     # -- lifecycle ---------------------------------------------------------------
     def _start(self) -> None:
@@ -174,12 +178,12 @@ class Supervised:
         self._clock = LaunchClock(context)
         process = context.Process(target=_serve, args=(child, self.spec, self._log, self._clock, self.device_opened),
                                   daemon=True, name="nanfuzz-worker")
+        self._process, self._conn = process, parent  # a stop raised as it starts still finds it to end
+        self._ready = False
         try:
             start(process, self._forked_by_server)
         finally:
             child.close()
-        self._process, self._conn = process, parent
-        self._ready = False
 
     def _await_ready(self) -> None:
         if self._ready:
@@ -209,7 +213,7 @@ class Supervised:
 
     def _stop(self) -> None:
         """End the worker and every process its kernel started (its process group)."""
-        if self._process is not None:
+        if self._process is not None and self._process.pid is not None:  # None: it never started
             end_group(self._process.pid)
             if self._process.is_alive():  # not yet in a group of its own
                 self._process.kill()
