@@ -17,6 +17,7 @@ I/N``), and ``ci/gate_merge.py`` merges their outputs into one report.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -98,6 +99,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runner-name", metavar="NAME",
                    help="this runner's name in a merged report (default $RUNNER_NAME, else the host name)")
     args = p.parse_args(argv)
+    for flag, value in (("--time-budget", args.time_budget), ("--grace", args.grace)):
+        if value is not None and not math.isfinite(value):
+            raise GateUsageError(f"{flag}={value:g} must be a finite number of seconds")
     if args.time_budget is not None and args.time_budget < MIN_BUDGET:
         raise GateUsageError(f"--time-budget={args.time_budget:g} is too small; give at least {MIN_BUDGET:g} seconds")
     if args.grace is not None and args.grace <= 0:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import warnings
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args) -> int:
     try:
+        _check_numbers(args)  # before anything starts
         forks = args.command in ("fuzz", "bench") and not args.no_isolation
         if forks:
             from nanfuzz.harness.launch.processes import likely_backend, restart_fork_server, start_fork_server
@@ -169,12 +171,29 @@ def _main(args) -> int:
         return exit_status(found=False)
 
 
+# Each numeric option's least value and whether that value itself is allowed (floats must also be
+# finite): a NaN launch timeout would switch the watchdog off, a negative budget run no example.
+_LEAST = {"--launch-timeout": (0.0, False), "--time-budget": (0.0, False), "--seconds": (0.0, False),
+          "--threshold": (0.0, True), "--max-examples": (1, True), "--jobs": (1, True), "--pool": (0, True),
+          "--compile-jobs": (0, True), "--examples": (0, True), "--seeds": (0, True), "--warmup": (0, True),
+          "--detect-examples": (1, True), "--runs": (1, True)}
+
+
+def _check_numbers(args) -> None:
+    for flag, (least, allowed) in _LEAST.items():
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < least or (value == least and not allowed):
+            shown = f"{value:g}" if isinstance(value, float) else value
+            bound = f"{'>=' if allowed else '>'} {least:g}"
+            raise NanfuzzError(f"{flag}={shown} must be {'a finite number ' if isinstance(value, float) else ''}{bound}")
+
+
 def _settings(args, device: str):
     """The one place the command line and the environment become Settings."""
     from nanfuzz.harness.campaign.settings import Settings
 
-    if getattr(args, "launch_timeout", None) is not None and args.launch_timeout <= 0:
-        raise NanfuzzError(f"--launch-timeout={args.launch_timeout} must be > 0 seconds")
     options = dict(device=device, state_dir=_path(args.state_dir), vllm_src=args.vllm_src,
                    aiter_src=args.aiter_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
     if args.command == "fuzz":
@@ -182,10 +201,6 @@ def _settings(args, device: str):
                        time_budget=args.time_budget, seed=args.seed, shrink=not args.no_shrink,
                        jobs=args.jobs, example_db=args.example_db)
     if args.command in ("fuzz", "bench"):
-        if args.pool is not None and args.pool < 0:
-            raise NanfuzzError(f"--pool={args.pool} must be >= 0")
-        if args.compile_jobs is not None and args.compile_jobs < 0:
-            raise NanfuzzError(f"--compile-jobs={args.compile_jobs} must be >= 0")
         options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs)
     settings = Settings.from_environment(**options)
     if args.command == "fuzz":
@@ -253,10 +268,6 @@ def _fuzz(args, settings) -> int:
     from nanfuzz.harness.launch.import_probe import load_kernel
     from nanfuzz.harness.registry import builtin_kernels
 
-    if args.max_examples is not None and args.max_examples < 1:
-        raise NanfuzzError(f"--max-examples={args.max_examples} must be >= 1")
-    if args.jobs < 1:
-        raise NanfuzzError(f"--jobs={args.jobs} must be >= 1")
     profile = get_profile(settings.profile)
     kernels = [load_kernel(args.kernel, settings)] if args.kernel else list(builtin_kernels().values())
     self_check = args.kernel is None
@@ -384,12 +395,6 @@ def _bench(args, settings) -> int:
     from nanfuzz.harness.launch.import_probe import load_kernel
     from nanfuzz.harness.registry import builtin_kernels
 
-    for flag, value, least in (("--examples", args.examples, 0), ("--detect-examples", args.detect_examples, 1),
-                               ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0), ("--jobs", args.jobs, 1)):
-        if value < least:
-            raise NanfuzzError(f"{flag}={value} must be >= {least}")
-    if args.seconds is not None and args.seconds <= 0:
-        raise NanfuzzError(f"--seconds={args.seconds} must be > 0")
     kernels = [load_kernel(name, settings) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
     started = machine()
     mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
