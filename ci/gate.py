@@ -354,9 +354,11 @@ def _gate(args) -> int:
     wall = time.time() - started
     replay = "nanfuzz replay" if shutil.which("nanfuzz") else f"{Path(sys.executable).name} -m nanfuzz replay"
     text = markdown(result, plan, workers=workers.description, budget=budget, wall=wall, replay_prefix=replay)
-    summary.write_text(text)
-    (out / "summary.json").write_text(_json(summary_json(result, plan, exit_code=exit_code, wall=wall)))
-    junit.write_bytes(junit_xml(result, {"profile": plan.profile, "device": plan.device}, replay_prefix=replay))
+    from nanfuzz.harness.report.atomic import write_atomically
+
+    write_atomically(summary, text)  # whole or absent, never a truncated file for CI to upload
+    write_atomically(out / "summary.json", _json(summary_json(result, plan, exit_code=exit_code, wall=wall)))
+    write_atomically(junit, junit_xml(result, {"profile": plan.profile, "device": plan.device}, replay_prefix=replay))
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as step_summary:
             step_summary.write(text)

@@ -357,10 +357,12 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
         print(f"\ncompiled ahead: {compiled['compiled']} of {compiled['tasks']} cases of {compiled['entries']} pool entries in "
               f"{compiled['processes']} processes ({compiled['compile_seconds']:.0f} s of compiling{built})")
     if args.summary_json:
+        from nanfuzz.harness.report.atomic import write_atomically
+
         try:
-            Path(args.summary_json).write_text(json.dumps({"device": settings.device, "profile": profile.name,
-                                                           "kernels": summary, "compile_farm": compiled},
-                                                          indent=1, default=str))
+            write_atomically(args.summary_json, json.dumps({"device": settings.device, "profile": profile.name,
+                                                            "kernels": summary, "compile_farm": compiled},
+                                                           indent=1, default=str))
         except OSError as exc:
             print(f"nanfuzz: cannot write --summary-json {args.summary_json!r} ({exc.strerror})", file=sys.stderr)
     if interrupted:
@@ -415,7 +417,9 @@ def _bench(args, settings) -> int:
           f"example; farm s: the compile farm's wall time; load average at the end "
           f"{summary['machine_at_end']['load_average']}")
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+        from nanfuzz.harness.report.atomic import write_atomically
+
+        write_atomically(args.json, json.dumps(summary, indent=1))
     return 0
 
 
@@ -436,7 +440,9 @@ def _perf(args, settings) -> int:
         f"{kernel.name} is within {args.threshold:.0%} of {baseline.name} on every shape"
     print("\n" + verdict)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        from nanfuzz.harness.report.atomic import write_atomically
+
+        write_atomically(args.json, json.dumps(result, indent=1))
     return result["exit_code"]
 
 
