@@ -3,7 +3,6 @@ fork server its worker came from, one that leaves processes behind.  Each is a v
 case that did it, or nothing at all; none reaches the campaign."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -102,7 +101,9 @@ def test_a_correct_kernel_never_crashes_when_campaigns_share_a_state_folder_or_o
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, out + err
     victim = _nanfuzz(*args[:4], "--max-examples", "100000", *args[6:], cwd=tmp_path)
-    time.sleep(8)
+    for line in victim.stderr:  # progress lines: kill it mid-search, with a case in flight
+        if "searching" in line:
+            break
     victim.send_signal(signal.SIGKILL)
     victim.communicate()
     after = _nanfuzz(*args, cwd=tmp_path)
@@ -190,20 +191,27 @@ def test_a_worker_tells_the_farm_when_its_device_is_open_and_again_after_a_resta
 
 
 def test_a_worker_counts_the_seconds_its_triton_compiles_take_and_ends_one_that_raised(monkeypatch):
+    import types
+
     from triton import knobs
 
     from nanfuzz.harness.launch import worker
 
+    now = [100.0]  # the worker's clock, moved by hand: the seconds are the test's, not the machine's
+    monkeypatch.setattr(worker, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
     monkeypatch.setattr(worker, "_compiles", worker._CompileClock())
     events = []
     worker._report_compiles(events.append)
     knobs.runtime.jit_cache_hook()
-    time.sleep(0.2)
+    now[0] += 0.25
     knobs.runtime.jit_post_compile_hook()
-    assert events == ["compile", "compiled"] and 0.2 <= worker._compile_seconds() < 1.0
+    now[0] += 5.0  # between compiles: not counted
+    assert events == ["compile", "compiled"] and worker._compile_seconds() == 0.25
     knobs.runtime.jit_cache_hook()  # a compile that raises: its end is never reported
-    time.sleep(0.1)
-    assert 0.3 <= worker._compile_seconds() < 1.2
+    now[0] += 0.125
+    assert worker._compile_seconds() == 0.375
     assert worker._compiles.since is None  # ended where it was counted, not counted again
+    now[0] += 1.0
+    assert worker._compile_seconds() == 0.375

@@ -231,9 +231,9 @@ class Farm:
     """
 
     def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT,
-                 marks: BuiltMarks | None = None, after=None):
+                 marks: BuiltMarks | None = None, after=None, device_wait: float = DEVICE_WAIT):
         """``after``: an event (of the fork server's context) the farm processes wait for, up to
-        ``DEVICE_WAIT`` seconds, before their first device work: a worker's opened GPU context."""
+        ``device_wait`` seconds, before their first device work: a worker's opened GPU context."""
         from nanfuzz.harness.launch.processes import fork_server_context
 
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
@@ -279,7 +279,7 @@ class Farm:
         for slot in range(count):
             process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
                 slot, plans, self._tasks, self._queue, self._current, self._since, self.folder, self._marks, after,
-                self._turns))
+                self._turns, device_wait))
             process.start()
             self._processes.append(process)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
@@ -401,7 +401,8 @@ def default_processes() -> int:
 
 # -- a farm process ------------------------------------------------------------------
 
-def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None, turns=None) -> None:
+def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None, turns=None,
+           device_wait: float = DEVICE_WAIT) -> None:
     isolate()  # a kernel's host code runs here too: a session of its own, and death with its parent
     try:
         os.nice(NICENESS)
@@ -417,13 +418,13 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None,
     shared_compiles.install(skip_claimed=True)  # another process's binary: on to the next launch
 
     if plans[0].spec.device == "cuda" and turns is not None:
-        _open_device_in_turn(slot, turns, after)
+        _open_device_in_turn(slot, turns, after, device_wait)
         after = None
     with host_threads(plans[0].spec.device, own_process=True):  # sixteen of these share the cores
-        _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after)
+        _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after, device_wait)
 
 
-def _open_device_in_turn(slot: int, turns: list, after=None) -> None:
+def _open_device_in_turn(slot: int, turns: list, after=None, device_wait: float = DEVICE_WAIT) -> None:
     """Open this process's GPU context before taking a task: once the worker has opened its own
     (``after``), and the farm process before this one has opened its.  Sixteen contexts opened at
     once took 2.3 to 2.8 s each on an H200 host; one after another, 0.2 s each, so the first tasks,
@@ -431,9 +432,9 @@ def _open_device_in_turn(slot: int, turns: list, after=None) -> None:
     the task to meet."""
     try:
         if after is not None:
-            after.wait(DEVICE_WAIT)
+            after.wait(device_wait)
         if slot:
-            turns[slot - 1].wait(DEVICE_WAIT)
+            turns[slot - 1].wait(device_wait)
         import torch
 
         torch.zeros(1, device="cuda")
@@ -443,7 +444,8 @@ def _open_device_in_turn(slot: int, turns: list, after=None) -> None:
         turns[slot].set()
 
 
-def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after=None) -> None:
+def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after=None,
+                   device_wait: float = DEVICE_WAIT) -> None:
     kernels: dict = {}
     samples: dict = {}
     waited = after is None
@@ -468,7 +470,7 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, aft
             _LAUNCHED.clear()
             _SKIPPED[0] = 0
             if not waited:  # the kernel and its cases are ready; the device comes next
-                after.wait(DEVICE_WAIT)
+                after.wait(device_wait)
                 waited = True
                 since[slot] = time.monotonic()
             if number < len(cases):  # a small entry may have fewer distinct cases
