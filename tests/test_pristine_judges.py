@@ -50,19 +50,19 @@ def _writes_into(name: str, index: tuple):
     (TOKEN_HEAD, "k_scale_cache", (3, 1), "k_scale_cache at block 3 slot 1 (live)"),
     (TOKEN_HEAD, "v_scale_cache", (2, 6), "v_scale_cache at block 2 slot 6 (live)"),
 ], ids=lambda x: x if isinstance(x, str) and " " not in x else None)
-def test_a_write_into_any_input_is_a_clobber_naming_the_tensor_and_where(case, name, index, where):
-    outcome = check(_writes_into(name, index), case, "cpu")
+def test_a_write_into_any_input_is_a_clobber_naming_the_tensor_and_where(case, name, index, where, nanfuzz_device):
+    outcome = check(_writes_into(name, index), case, nanfuzz_device)
     assert outcome.verdict is Verdict.CLOBBER, outcome.summary
     assert outcome.evidence["written"] == [where], outcome.summary
     assert where in outcome.summary and name in outcome.evidence["written_at"]
 
 
-def test_the_same_kernel_without_its_write_passes():
+def test_the_same_kernel_without_its_write_passes(nanfuzz_device):
     def exact(batch, out):
         return out.copy_(oracle(batch))
 
     for case in (WINDOWED, WITH_SINKS, PER_TENSOR, TOKEN_HEAD):
-        outcome = check(Kernel(name="exact", run=exact, capabilities=QUANTIZED_CAPS), case, "cpu")
+        outcome = check(Kernel(name="exact", run=exact, capabilities=QUANTIZED_CAPS), case, nanfuzz_device)
         assert outcome.verdict is Verdict.PASS, outcome.summary
 
 
@@ -71,10 +71,10 @@ def _zeroes_a_live_value_then_attends(batch, out):
     return attention(batch, out)
 
 
-def test_writing_a_live_slot_it_then_reads_is_a_clobber_not_a_mismatch():
+def test_writing_a_live_slot_it_then_reads_is_a_clobber_not_a_mismatch(nanfuzz_device):
     # its output is off the oracle (MISMATCH's evidence), but the cache it corrupted is what matters
     kernel = Kernel(name="torch@zeroes-live-v", run=_zeroes_a_live_value_then_attends, capabilities=CAPS)
-    outcome = check(kernel, WINDOWED, "cpu")
+    outcome = check(kernel, WINDOWED, nanfuzz_device)
     assert outcome.verdict is Verdict.CLOBBER, outcome.summary
     assert outcome.evidence["written"] == ["value_cache at block 3 slot 1 (live)"]
     assert list(Verdict).index(Verdict.CLOBBER) < list(Verdict).index(Verdict.MISMATCH)
@@ -99,8 +99,8 @@ def _converts_layouts_by_rebinding(batch, out):
 
 @pytest.mark.parametrize("run, verdict", [(_hides_a_doubled_scale, Verdict.MISMATCH),
                                           (_converts_layouts_by_rebinding, Verdict.PASS)])
-def test_what_an_adapter_rebinds_on_its_batch_is_never_judged(run, verdict):
-    outcome = check(Kernel(name="torch@rebinds", run=run, capabilities=CAPS), WINDOWED, "cpu")
+def test_what_an_adapter_rebinds_on_its_batch_is_never_judged(run, verdict, nanfuzz_device):
+    outcome = check(Kernel(name="torch@rebinds", run=run, capabilities=CAPS), WINDOWED, nanfuzz_device)
     assert outcome.verdict is verdict, outcome.summary
     if verdict is Verdict.PASS:  # judged against the canonical caches, not NaN read from another layout
         assert math.isfinite(outcome.evidence["max_error_ratio"]), outcome.evidence
