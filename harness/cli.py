@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import warnings
@@ -180,14 +179,12 @@ _LEAST = {"--launch-timeout": (0.0, False), "--time-budget": (0.0, False), "--se
 
 
 def _check_numbers(args) -> None:
+    from nanfuzz.harness.campaign.settings import check_number
+
     for flag, (least, allowed) in _LEAST.items():
         value = getattr(args, flag[2:].replace("-", "_"), None)
-        if value is None:
-            continue
-        if not math.isfinite(value) or value < least or (value == least and not allowed):
-            shown = f"{value:g}" if isinstance(value, float) else value
-            bound = f"{'>=' if allowed else '>'} {least:g}"
-            raise NanfuzzError(f"{flag}={shown} must be {'a finite number ' if isinstance(value, float) else ''}{bound}")
+        if value is not None:
+            check_number(flag, value, least, allowed)
 
 
 def _settings(args, device: str):

@@ -93,7 +93,7 @@ class Settings:
             values["repro_dir"] = Path(values["state_dir"]) / "repros"
         for name, value in values.items():
             if name in _LEAST and value is not None:
-                _check_number(name, value)
+                check_number(name, value, *_LEAST[name])
         _check_folder(Path(values["state_dir"]), "the state folder (--state-dir, NANFUZZ_STATE_DIR)")
         return cls(**values)
 
@@ -105,15 +105,18 @@ _LEAST = {"launch_timeout": (0.0, False), "time_budget": (0.0, False), "shrink_b
           "replays": (0, True)}
 
 
-def _check_number(name: str, value) -> None:
+def check_number(label: str, value, least: int | float, allowed: bool) -> None:
+    """A usage error naming ``label`` unless ``value`` is a finite number (a whole one where ``least``
+    is an int) at least ``least`` (and above it unless ``allowed``)."""
     from nanfuzz.reference.errors import NanfuzzError
 
-    least, allowed = _LEAST[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(least, int) and not isinstance(value, int)):
-        raise NanfuzzError(f"{name}={value!r} must be a {'whole ' if isinstance(least, int) else ''}number")
+    whole = isinstance(least, int)
+    shown = f"{value:g}" if isinstance(value, float) else repr(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)):
+        raise NanfuzzError(f"{label}={shown} must be a {'whole ' if whole else ''}number")
     if not math.isfinite(value) or value < least or (value == least and not allowed):
-        raise NanfuzzError(f"{name}={value!r} must be a finite number {'>=' if allowed else '>'} {least:g}")
+        raise NanfuzzError(f"{label}={shown} must be {'' if whole else 'a finite number '}"
+                           f"{'>=' if allowed else '>'} {least:g}")
 
 
 def _check_folder(path: Path, what: str) -> None:

@@ -285,7 +285,7 @@ class Supervised:
         code = self._process.exitcode
         if code is None:
             return "the worker stopped answering"
-        if code == _NO_STATUS and self._process is not None and fork_server_died():
+        if code == _NO_STATUS and fork_server_died():
             return "the fork server it was forked from died, and the worker with it"
         if code < 0:
             try:
