@@ -45,12 +45,12 @@ def isolate() -> None:
         end_own_group()
 
 
-_holding = [0]                         # how deep this process is in ``signals_held``
+_holding = [0]                         # how deep this process is in ``interrupts_held``
 _held: list[Callable[[], None]] = []   # what signal handlers left to do once it is over
 
 
 @contextlib.contextmanager
-def signals_held():
+def interrupts_held():
     """While this process starts a child: the interrupt a signal handler raises waits
     (``hold_while_starting``) until the child is started.  Raised inside the handlers that run
     around a fork, it would be swallowed with a traceback; in the middle of a fork server's

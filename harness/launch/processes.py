@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from nanfuzz.harness.launch.isolation import signals_held
+from nanfuzz.harness.launch.isolation import interrupts_held
 
 
 def fork_server_context():
@@ -72,7 +72,7 @@ def start(process, forked_by_server: bool = True) -> None:
     where a kernel killed the last one (also where the server dies as it forks)."""
     if forked_by_server and fork_server_died():
         restart_fork_server()
-    with signals_held():
+    with interrupts_held():
         try:
             process.start()
         except (EOFError, OSError):
