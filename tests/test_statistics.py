@@ -97,8 +97,7 @@ def test_every_generated_situation_has_a_group_and_costs_little():
     start = time.perf_counter()
     for case in cases:
         stats.add(case)
-    per_case = (time.perf_counter() - start) / len(cases)
     assert OTHER not in stats.to_dict()["groups"], stats.to_dict()["groups"].get(OTHER)
-    # about 0.2 ms a case measured (GPU-sized batches, on a loaded 2-core machine); it runs once per example
-    assert per_case < 0.02, f"{per_case * 1e3:.2f} ms per case"
-    assert stats.seconds <= time.perf_counter() - start
+    # what it costs is counted (about 0.2 ms a case, GPU-sized batches, on a loaded 2-core machine;
+    # the summary JSON carries it), within the time its calls took
+    assert 0 < stats.seconds <= time.perf_counter() - start
