@@ -12,7 +12,12 @@ from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, SCALE_MODES
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.features import POISON_CLASS_NAMES
 
+# strategies.cases.TIERS, named here so that the command line starts without Hypothesis
+TIERS = ("small", "production", "mixed")
+
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
+# Examples the self-check gives a kernel whose campaigns draw production sizes only.
+SELF_CHECK_PRODUCTION_EXAMPLES = 24
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
                        choices=POISON_CLASS_NAMES,
                        help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES))
 
+    def size_option(p):
+        p.add_argument("--size", choices=TIERS,
+                       help="how large cases get: small (fast, shrinks well), production (128k-key sequences, 256 "
+                            "sequences, 128 query heads, caches past 2^31 elements), or mixed (mostly small, a steady "
+                            "share at production size); default: the kernel's own, else mixed on a GPU and small "
+                            "under the interpreter")
+
     def compile_options(p):
         p.add_argument("--pool", type=int, metavar="N",
                        help="draw each case's compile-time part (shape, causality, window, sinks) from a pool of N "
@@ -83,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="wall-time bound per kernel")
     p.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
     focus_options(p)
+    size_option(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON (with the statistics)")
     p.add_argument("--show-statistics", action="store_true",
                    help="after each kernel, the share of examples that exercised each situation (decode, windows, "
@@ -112,12 +125,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="a detection campaign gives up after N examples (default 300)")
     p.add_argument("--detect", action="store_true",
                    help="time to detect for every kernel benched, not only the known-bad built-ins")
+    p.add_argument("--scaling", action="store_true",
+                   help="the cost of an example against its live keys, at each size tier: milliseconds by phase, "
+                        "peak GPU memory, keys per second")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="throughput of N campaigns at once on the device, one process each (default 1)")
     p.add_argument("--seconds", type=float, metavar="S",
                    help="measure the throughput over S seconds of campaigning instead of a number of examples "
                         "(with --warmup 0 on an empty Triton cache: the cold-start figure)")
     focus_options(p)
+    size_option(p)
     compile_options(p)
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
@@ -177,7 +194,7 @@ def _settings(args, device: str):
             raise NanfuzzError(f"--pool={args.pool} must be >= 0")
         if args.compile_jobs is not None and args.compile_jobs < 0:
             raise NanfuzzError(f"--compile-jobs={args.compile_jobs} must be >= 0")
-        options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs)
+        options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs, size=args.size)
     settings = Settings.from_environment(**options)
     if args.command == "fuzz":
         from nanfuzz.harness.campaign.example_db import check
@@ -269,6 +286,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     """Each kernel's campaign in turn (``farm``: the self-check's compile farm); the table and the exit status."""
     from nanfuzz.harness.campaign.runner import Hooks, fuzz
     from nanfuzz.harness.campaign.jobs import fuzz_parallel
+    from nanfuzz.harness.campaign.scope import campaign_tier
     from nanfuzz.harness.report.progress import Progress
     from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.report.failures import print_notes, report_failure
@@ -279,10 +297,14 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     interrupted = False
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
+        kernel_settings = settings
+        if self_check and campaign_tier(kernel, settings) == "production" and settings.max_examples is None:
+            # a production-size example costs ten to a hundred small ones: a few dozen say enough here
+            kernel_settings = settings.replace(max_examples=min(profile.max_examples, SELF_CHECK_PRODUCTION_EXAMPLES))
         if settings.jobs > 1:
-            campaign = fuzz_parallel(kernel, settings, farm=handle)
+            campaign = fuzz_parallel(kernel, kernel_settings, farm=handle)
         else:
-            progress = Progress(kernel.name, target_examples=settings.max_examples or profile.max_examples,
+            progress = Progress(kernel.name, target_examples=kernel_settings.max_examples or profile.max_examples,
                                 time_budget=settings.time_budget if settings.time_budget is not None
                                 else profile.time_budget)
 
@@ -290,7 +312,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                 progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
 
             try:
-                campaign = fuzz(kernel, settings, hooks=Hooks(on_example=show), farm=handle)
+                campaign = fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show), farm=handle)
             finally:
                 progress.finish()
         print_notes(campaign)

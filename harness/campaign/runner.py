@@ -26,8 +26,8 @@ from nanfuzz.harness.campaign.journal import Journal
 from nanfuzz.harness.campaign.leftovers import recover_leftovers
 from nanfuzz.harness.campaign.profiles import Profile, get_profile
 from nanfuzz.harness.campaign.result import Campaign
-from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool_of, campaign_strategy, plan_for,
-                                            start_farm)
+from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool_of, campaign_strategy,
+                                            campaign_tier, plan_for, start_farm)
 from nanfuzz.harness.campaign.search import Search, chunk_seed, first_chunk, search_seed
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
@@ -36,6 +36,7 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import FarmHandle
 from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import subject_for, worker_spec
+from nanfuzz.harness.launch.worker import judged
 from nanfuzz.reference.case import Case
 
 
@@ -95,7 +96,8 @@ class CampaignRunner:
         self.kernel, self.settings, self.hooks = kernel, settings, hooks
         self.profile = settings.profile if isinstance(settings.profile, Profile) else get_profile(settings.profile)
         self.caps, skipped = campaign_capabilities(kernel, settings)
-        self.pool, self.pool_seed = campaign_pool_of(self.caps, settings)
+        self.tier = campaign_tier(kernel, settings)
+        self.pool, self.pool_seed = campaign_pool_of(self.caps, settings, tier=self.tier)
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
         self.search_seed = search_seed(settings, self.profile)
@@ -134,13 +136,14 @@ class CampaignRunner:
         farm_needed = self.farm is None and self._own_subject and bool(self.pool)
         # one look-up of how another process loads the kernel, for the worker and the farm both
         spec = worker_spec(self.kernel, settings) if (self._own_subject and settings.isolation) or farm_needed else None
-        plan = plan_for(spec, self.caps, self.pool, settings) if farm_needed else None
+        plan = plan_for(spec, self.caps, self.pool, settings, self.tier) if farm_needed else None
         # the farm opens its GPU contexts after the worker's: sixteen at once take seconds each
         device_opened = fork_server_context().Event() if plan is not None and settings.isolation else None
         if self._own_subject:
             self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
         if plan is not None:
-            upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool), chunk_seed(self.search_seed, 0),
+            upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
+                                      chunk_seed(self.search_seed, 0),
                                       first_chunk(self.max_examples, self.time_budget, settings.device), UPCOMING_CASES)
             self._own_farm = start_farm([replace(plan, upcoming=upcoming)], settings, after=device_opened)
             self.farm = self._own_farm.handle if self._own_farm else None
@@ -165,7 +168,7 @@ class CampaignRunner:
             if self.caps.unsupported(case, interpreter=interpreter):
                 continue  # the kernel's capabilities changed since; the entry may still matter elsewhere
             self.journal.record(case)
-            outcome = self.subject.check(case)
+            outcome = judged(self.subject.check(case))
             self.journal.clear()
             campaign.tally(case, outcome)
             if self.hooks.on_example is not None:
@@ -191,7 +194,7 @@ class CampaignRunner:
         runs = 1 if outcome.verdict is Verdict.HANG else replays  # each HANG replay costs a whole timeout
         repeated, digests, final = 0, set(), None
         for n in range(runs):
-            again = self.subject.check(campaign.failing_case, digest=True, explain=n == 0)
+            again = judged(self.subject.check(campaign.failing_case, digest=True, explain=n == 0))
             if again.verdict is outcome.verdict:
                 repeated += 1
                 final = final or again

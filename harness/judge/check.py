@@ -23,6 +23,7 @@ import torch
 from nanfuzz.harness.judge import encodings
 from nanfuzz.harness.judge.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.judge.outcome import Outcome, Verdict, crash as _crash, device_fault as _device_fault
+from nanfuzz.harness.judge.paths import recording_launches
 from nanfuzz.harness.judge.runs import await_runs as _await_runs, digest, launch, no_events, refuse_if_too_large
 from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
 from nanfuzz.harness.judge.writes import any_written, differing, redzone_reads, written_regions
@@ -54,14 +55,22 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     redzone).  Whatever the kernel raises, ``SystemExit`` included, is a CRASH."""
     started = time.process_time()
     device = torch.device(device)
-    outcome = CaseCheck(kernel, case, device, device.type == "cpu" if interpreter is None else interpreter,
-                        events).judge(digest_pass, explain)
+    if case.large:
+        from nanfuzz.harness.judge.large import LargeCaseCheck as kind
+    else:
+        kind = CaseCheck
+    outcome = kind(kernel, case, device, device.type == "cpu" if interpreter is None else interpreter,
+                   events).judge(digest_pass, explain)
     outcome.cpu_seconds = time.process_time() - started
     return outcome
 
 
 class CaseCheck:
-    """One case's runs and their verdict; each stage a method, the first verdict that applies wins."""
+    """One case's runs and their verdict; each stage a method, the first verdict that applies wins.
+
+    How a case's batches are built, copied and compared is this class's (one buffer built on the
+    host per batch); a large case's is ``harness.judge.large``'s, through the methods under
+    "the batches"."""
 
     def __init__(self, kernel: Kernel, case: Case, device: torch.device, interpreter: bool, events):
         self.kernel, self.case, self.device, self.events = kernel, case, device, events
@@ -71,41 +80,84 @@ class CaseCheck:
 
     def judge(self, digest_pass: bool, explain: bool) -> Outcome:
         self._admit()
-        outcome = self._poisoned_run()
-        if outcome is None:
-            outcome = self._oracle()
-        if outcome is None:
-            t0 = time.perf_counter()
-            outcome = self._verdict()
-            if outcome.output_sha256 is None and digest_pass:  # only a PASS comes back without one
-                outcome.output_sha256 = digest(self.result)
-            self.timings["verdict"] += time.perf_counter() - t0 - self._later_runs
-            outcome.timings = self.timings
+        try:
+            return self._judge(digest_pass, explain)
+        finally:
+            self._release()
+
+    def _judge(self, digest_pass: bool, explain: bool) -> Outcome:
+        self.launched: dict[str, set[str]] = {}  # the poisoned run's Triton kernels (``judge.paths``)
+        outcome = self._poisoned_run() or self._oracle() or self._timed_verdict(digest_pass)
         if explain and outcome.verdict in (Verdict.NONFINITE, Verdict.NONDETERMINISTIC, Verdict.LEAK):
             self._explain(outcome)
+        outcome.paths = {name: sorted(specs) for name, specs in sorted(self.launched.items())}
+        return outcome
+
+    def _timed_verdict(self, digest_pass: bool) -> Outcome:
+        t0 = time.perf_counter()
+        outcome = self._verdict()
+        if outcome.output_sha256 is None and digest_pass:  # only a PASS comes back without one
+            outcome.output_sha256 = digest(self.result)
+        self.timings["verdict"] += time.perf_counter() - t0 - self._later_runs
+        outcome.timings = self.timings
         return outcome
 
     # -- the stages ----------------------------------------------------------------------
     def _admit(self) -> None:
         """A usage error for a case the kernel or the device cannot take, before anything is built."""
         kernel, case = self.kernel, self.case
-        refuse_if_too_large(case, self.device)
+        self._refuse_if_too_large()
         reason = kernel.capabilities.unsupported(case, interpreter=self.interpreter)
         if reason:
             raise NanfuzzError(f"kernel {kernel.name} does not support this case: {reason}")
         encodings.require(case, "cpu" if self.interpreter else "cuda")
 
+    # -- the batches -----------------------------------------------------------------------
+    def _refuse_if_too_large(self) -> None:
+        refuse_if_too_large(self.case, self.device)
+
+    def _build(self) -> None:
+        """The poisoned batch (``self.batch``) and its pristine copy, before any launch."""
+        self.host = build_on_host(self.case)
+        self.batch = self.host.in_one_buffer(self.device)
+        self.snapshot = self.batch.clone()
+
+    def _pristine(self):
+        """What the oracle and the same-precision reference read."""
+        return self.batch
+
+    def _repeat_batch(self):
+        """The poisoned batch again, for the repeated run."""
+        return self.snapshot.clone()
+
+    def _garbage_batch(self):
+        """The batch with seed 1's finite garbage in every dead slot and redzone, built on the host
+        while the device runs the poisoned run (launched later, by ``_rerun``)."""
+        batch = refill_dead_slots(self.host, garbage_seed=1).in_one_buffer(self.device)
+        return lambda: batch
+
+    def _inputs_written(self) -> torch.Tensor:
+        """bool scalar on the device: did the poisoned run write any bit of its inputs or their redzones?"""
+        return any_written(self.batch, self.snapshot)
+
+    def _written_regions(self) -> list[str]:
+        return written_regions(self.batch, self.snapshot)
+
+    def _release(self) -> None:
+        """After the verdict, whatever it is: what the batches hold that outlives the check."""
+
+    # -- the stages ----------------------------------------------------------------------
     def _poisoned_run(self) -> Outcome | None:
         """Build the batch and its pristine copy, and launch on the poisoned batch (not waiting)."""
         case, g = self.case, self.case.geometry
         t0 = time.perf_counter()
-        self.host = build_on_host(case)
-        self.batch = self.host.in_one_buffer(self.device)
-        self.snapshot = self.batch.clone()
+        self._build()
         self.timings["materialize"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
-            self.result, self.out, self.buffer = launch(self.kernel, self.batch, self.device, self.events, wait=False)
+            with recording_launches() as self.launched:
+                self.result, self.out, self.buffer = launch(self.kernel, self.batch, self.device, self.events,
+                                                            wait=False)
         except BaseException as exc:  # the kernel's own failure is the finding, SystemExit included
             return _crash(exc, "on the poisoned run")
         self.timings["kernel"] += time.perf_counter() - t0
@@ -129,7 +181,7 @@ class CaseCheck:
             t0 = now
 
         try:
-            self.reference, yardstick = attend_in(self.batch, (FLOAT64, same_precision(g.dtype, precision)), lap)
+            self.reference, yardstick = attend_in(self._pristine(), (FLOAT64, same_precision(g.dtype, precision)), lap)
             self.errors = row_errors(self.result.double(), self.reference, yardstick, g.dtype, precision)
         except BaseException as exc:
             if _device_fault(exc):  # the poisoned run's fault, met where the oracle first waits for the device
@@ -151,7 +203,7 @@ class CaseCheck:
         nonfinite = ~torch.isfinite(self.result64) & torch.isfinite(self.reference)
         # The garbage run's batch is built while the device still runs the poisoned run and the oracle.
         t0 = time.perf_counter()
-        garbage_batch = refill_dead_slots(self.host, garbage_seed=1).in_one_buffer(device)
+        garbage_batch = self._garbage_batch()
         built = time.perf_counter() - t0
         self.timings["materialize"] += built
         self._later_runs += built
@@ -165,12 +217,12 @@ class CaseCheck:
         # Its flag is read back from the device with the later verdicts' flags: one wait, not two.
         self.unstable = None
         if self.kernel.capabilities.deterministic:
-            self.repeat, crash = self._rerun(self.snapshot.clone, "on the repeated run")
+            self.repeat, crash = self._rerun(self._repeat_batch, "on the repeated run")
             if crash:
                 return crash
             self.unstable = differing(self.repeat, self.result)
 
-        self.other, crash = self._rerun(lambda: garbage_batch, "on the finite-garbage run")
+        self.other, crash = self._rerun(garbage_batch, "on the finite-garbage run")
         if crash:
             return self._nondeterministic() if self.unstable is not None and bool(self.unstable.any()) else crash
         self.differs = differing(self.other, self.result)
@@ -189,7 +241,7 @@ class CaseCheck:
             return self._mismatch()
         written = ["output guard rows past the last token"] if guard_hit else []
         if inputs_hit:
-            written += written_regions(self.batch, self.snapshot) or ["the memory between its inputs' allocations"]
+            written += self._written_regions() or ["the memory between its inputs' allocations"]
         if written:
             return Outcome(Verdict.CLOBBER, f"CLOBBER: the kernel wrote into {', '.join(written)}",
                            {"written": written}, digest(self.result))
@@ -224,7 +276,7 @@ class CaseCheck:
         worst_ratio = errors.ratio.max() if errors.ratio.numel() else zero
         unstable_any = self.unstable.any() if self.unstable is not None else no
         read = torch.stack([worst_error, worst_ratio, *(f.double() for f in (
-            unstable_any, self.differs.any(), errors.off().any(), written_guard, any_written(self.batch, self.snapshot)))])
+            unstable_any, self.differs.any(), errors.off().any(), written_guard, self._inputs_written()))])
         crash = _await_runs(device, self.events, "on the repeated run or the finite-garbage run"
                             if self.unstable is not None else "on the finite-garbage run")
         if crash:
