@@ -419,8 +419,6 @@ class Case:
         """``_validate_tables`` in numpy, for a production-size table."""
         import numpy as np
 
-        from nanfuzz.reference.semantics import liveness
-
         g = self.geometry
         table = np.array([s.block_table for s in self.sequences], dtype=np.int64)
         columns = np.arange(table.shape[1])
@@ -434,17 +432,29 @@ class Case:
             i, j = bad[0].tolist()
             _check(False, f"sequence {i}: padding entry block_table[{j}]={table[i, j]} must point at "
                           f"padding_block={self.padding_block}")
+        live_entries = []  # per sequence: (first live logical block, its live table entries)
         for i, s in enumerate(self.sequences):
             live_blocks = s.live_blocks(self.sliding_window, g.block_size)
             if live_blocks:
                 first = min(live_blocks)
-                nulls = np.flatnonzero(table[i, first:first + len(live_blocks)] == NULL_BLOCK)
+                entries = table[i, first:first + len(live_blocks)]
+                nulls = np.flatnonzero(entries == NULL_BLOCK)
                 _check(not nulls.size, f"sequence {i}: block_table[{first + int(nulls[0]) if nulls.size else 0}] "
                                        "holds live keys but points at the null block 0")
-        live = liveness(self)
+                live_entries.append((i, first, entries))
+        held = np.zeros(g.num_blocks, dtype=bool)
+        for _, _, entries in live_entries:
+            held[entries] = True
 
         def is_live(block: int, offset: int | None = None) -> bool:
-            return bool(live[block].any() if offset is None else live[block, offset])
+            if offset is None or not held[block]:
+                return bool(held[block])
+            for i, first, entries in live_entries:  # the few sites of a poison, each against the tables
+                lo, hi = self.sequences[i].live_range(self.sliding_window)
+                for j in (first + np.flatnonzero(entries == block)).tolist():
+                    if lo <= j * g.block_size + offset < hi:
+                        return True
+            return False
         return is_live
 
     def _validate_kv_cache(self) -> None:

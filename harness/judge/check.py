@@ -26,13 +26,18 @@ from nanfuzz.harness.judge.outcome import Outcome, Verdict, crash as _crash, dev
 from nanfuzz.harness.judge.paths import recording_launches
 from nanfuzz.harness.judge.runs import await_runs as _await_runs, digest, launch, no_events, refuse_if_too_large
 from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
+from nanfuzz.harness.judge.large import refuse_large_if_too_large
+from nanfuzz.harness.judge.pool import process_pool
 from nanfuzz.harness.judge.writes import any_written, differing, redzone_reads, written_regions
 from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
+from nanfuzz.reference.device_build import build_on_device, refill
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import build_on_host, refill_dead_slots
 from nanfuzz.reference.oracle import attend_in
 from nanfuzz.reference.precision import FLOAT64, same_precision
+from nanfuzz.reference.redzones import clone_together, shared_buffer
 
 __all__ = ["Verdict", "Outcome", "check", "digest"]
 
@@ -55,10 +60,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     redzone).  Whatever the kernel raises, ``SystemExit`` included, is a CRASH."""
     started = time.process_time()
     device = torch.device(device)
-    if case.large:
-        from nanfuzz.harness.judge.large import LargeCaseCheck as kind
-    else:
-        kind = CaseCheck
+    kind = LargeCaseCheck if case.large else CaseCheck
     outcome = kind(kernel, case, device, device.type == "cpu" if interpreter is None else interpreter,
                    events).judge(digest_pass, explain)
     outcome.cpu_seconds = time.process_time() - started
@@ -344,3 +346,108 @@ def _worst_row(errors, result64: torch.Tensor, reference: torch.Tensor) -> dict:
     return {"worst": [t, h, d], "ratio": float(ratio[t, h]), "bound": errors.bound, "arithmetic": errors.arithmetic,
             "max_abs_error": float(errors.kernel[t, h]), "reference_error": float(errors.reference[t, h]),
             "worst_value": float(result64[t, h, d]), "worst_expected": float(reference[t, h, d])}
+
+
+# -- large cases ----------------------------------------------------------------------------
+#
+# A production-size case's caches run to gigabytes, so nothing of them is built on the host,
+# copied per run or cloned: ``reference.device_build`` builds the blocks the case writes,
+# ``harness.judge.pool`` lays them into caches that stay allocated from case to case, and each
+# later run writes them again.  The judges read the compact build, never the caches a kernel
+# saw.  Writes are found in three parts: the small inputs against their pristine copy; the
+# case's cache blocks, after the poisoned run, against what was written; and everything else
+# of the caches, after the last run, against their background.
+
+class _Inputs:
+    """The small inputs alone, as ``written_regions`` reads a batch."""
+
+    def __init__(self, allocations):
+        self.allocations = allocations
+
+    def bases(self):
+        return {name: a.base for name, a in self.allocations.items()}
+
+
+
+class LargeCaseCheck(CaseCheck):
+    """``CaseCheck`` with a large case's batches (see the notes above)."""
+
+    def _refuse_if_too_large(self) -> None:
+        refuse_large_if_too_large(self.case, self.device)
+
+    def _build(self) -> None:
+        self.pool = process_pool()
+        self.build = build_on_device(self.case, self.device)
+        self.caches = self.pool.attach(self.build)
+        self.small = self.build.small
+        self.snapshot_small = clone_together(self.small)
+        self.batch = self._batch(self.small)
+        self._clean = False
+
+    def _batch(self, small) -> PagedBatch:
+        return PagedBatch.from_allocations(self.case, {**small, **self.caches})
+
+    def _pristine(self):
+        return self._oracle_batch
+
+    @property
+    def _oracle_batch(self) -> PagedBatch:
+        batch = self.build.oracle_batch()
+        # the small inputs as they were before the launch
+        for name, allocation in self.snapshot_small.items():
+            if name != "block_table":
+                setattr(batch, name, allocation.view)
+        return batch
+
+    def _repeat_batch(self):
+        self._changed = self.pool.changed(self.build, self.caches)  # what the poisoned run wrote there
+        self.pool.write(self.build, self.caches)
+        return self._batch(clone_together(self.snapshot_small))
+
+    def _garbage_batch(self):
+        garbage = refill(self.build, garbage_seed=1)
+
+        def make() -> PagedBatch:
+            if not hasattr(self, "_changed"):  # no repeated run (a nondeterministic kernel)
+                self._changed = self.pool.changed(self.build, self.caches)
+            self.pool.write(garbage, self.caches)
+            return self._batch(garbage.small)
+
+        return make
+
+    def _inputs_written(self) -> torch.Tensor:
+        small = (shared_buffer(self.snapshot_small) != shared_buffer(self.small)).any()
+        inside = torch.stack([c.any() for c in self._changed.values()]).any()
+        self._outside = self.pool.restore(self.build, self.caches)
+        return small | inside | torch.stack(list(self._outside.values())).any()
+
+
+    def _written_regions(self) -> list[str]:
+        found = []
+        if bool((shared_buffer(self.snapshot_small) != shared_buffer(self.small)).any()):
+            found = written_regions(_Inputs(self.small), _Inputs(self.snapshot_small))
+        ids = self.build.ids
+        for name, changed in self._changed.items():
+            blocks = ids[changed].tolist()
+            if blocks:
+                shown = ", ".join(map(str, blocks[:8])) + (", ..." if len(blocks) > 8 else "")
+                found.append(f"{name} (blocks {shown})")
+        for name, dirty in self._outside.items():
+            if bool(dirty):
+                found.append(f"{name} outside the blocks holding the case's live keys (or its redzones)")
+        return found
+
+    def _read_flags(self):
+        flags, crash = super()._read_flags()
+        if crash is None:
+            self._clean = not any(bool(dirty) for dirty in self._outside.values())
+        return flags, crash
+
+    def _release(self) -> None:
+        # a check that ended before the last run's flags (a crash, NONFINITE) leaves its caches
+        # unverified: the pool fills them with their background again before the next case
+        if hasattr(self, "pool"):
+            self.pool.release(self._clean)
+
+    def _explain(self, outcome) -> None:
+        """Redzone reads are measured by a launch per redzone on a host-built batch: not at this size."""
