@@ -345,6 +345,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                                         "judging": round(campaign.judging_cpu_seconds, 4)},
                         "time_to_first_example_s": campaign.time_to_first_example,
                         "compiles": campaign.compiles, "deferred": campaign.deferred, "compile_farm": campaign.farm,
+                        "size": campaign_tier(kernel, kernel_settings), "paths_missed": campaign.paths_missed,
+                        "declined_for_memory": campaign.declined_for_memory,
                         "early_examples": campaign.early_examples})
         if campaign.interrupted:
             interrupted = True
@@ -399,6 +401,8 @@ def _bench(args, settings) -> int:
     if args.seconds is not None and args.seconds <= 0:
         raise NanfuzzError(f"--seconds={args.seconds} must be > 0")
     kernels = [resolve(name, **settings.sources) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
+    if args.scaling:
+        return _scaling(args, settings, [k for k in kernels if args.kernel or k.expect == "pass"])
     started = machine()
     mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
     print(f"nanfuzz bench: {len(kernels)} kernel(s), {args.examples} examples each, {args.seeds} seed(s) per "
@@ -419,6 +423,23 @@ def _bench(args, settings) -> int:
           f"{summary['machine_at_end']['load_average']}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+def _scaling(args, settings, kernels) -> int:
+    from nanfuzz.harness.scaling import scaling, table_rows
+
+    print(f"nanfuzz bench --scaling: {len(kernels)} kernel(s), "
+          f"{'GPU' if settings.device == 'cuda' else 'CPU, Triton interpreter'}", flush=True)
+    results = {}
+    for kernel in kernels:
+        results[kernel.name] = scaling(kernel, settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(f"\n{kernel.name}")
+        _table(table_rows(results[kernel.name]))
+    print("\nms/ex: a check's milliseconds (three launches, the oracle, the verdict) after one that compiled; "
+          "peak GiB: the device memory a check held at most; huge: cases whose cache passes 2^31 elements")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": settings.device, "scaling": results}, indent=1))
     return 0
 
 

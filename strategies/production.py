@@ -218,9 +218,9 @@ def _aim(choose, length: int, window: int, floor: int, block_size: int) -> int:
 
 
 def _long(choose, lo: int, hi: int) -> int:
-    """A length in [lo, hi] on a log scale whose top three binary orders weigh four times the
+    """A length in [lo, hi] on a log scale whose top three binary orders weigh eight times the
     others: a production campaign meets the longest sequences often.  Shrinks toward lo."""
-    return _log_int(choose, lo, hi, top_weight=4)
+    return _log_int(choose, lo, hi, top_weight=8)
 
 
 def _request(choose, caps: Capabilities, size: ProductionSize, window: int, block_size: int, first: bool,

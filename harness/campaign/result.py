@@ -41,6 +41,7 @@ class Campaign:
     compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
     deferred: int = 0             # checks put off while a binary they needed compiled elsewhere (GPU)
     declined_for_memory: int = 0  # drawn cases skipped: more device memory than was free
+    paths_missed: list[str] = field(default_factory=list)  # Triton kernels earlier campaigns reached, this one not
     farm: dict | None = None      # what its own compile farm did (Farm.summary())
     # CPU seconds: the campaign's own process (judging included where the kernel runs in it), and the
     # judging of its examples wherever it ran; against elapsed time they show a busy or a waiting host

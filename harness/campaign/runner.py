@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from nanfuzz.harness.campaign import known_failures
+from nanfuzz.harness.campaign import known_failures, paths_seen
 from nanfuzz.harness.campaign.journal import Journal
 from nanfuzz.harness.campaign.leftovers import recover_leftovers
 from nanfuzz.harness.campaign.profiles import Profile, get_profile
@@ -72,6 +72,16 @@ class _FarmWait:
         waited = self.farm.wait_for(self.kernel, case)
         if waited:
             campaign.phase_times["compile"] = campaign.phase_times.get("compile", 0.0) + waited
+
+
+def note_paths(campaign: Campaign, state_dir) -> None:
+    """The kernel paths earlier campaigns reached and this one did not, kept on the campaign and noted."""
+    if not campaign.examples or campaign.interrupted:
+        return
+    campaign.paths_missed = paths_seen.remember(state_dir, campaign.kernel, campaign.statistics.paths())
+    if campaign.paths_missed:
+        campaign.notes.append(f"{campaign.kernel}: Triton kernels earlier campaigns launched and this one never did: "
+                              + ", ".join(campaign.paths_missed))
 
 
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | None = None, subject=None,
@@ -126,6 +136,8 @@ class CampaignRunner:
             self.confirm()
         finally:
             self.close()
+        if self._own_subject:  # a job's paths are remembered by the run that merges them
+            note_paths(self.campaign, self.settings.state_dir)
         return self.summarise()
 
     # -- the stages ----------------------------------------------------------------------

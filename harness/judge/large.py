@@ -29,12 +29,15 @@ def large_case_bytes(case) -> int:
 
 
 def refuse_large_if_too_large(case, device: torch.device) -> None:
-    """``TooLargeForDevice`` for a large case the GPU's free memory cannot hold, before anything is allocated."""
-    if device.type != "cuda":
-        return  # the interpreter's production cases are small enough for any host
+    """``TooLargeForDevice`` for a large case the device's free memory cannot hold, before anything is allocated."""
+    import os
+
     caches = case_bytes(case)  # what the pool's buffers must hold
     needed = max(0, caches - process_pool().held_bytes()) + caches + large_case_bytes(case)  # + a layout copy
-    free = torch.cuda.mem_get_info(device)[0]
+    if device.type == "cuda":
+        free, where = torch.cuda.mem_get_info(device)[0], "GPU"
+    else:
+        free, where = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "host"
     if needed > free:
-        raise TooLargeForDevice(f"this case needs about {needed / 2**30:.1f} GiB of GPU memory and "
+        raise TooLargeForDevice(f"this case needs about {needed / 2**30:.1f} GiB of {where} memory and "
                                 f"{free / 2**30:.1f} GiB are free; refusing it before allocating anything")

@@ -15,10 +15,6 @@ import functools
 import inspect
 from typing import Iterator
 
-# A specialisation lists at most this many constexprs (the rest elided): they are for reading.
-_MAX_CONSTEXPRS = 12
-
-
 @functools.lru_cache(maxsize=256)
 def _signature(fn) -> tuple[tuple[str, ...], frozenset[str]]:
     try:
@@ -36,9 +32,8 @@ def describe_launch(fn, args: tuple, kwargs: dict) -> tuple[str, str]:
     named = dict(zip(params, args))
     named.update(kwargs)
     values = [f"{name}={named[name]!r}" for name in params if name in constexprs and name in named]
-    shown = values[:_MAX_CONSTEXPRS] + (["..."] if len(values) > _MAX_CONSTEXPRS else [])
     name = getattr(fn, "__name__", repr(fn))
-    return name, f"{name}[{','.join(shown)}]"
+    return name, f"{name}[{','.join(values)}]"
 
 
 @contextlib.contextmanager

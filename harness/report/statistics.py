@@ -92,7 +92,10 @@ class Statistics:
 
     def share(self, name: str) -> float:
         """The fraction of examples in situation ``name`` (0.0 before any example)."""
-        return self.counts[name] / self.examples if self.examples else 0.0
+        return self._of(self.counts[name])
+
+    def _of(self, count: int) -> float:
+        return count / self.examples if self.examples else 0.0
 
     def groups(self) -> list[tuple[str, list[tuple[str, int]]]]:
         """``[(title, [(situation, count), ...]), ...]`` in reporting order.
@@ -109,17 +112,33 @@ class Statistics:
             placed.update(names)
             if names:
                 out.append((title, [(n, self.counts[n]) for n in names]))
+        switches = self.switches()
+        if switches:
+            out.append(("kernel switches", sorted(switches.items())))
         other = sorted(n for n in self.counts if n not in placed)
         if other:
             out.append((OTHER, [(n, self.counts[n]) for n in other]))
         return out
+
+    def switches(self) -> dict[str, int]:
+        """Each boolean constexpr that took both values over the campaign's launches, by kernel
+        (``NAME IS_3D=True``): which side of a kernel's own switch the examples reached."""
+        seen: dict[tuple[str, str], Counter] = {}
+        for spec, count in self.specialisations.items():
+            name, _, rest = spec.partition("[")
+            for item in rest.rstrip("]").split(","):
+                flag, _, value = item.partition("=")
+                if value in ("True", "False"):
+                    seen.setdefault((name, flag), Counter())[value] += count
+        return {f"{name} {flag}={value}": n for (name, flag), values in seen.items() if len(values) == 2
+                for value, n in values.items()}
 
     def to_dict(self) -> dict:
         """JSON-ready: ``{"examples", "seconds", "groups": {title: {situation: {"count", "share"}}}}``."""
         return {
             "examples": self.examples,
             "seconds": round(self.seconds, 6),
-            "groups": {title: {name: {"count": count, "share": round(self.share(name), 6)} for name, count in rows}
+            "groups": {title: {name: {"count": count, "share": round(self._of(count), 6)} for name, count in rows}
                        for title, rows in self.groups()},
             "specialisations": dict(self.specialisations.most_common()),
         }
@@ -127,7 +146,7 @@ class Statistics:
     @classmethod
     def from_dict(cls, data: dict) -> "Statistics":
         """The inverse of ``to_dict`` (situations with a count of 0 are dropped)."""
-        counts = Counter({name: entry["count"] for rows in data["groups"].values()
+        counts = Counter({name: entry["count"] for title, rows in data["groups"].items() if title != "kernel switches"
                           for name, entry in rows.items() if entry["count"]})
         return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0),
                    specialisations=Counter(data.get("specialisations", {})))
@@ -137,7 +156,7 @@ class Statistics:
         header = f"what the campaign exercised ({self.examples} example{'s' if self.examples != 1 else ''})"
         if not self.examples:
             return header
-        rows = [(title if i == 0 else "", name, str(count), f"{100 * self.share(name):.1f}%")
+        rows = [(title if i == 0 else "", name, str(count), f"{100 * self._of(count):.1f}%")
                 for title, entries in self.groups() for i, (name, count) in enumerate(entries)]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [header]
