@@ -12,7 +12,12 @@ from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, SCALE_MODES
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.features import POISON_CLASS_NAMES
 
+# strategies.cases.TIERS, named here so that the command line starts without Hypothesis
+TIERS = ("small", "production", "mixed")
+
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
+# Examples the self-check gives a kernel whose campaigns draw production sizes only.
+SELF_CHECK_PRODUCTION_EXAMPLES = 24
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
                        choices=POISON_CLASS_NAMES,
                        help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES))
 
+    def size_option(p):
+        p.add_argument("--size", choices=TIERS,
+                       help="how large cases get: small (fast, shrinks well), production (128k-key sequences, 256 "
+                            "sequences, 128 query heads, caches past 2^31 elements), or mixed (mostly small, a steady "
+                            "share at production size); default: the kernel's own, else mixed on a GPU and small "
+                            "under the interpreter")
+
     def compile_options(p):
         p.add_argument("--pool", type=int, metavar="N",
                        help="draw each case's compile-time part (shape, causality, window, sinks) from a pool of N "
@@ -83,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="wall-time bound per kernel")
     p.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
     focus_options(p)
+    size_option(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON (with the statistics)")
     p.add_argument("--show-statistics", action="store_true",
                    help="after each kernel, the share of examples that exercised each situation (decode, windows, "
@@ -112,12 +125,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="a detection campaign gives up after N examples (default 300)")
     p.add_argument("--detect", action="store_true",
                    help="time to detect for every kernel benched, not only the known-bad built-ins")
+    p.add_argument("--scaling", action="store_true",
+                   help="the cost of an example against its live keys, at each size tier: milliseconds by phase, "
+                        "peak GPU memory, keys per second")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="throughput of N campaigns at once on the device, one process each (default 1)")
     p.add_argument("--seconds", type=float, metavar="S",
                    help="measure the throughput over S seconds of campaigning instead of a number of examples "
                         "(with --warmup 0 on an empty Triton cache: the cold-start figure)")
     focus_options(p)
+    size_option(p)
     compile_options(p)
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
@@ -198,7 +215,7 @@ def _settings(args, device: str):
                        time_budget=args.time_budget, seed=args.seed, shrink=not args.no_shrink,
                        jobs=args.jobs, example_db=args.example_db)
     if args.command in ("fuzz", "bench"):
-        options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs)
+        options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs, size=args.size)
     settings = Settings.from_environment(**options)
     if args.command == "fuzz":
         from nanfuzz.harness.campaign.example_db import check
@@ -288,6 +305,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     from nanfuzz.harness.campaign.runner import Hooks, fuzz
     from nanfuzz.harness.campaign.jobs import fuzz_parallel
     from nanfuzz.harness.campaign.stop_signals import stop_requested
+    from nanfuzz.harness.campaign.scope import campaign_tier
     from nanfuzz.harness.report.progress import Progress
     from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.report.failures import print_notes, report_failure
@@ -298,10 +316,14 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     interrupted = False
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
+        kernel_settings = settings
+        if self_check and campaign_tier(kernel, settings) == "production" and settings.max_examples is None:
+            # a production-size example costs ten to a hundred small ones: a few dozen say enough here
+            kernel_settings = settings.replace(max_examples=min(profile.max_examples, SELF_CHECK_PRODUCTION_EXAMPLES))
         if settings.jobs > 1:
-            campaign = fuzz_parallel(kernel, settings, farm=handle)
+            campaign = fuzz_parallel(kernel, kernel_settings, farm=handle)
         else:
-            progress = Progress(kernel.name, target_examples=settings.max_examples or profile.max_examples,
+            progress = Progress(kernel.name, target_examples=kernel_settings.max_examples or profile.max_examples,
                                 time_budget=settings.time_budget if settings.time_budget is not None
                                 else profile.time_budget)
 
@@ -310,6 +332,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
 
             try:
                 campaign = fuzz(kernel, settings, hooks=Hooks(on_example=show, interrupted=stop_requested), farm=handle)
+                campaign = fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show), farm=handle)
             finally:
                 progress.finish()
         print_notes(campaign)
@@ -342,6 +365,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                                         "judging": round(campaign.judging_cpu_seconds, 4)},
                         "time_to_first_example_s": campaign.time_to_first_example,
                         "compiles": campaign.compiles, "deferred": campaign.deferred, "compile_farm": campaign.farm,
+                        "size": campaign_tier(kernel, kernel_settings), "paths_missed": campaign.paths_missed,
+                        "declined_for_memory": campaign.declined_for_memory,
                         "early_examples": campaign.early_examples})
         if campaign.interrupted:
             interrupted = True
@@ -395,6 +420,8 @@ def _bench(args, settings) -> int:
     from nanfuzz.harness.registry import builtin_kernels
 
     kernels = [load_kernel(name, settings) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
+    if args.scaling:
+        return _scaling(args, settings, [k for k in kernels if args.kernel or k.expect == "pass"])
     started = machine()
     mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
     print(f"nanfuzz bench: {len(kernels)} kernel(s), {args.examples} examples each, {args.seeds} seed(s) per "
@@ -417,6 +444,23 @@ def _bench(args, settings) -> int:
         from nanfuzz.harness.report.atomic import write_atomically
 
         write_atomically(args.json, json.dumps(summary, indent=1))
+    return 0
+
+
+def _scaling(args, settings, kernels) -> int:
+    from nanfuzz.harness.scaling import scaling, table_rows
+
+    print(f"nanfuzz bench --scaling: {len(kernels)} kernel(s), "
+          f"{'GPU' if settings.device == 'cuda' else 'CPU, Triton interpreter'}", flush=True)
+    results = {}
+    for kernel in kernels:
+        results[kernel.name] = scaling(kernel, settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(f"\n{kernel.name}")
+        _table(table_rows(results[kernel.name]))
+    print("\nms/ex: a check's milliseconds (three launches, the oracle, the verdict) after one that compiled; "
+          "peak GiB: the device memory a check held at most; huge: cases whose cache passes 2^31 elements")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": settings.device, "scaling": results}, indent=1))
     return 0
 
 

@@ -16,7 +16,7 @@ from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.errors import NanfuzzError
 
 # Built-in families: module path under harness.kernels; each exposes KERNELS.
-BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified")
+BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified", "split_decode")
 # Kernel libraries, by the prefix of their kernel names: the adapter module under
 # harness.adapters (its kernel(name, source) and KERNEL_NAMES).  A library's source
 # tree travels as resolve()'s ``<prefix>_src`` and the command line's --<prefix>-src.

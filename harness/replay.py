@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from nanfuzz.harness.judge.check import Outcome
 from nanfuzz.harness.launch.import_probe import load_kernel
+from nanfuzz.harness.launch.worker import judged
 from nanfuzz.harness.report.repro import environment, load_repro
 from nanfuzz.harness.campaign.settings import Settings
 
@@ -40,7 +41,7 @@ def replay(path: str, *, kernel_name: str | None = None, settings: Settings | No
     kernel = load_kernel(kernel_name or record["kernel"], settings)
     subject = make_subject(kernel, settings)
     try:
-        outcome = subject.check(record["case"], digest=True)
+        outcome = judged(subject.check(record["case"], digest=True))
     finally:
         subject.close()
     recorded_env = record.get("environment", {})

@@ -15,8 +15,10 @@ from nanfuzz.reference.case import Case, Geometry, Sequence
 from tests.torch_kernels import torch_kernel
 
 KERNELS = builtin_kernels()
-OLD = sorted(name for name, k in KERNELS.items() if k.expect == "caught")
-FIXED = sorted(name for name, k in KERNELS.items() if k.expect == "pass")
+# The masking families; split_decode draws production sizes only and has tests of its own
+# (tests/test_kernel_split_decode.py): its bug is a lost partition, not a dead slot read.
+OLD = sorted(name for name, k in KERNELS.items() if k.expect == "caught" and k.size != "production")
+FIXED = sorted(name for name, k in KERNELS.items() if k.expect == "pass" and k.size != "production")
 
 
 STATE = Path(".nanfuzz")

@@ -154,6 +154,9 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
             own_farm.close()
     if own_farm is not None:
         merged.farm = own_farm.summary()
+    from nanfuzz.harness.campaign.runner import note_paths
+
+    note_paths(merged, settings.state_dir)
     return merged
 
 
@@ -259,6 +262,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.notes += [note for note in campaign.notes if note not in merged.notes]  # each job says the same
         merged.worker_restarts += campaign.worker_restarts
         merged.deferred += campaign.deferred
+        merged.declined_for_memory += campaign.declined_for_memory
         if campaign.compiles is not None:
             merged.compiles = (merged.compiles or 0) + campaign.compiles
         if campaign.time_to_first_example is not None:

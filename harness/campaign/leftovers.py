@@ -14,6 +14,7 @@ from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.subjects import make_subject
+from nanfuzz.harness.launch.worker import judged
 
 
 def recover_leftovers(kernel: Kernel, settings: Settings, subject=None) -> tuple[Campaign | None, list[str]]:
@@ -32,7 +33,7 @@ def recover_leftovers(kernel: Kernel, settings: Settings, subject=None) -> tuple
 def _replay(kernel, settings, subject, cases) -> tuple[Campaign | None, list[str]]:
     notes: list[str] = []
     for case in cases:
-        outcome = subject.check(case, digest=True)
+        outcome = judged(subject.check(case, digest=True))
         if outcome.failed:
             notes.append(f"{kernel.name}: a campaign process died while running this case earlier; "
                          f"replayed in a fresh worker it gives {outcome.verdict.value}")

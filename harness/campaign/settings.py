@@ -38,6 +38,8 @@ class Settings:
     focus: Focus = field(default_factory=Focus)
     shrink: bool = True
     use_database: bool | None = None         # None: from the profile
+    size: str | None = None                  # size tier: small, production or mixed (None: the kernel's
+                                             # own, else mixed on a GPU and small under the interpreter)
     pool_size: int | None = None             # None: the kernel's own pool on a GPU
     pool_seed: int | None = None             # picks the pool; None: the seed, else 0 (--jobs share one)
     compile_jobs: int | None = None          # compile-farm processes on a GPU; None: one per core, 0: no farm

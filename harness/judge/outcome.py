@@ -32,6 +32,8 @@ class Outcome:
     compiled_seconds: float = 0.0
     # a CRASH that left the device context unusable (sticky CUDA/HIP error): the worker must be replaced
     fatal: bool = False
+    # the Triton kernels the poisoned run launched: name -> its specialisations (``judge.paths``)
+    paths: dict = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:

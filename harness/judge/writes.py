@@ -17,7 +17,7 @@ from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.materialize import materialize
 from nanfuzz.reference.redzones import shared_buffer
-from nanfuzz.reference.semantics import slot_liveness
+from nanfuzz.reference.semantics import liveness
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -73,7 +73,7 @@ def written_regions(batch: PagedBatch, pristine: PagedBatch) -> list[Written]:
             starts = torch.tensor([cut.indices(size)[0] for cut, size in zip(index, changed.shape)]
                                   + [0] * (dims - len(index)), device=hits.device)
             places = tuple(tuple(p) for p in (hits - starts).tolist())
-            found.append(Written(f"{name} at {_where(name, places, batch.case)}", name, places[:_PLACES_KEPT]))
+            found.append(Written(f"{name} at {where_written(name, places, batch.case)}", name, places[:_PLACES_KEPT]))
         for side, where in allocation.sides():
             mask = torch.zeros(changed.shape[: len(index)], dtype=torch.bool, device=changed.device)
             mask[where] = True
@@ -87,16 +87,16 @@ def _rows(changed: torch.Tensor, dims: int) -> torch.Tensor:
     return changed.flatten(dims).any(-1) if changed.dim() > dims else changed
 
 
-def _where(name: str, places: tuple[tuple[int, ...], ...], case: Case) -> str:
+def where_written(name: str, places: tuple[tuple[int, ...], ...], case: Case) -> str:
     """Where in an input the kernel wrote: "block 3 slots 0-2 (live)", "rows 0-2", "entries [0][1]"."""
     if name in _CACHES:
-        live = slot_liveness(case)
+        live = liveness(case)
         blocks: dict[int, list[int]] = {}
         for block, slot in places:
             blocks.setdefault(block, []).append(slot)
         shown = []
         for block, slots in list(blocks.items())[:3]:
-            alive = sum(live[block][slot] for slot in slots)
+            alive = sum(bool(live[block, slot]) for slot in slots)
             state = "live" if alive == len(slots) else "dead" if not alive else f"{alive} live"
             shown.append(f"block {block} slot{'s' if len(slots) > 1 else ''} {span(slots)} ({state})")
         more = len(blocks) - len(shown)

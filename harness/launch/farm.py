@@ -58,7 +58,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nanfuzz.harness.launch import shared_compiles
@@ -94,6 +94,7 @@ class Plan:
     poison_classes: tuple[str, ...] | None
     entries: tuple[Specialisation, ...]
     upcoming: tuple[Case, ...] = ()  # the campaign's first cases, in order (``harness.campaign.upcoming``)
+    tier: str = "small"              # the campaign's size tier: with production cases, each entry gets one
 
 
 def entry_of(case: Case) -> Specialisation:
@@ -529,20 +530,33 @@ def _build_launcher(binary) -> None:
 
 
 def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENTRY) -> list[Case]:
-    """``count`` cases of ``entry`` as the campaign draws them, the simplest first (same every time)."""
+    """``count`` cases of ``entry`` as the campaign draws them, the simplest first (same every time),
+    and where the campaign draws production cases, the last of them one at production size (the
+    launches real kernels switch to for long sequences; never a huge cache: farm processes share
+    the device).  That one is the last of a few derandomized draws, whose first are the smallest."""
     from hypothesis import HealthCheck, Phase, given, settings
 
     from nanfuzz.strategies import paged_cases
+    from nanfuzz.strategies.production import PRODUCTION_SIZE
 
     found: list[Case] = []
 
-    @settings(max_examples=count, phases=[Phase.generate], database=None, derandomize=True, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,)))
-    def collect(case):
-        found.append(case)
+    def draw(strategy, examples: int) -> None:
+        @settings(max_examples=examples, phases=[Phase.generate], database=None, derandomize=True, deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def collect(case):
+            found.append(case)
 
-    collect()
+        collect()
+
+    production = plan.tier != "small" and count > 1
+    draw(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,)), count - production)
+    if production:
+        before = len(found)
+        draw(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,), tier="production",
+                         production=replace(PRODUCTION_SIZE, huge_cache_bytes=0, max_live_keys=1 << 17)), 8)
+        del found[before:-1]
     return found
 
 

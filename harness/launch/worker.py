@@ -113,6 +113,22 @@ class Deferred:
     skipped: Skipped
 
 
+@dataclass(frozen=True)
+class Declined:
+    """No verdict: the case needs more device memory than is free (``judge.large.TooLargeForDevice``).
+    A search counts it and goes on; for any other caller it is a usage error (``judged``)."""
+
+    reason: str
+
+
+def judged(answer):
+    """A check's answer where only an outcome will do (a replay, a repro): a ``Declined`` is the
+    one-line usage error it stands for."""
+    if isinstance(answer, Declined):
+        raise NanfuzzError(answer.reason)
+    return answer
+
+
 class InProcess:
     """The checks in this process (``--no-isolation``): no CRASH survives a dying kernel here."""
 
@@ -132,10 +148,15 @@ class InProcess:
 
     defers = False  # this process compiles what it needs itself
 
-    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None) -> Outcome:
+    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None
+              ) -> Outcome | Declined:
         from nanfuzz.harness.judge.check import check
+        from nanfuzz.harness.judge.large import TooLargeForDevice
 
-        return check(self.kernel, case, self.device, digest_pass=digest, explain=explain)
+        try:
+            return check(self.kernel, case, self.device, digest_pass=digest, explain=explain)
+        except TooLargeForDevice as exc:
+            return Declined(str(exc))
 
     def close(self) -> None:
         self._stack.close()
@@ -229,9 +250,10 @@ class Supervised:
 
     # -- one case ------------------------------------------------------------------
     def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None
-              ) -> Outcome | Deferred:
+              ) -> Outcome | Deferred | Declined:
         """The case's outcome.  ``defer`` (``CLAIMED`` or ``UNBUILT``): where a launch needs such a
-        binary, ``Deferred`` at once rather than a wait or a compile (``harness.launch.shared_compiles``)."""
+        binary, ``Deferred`` at once rather than a wait or a compile (``harness.launch.shared_compiles``).
+        ``Declined``: the case needs more device memory than is free."""
         self._await_ready()
         try:
             return self._check(case, digest, explain, defer if self.defers else None)
@@ -258,6 +280,8 @@ class Supervised:
                     raise NanfuzzError(payload)
                 if kind == "deferred":
                     return Deferred(payload)
+                if kind == "declined":
+                    return Declined(payload)
                 assert kind == "outcome", kind
                 payload, count = payload
                 self.specialisations = self._counted + (count or 0) if count is not None else None
@@ -341,6 +365,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
     try:
         from nanfuzz.harness.launch.backend import host_threads
         from nanfuzz.harness.judge.check import check
+        from nanfuzz.harness.judge.large import TooLargeForDevice
 
         kernel = spec.load()
     except NanfuzzError as exc:
@@ -377,6 +402,9 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
             with skipping as skipped:
                 try:
                     outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain)
+                except TooLargeForDevice as exc:
+                    conn.send(("declined", str(exc)))
+                    continue
                 except NanfuzzError as exc:
                     conn.send(("error", str(exc)))
                     continue
