@@ -292,12 +292,28 @@ def _fuzz(args, settings) -> int:
     rows = [("kernel", "expect", "verdict", "examples", "first failure", "shrink", "time", "result")]
     # The self-check's kernels are known up front: one farm compiles all their pools,
     # in the order the campaigns run, while the first campaign starts.
-    farm = start_farm([compile_plan(k, settings) for k in kernels], settings) if self_check else None
+    farm = (start_farm([compile_plan(k, _self_check_settings(k, settings, profile)) for k in kernels], settings)
+            if self_check else None)
     try:
         return _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm)
     finally:
         if farm is not None:
             farm.close()
+
+
+def _self_check_settings(kernel, settings, profile):
+    """What the self-check runs a built-in at: a family whose bug and fix live at production size
+    draws that size only, with a few dozen examples (each costs ten to a hundred small ones); the
+    masking families, whose bugs every size shows, draw small cases, so that their pools compile
+    in the time a self-check has."""
+    from nanfuzz.harness.campaign.scope import campaign_tier
+
+    if settings.size is not None:
+        return settings
+    if campaign_tier(kernel, settings) == "production":
+        examples = settings.max_examples or min(profile.max_examples, SELF_CHECK_PRODUCTION_EXAMPLES)
+        return settings.replace(max_examples=examples)
+    return settings.replace(size="small")
 
 
 def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> int:
@@ -317,9 +333,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
         kernel_settings = settings
-        if self_check and campaign_tier(kernel, settings) == "production" and settings.max_examples is None:
-            # a production-size example costs ten to a hundred small ones: a few dozen say enough here
-            kernel_settings = settings.replace(max_examples=min(profile.max_examples, SELF_CHECK_PRODUCTION_EXAMPLES))
+        if self_check:
+            kernel_settings = _self_check_settings(kernel, settings, profile)
         if settings.jobs > 1:
             campaign = fuzz_parallel(kernel, kernel_settings, farm=handle)
         else:
