@@ -1,4 +1,4 @@
-"""The ``nanfuzz`` command: list, fuzz, replay, bench, perf.  Exit 0 / 1 (a failure) / 2 (usage)."""
+"""The ``nanfuzz`` command: list, fuzz, replay, export, gate, bench, perf.  Exit 0 / 1 (a failure) / 2 (usage)."""
 from __future__ import annotations
 
 import argparse
@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="nanfuzz", description="NaN-poisoning fuzzer for paged-attention Triton kernels")
     parser.add_argument("--version", action="version", version=f"nanfuzz {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,fuzz,replay,bench,perf}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,fuzz,replay,export,gate,bench,perf}",
                                 parser_class=_Parser)
 
     def common(p):
@@ -101,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.json")
     p.add_argument("--kernel", help="replay against another kernel (e.g. the fixed variant)")
 
+    # parsed by the gate's own parser (harness.gate.run, harness.gate.merge): this entry is for --help
+    sub.add_parser("gate", add_help=False,
+                   help="the PR gate: fuzz kernels on every GPU of this runner (nanfuzz gate --help); "
+                        "nanfuzz gate merge DIR... merges the reports of a fleet of runners")
+
     p = sub.add_parser("bench", help="examples per second of the fuzz loop, and time to catch each known-bad kernel")
     common(p)
     p.add_argument("--kernel", action="append", metavar="K", help="kernel to bench (repeatable; default: every built-in kernel)")
@@ -134,6 +139,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gate"]:
+        return _gate(argv[1:])
     args = _parser().parse_args(argv)
     try:
         forks = args.command in ("fuzz", "bench") and not args.no_isolation
@@ -158,6 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nanfuzz: interrupted", file=sys.stderr)
         return 130
+
+
+def _gate(argv: list[str]) -> int:
+    """``nanfuzz gate ...`` and ``nanfuzz gate merge ...``: the gate parses its own options."""
+    if argv[:1] == ["merge"]:
+        from nanfuzz.harness.gate.merge import main as merge
+
+        return merge(argv[1:])
+    from nanfuzz.harness.gate.run import main as gate
+
+    return gate(argv)
 
 
 def _settings(args, device: str):

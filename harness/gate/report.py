@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from gate_plan import Plan, ShardRecord
+from nanfuzz.harness.gate.plan import Plan, ShardRecord
 
 PICTURE_LINES = 120   # longer pictures are cut in the Markdown summary (the .txt keeps all)
 

@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from gate_plan import Plan, ShardRecord
+from nanfuzz.harness.gate.plan import Plan, ShardRecord
 
 
 def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardRecord:
