@@ -101,6 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.json")
     p.add_argument("--kernel", help="replay against another kernel (e.g. the fixed variant)")
 
+    p = sub.add_parser("export", help="a script (or a pytest file, or a bug report) that reproduces a repro's "
+                                      "finding with torch and the kernel's library alone, without nanfuzz")
+    common(p)
+    p.add_argument("file", metavar="REPRO.json")
+    p.add_argument("--pytest", action="store_true", help="a regression test for the kernel's own test suite instead")
+    p.add_argument("--markdown", action="store_true", help="a bug report for the kernel's author instead")
+    p.add_argument("--kernel", help="the kernel to export the call of (default: the repro's)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="where to write it (default: beside the repro: NAME_standalone.py, test_NAME.py, NAME.md)")
+
     # parsed by the gate's own parser (harness.gate.run, harness.gate.merge): this entry is for --help
     sub.add_parser("gate", add_help=False,
                    help="the PR gate: fuzz kernels on every GPU of this runner (nanfuzz gate --help); "
@@ -159,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         # The interpreter evaluates poisoned lanes in numpy; its NaN warnings are the point, not news.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         settings = _settings(args, device)
-        return {"list": _list, "fuzz": _fuzz, "replay": _replay, "bench": _bench, "perf": _perf}[args.command](args, settings)
+        return {"list": _list, "fuzz": _fuzz, "replay": _replay, "export": _export, "bench": _bench,
+                "perf": _perf}[args.command](args, settings)
     except NanfuzzError as exc:
         print(f"nanfuzz: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 2
@@ -382,6 +393,35 @@ def _replay(args, settings) -> int:
 
         print(picture(load_repro(args.file)["case"]))
     return 1 if result.still_fails else 0
+
+
+def _export(args, settings) -> int:
+    from nanfuzz.harness.registry import import_path, resolve
+    from nanfuzz.harness.report.export.bug_report import bug_report
+    from nanfuzz.harness.report.export.script import pytest_file, standalone_script
+    from nanfuzz.harness.report.repro import load_repro
+
+    if args.pytest and args.markdown:
+        raise NanfuzzError("--pytest and --markdown each choose what to write; give one of them")
+    record = load_repro(args.file)
+    kernel = resolve(args.kernel or record["kernel"], **settings.sources)
+    source = Path(args.file)
+    stem = source.stem.replace("-", "_").replace(".", "_")
+    script_name = f"{stem}_standalone.py"
+    if args.pytest:
+        target, write = f"test_{stem}.py", pytest_file
+    elif args.markdown:
+        target, write = f"{stem}.md", lambda r, k, p, name: bug_report(r, k, p, script_name)
+    else:
+        target, write = script_name, standalone_script
+    output = Path(args.output) if args.output else source.with_name(target)
+    text = write(record, kernel, import_path(kernel), output.name)
+    try:
+        output.write_text(text, encoding="utf-8", errors="backslashreplace")
+    except OSError as exc:
+        raise NanfuzzError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    print(f"nanfuzz export: {output}")
+    return 0
 
 
 def _bench(args, settings) -> int:
