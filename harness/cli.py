@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=("dev", "ci", "pr-gate", "nightly"), help="default: ci under CI=true, else dev")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="wall-time bound per kernel")
     p.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
+    p.add_argument("--min-examples", type=int, metavar="N",
+                   help="a kernel that passes on fewer than N examples is INCOMPLETE, not a pass (exit 3)")
     focus_options(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON (with the statistics)")
     p.add_argument("--show-statistics", action="store_true",
@@ -277,6 +279,8 @@ def _fuzz(args, settings) -> int:
         raise NanfuzzError(f"--max-examples={args.max_examples} must be >= 1")
     if args.jobs < 1:
         raise NanfuzzError(f"--jobs={args.jobs} must be >= 1")
+    if args.min_examples is not None and args.min_examples < 0:
+        raise NanfuzzError(f"--min-examples={args.min_examples} must be >= 0")
     profile = get_profile(settings.profile)
     kernels = [resolve(args.kernel, **settings.sources)] if args.kernel else list(builtin_kernels().values())
     self_check = args.kernel is None
@@ -306,6 +310,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     summary = []
     all_good = True
     any_failure = False
+    any_incomplete = False
     interrupted = False
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
@@ -328,17 +333,26 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
             print(f"\n{kernel.name}: {campaign.statistics.table()}", flush=True)
             print(f"{kernel.name}: {campaign.accuracy.table()}", flush=True)
         verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
+        incomplete = not campaign.failed and campaign.examples < (args.min_examples or 0)
+        if incomplete:
+            verdict, any_incomplete = "INCOMPLETE", True
+            print(f"nanfuzz: {kernel.name} passed on {campaign.examples} examples, fewer than --min-examples "
+                  f"{args.min_examples}: INCOMPLETE, not a pass", file=sys.stderr, flush=True)
         if campaign.failed:
             any_failure = True
             report_failure(kernel, campaign, settings)
-        expected = (kernel.expect == "caught") == campaign.failed
+        expected = (kernel.expect == "caught") == campaign.failed and not incomplete
         all_good &= expected
-        result = ("ok" if expected else "UNEXPECTED") if self_check else ("FAIL" if campaign.failed else "ok")
+        result = ("ok" if expected else "UNEXPECTED") if self_check else (
+            "FAIL" if campaign.failed else "INCOMPLETE" if incomplete else "ok")
         first = f"{campaign.examples_to_first_failure} ex/{campaign.time_to_first_failure:.1f}s" if campaign.failed and campaign.time_to_first_failure is not None else "-"
         shrink = f"{campaign.shrink_time:.1f}s" if campaign.shrink_time is not None else "-"
         rows.append((kernel.name, kernel.expect if self_check else "-", verdict, campaign.examples, first, shrink,
                      f"{campaign.elapsed:.1f}s", result))
+        if campaign.seed is not None:
+            print(f"{kernel.name}: seed {campaign.seed} (--seed {campaign.seed} runs the same search)", flush=True)
         summary.append({"kernel": kernel.name, "import_path": import_path(kernel), "expect": kernel.expect,
+                        "seed": campaign.seed,
                         "verdict": verdict, "examples": campaign.examples,
                         "elapsed_s": round(campaign.elapsed, 3), "time_to_first_failure_s": campaign.time_to_first_failure,
                         "examples_to_first_failure": campaign.examples_to_first_failure,
@@ -378,8 +392,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     if self_check:
         print("\nself-check: " + ("every old variant caught, every fixed variant passed" if all_good
                                   else "UNEXPECTED results above"))
-        return 0 if all_good else 1
-    return 1 if any_failure else 0
+        return 0 if all_good else 1 if any_failure or not any_incomplete else 3
+    return 1 if any_failure else 3 if any_incomplete else 0
 
 
 def _replay(args, settings) -> int:

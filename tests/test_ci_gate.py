@@ -54,7 +54,7 @@ def _shards(summary, kernel):
 def test_two_worker_gate_with_an_old_and_a_dying_kernel(tmp_path):
     """One gate run (start-up is most of its cost) checked from four sides."""
     (tmp_path / "dying_kernel.py").write_text(DYING_KERNEL)
-    proc = run_gate(tmp_path, "--workers", "2", "--time-budget", "12", "--kernel", FIXED, "--kernel", OLD,
+    proc = run_gate(tmp_path, "--workers", "2", "--time-budget", "12", "--min-examples", "1", "--kernel", FIXED, "--kernel", OLD,
                     "--kernel", DYING)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = (tmp_path, proc, json.loads((tmp_path / "out" / "summary.json").read_text()))

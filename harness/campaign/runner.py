@@ -99,7 +99,7 @@ class CampaignRunner:
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
         self.search_seed = search_seed(settings, self.profile)
-        self.campaign = Campaign(kernel=kernel.name, device=settings.device)
+        self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed)
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
         self.start, self._cpu_start = time.perf_counter(), time.process_time()
         self.subject, self._own_subject = subject, subject is None

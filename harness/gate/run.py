@@ -66,6 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="wall time for the whole gate (default: the profile's, 900 s for pr-gate)")
     p.add_argument("--max-examples", type=int, metavar="N", help="also stop a shard after N examples")
+    p.add_argument("--min-examples", type=int, metavar="N",
+                   help="examples each kernel must reach, over its shards, for a PASS; fewer is INCOMPLETE, not green "
+                        "(default: 300 on a GPU, 10 under the interpreter, at most what --max-examples allows)")
     p.add_argument("--grace", type=float, metavar="SECONDS",
                    help="how long past the budget the gate waits before it stops the workers and reports the "
                         "in-flight cases as hangs (default: a quarter of the budget, at least 120 s)")
@@ -97,6 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise GateUsageError(f"--time-budget={args.time_budget:g} is too small; give at least {MIN_BUDGET:g} seconds")
     if args.grace is not None and args.grace <= 0:
         raise GateUsageError(f"--grace={args.grace:g} must be > 0 seconds")
+    if args.min_examples is not None and args.min_examples < 0:
+        raise GateUsageError(f"--min-examples={args.min_examples} must be >= 0")
     if args.max_examples is not None and args.max_examples < 1:
         raise GateUsageError(f"--max-examples={args.max_examples} must be >= 1")
     return args
@@ -281,6 +286,7 @@ def _gate(args) -> int:
                                      "or an unpacked wheel")
             os.environ[env_var] = str(Path(given).resolve())  # the workers read it
 
+    from nanfuzz.harness.gate.floor import apply_floor, floor
     from nanfuzz.harness.gate.outputs import append_step_summary, write_junit, write_summary, write_summary_json
     from nanfuzz.harness.gate.report import consolidate, junit_xml, markdown, summary_json
     from nanfuzz.harness.campaign.profiles import get_profile
@@ -339,6 +345,7 @@ def _gate(args) -> int:
                              f"PYTEST_ADDOPTS, or see {log}")
     result = consolidate(plan, repro_dir, stopped_at_deadline=stopped, stop_time=ended, pytest_junit=pytest_junit,
                          sources=library_sources())
+    apply_floor(result, floor(args.min_examples, plan.device, args.max_examples, len(slots)))
     if stopped:
         result.problems.append(f"the gate stopped pytest {grace:.0f} s past its time budget")
     elif rc not in (0, 1):
