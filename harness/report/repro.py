@@ -93,6 +93,11 @@ def load_repro(path: str | Path) -> dict:
         raise NanfuzzError(f"cannot read repro {str(path)!r}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise NanfuzzError(f"{path}: not UTF-8 text (byte {exc.start}); a repro is the .json nanfuzz wrote") from None
+    return repro_from_json(text, str(path))
+
+
+def repro_from_json(text: str, path: str = "repro") -> dict:
+    """A repro's record from its JSON text (``path`` names it in messages)."""
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
