@@ -244,7 +244,7 @@ def _list(args, settings) -> int:
             rows.append((name, "-", "gpu, cpu-interpreter", caps.describe()))
         except NanfuzzError as exc:
             unavailable.add(name)
-            rows.append((name, "-", "unavailable", str(exc)[:100]))
+            rows.append((name, "-", "unavailable", str(exc)))
     _table(rows)
     print(f"\nbackend now: {'GPU' if device == 'cuda' else 'CPU under Triton interpreter'}; "
           "user kernels: --kernel package.module:callable")
@@ -252,10 +252,22 @@ def _list(args, settings) -> int:
     return 0
 
 
+# The last column of a table wraps at the terminal's width (100 columns in a log), never narrower than this.
+_LAST_COLUMN_MIN = 30
+
+
 def _table(rows) -> None:
+    import shutil
+    import textwrap
+
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lead = sum(widths[:-1]) + 2 * (len(widths) - 1)
+    widths[-1] = min(widths[-1], max(_LAST_COLUMN_MIN, shutil.get_terminal_size((100, 24)).columns - lead - 1))
     for n, row in enumerate(rows):
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        last = textwrap.wrap(str(row[-1]), widths[-1], break_on_hyphens=False, break_long_words=False) or [""]
+        print("  ".join([*(str(c).ljust(w) for c, w in zip(row[:-1], widths)), last[0]]).rstrip())
+        for more in last[1:]:
+            print(" " * lead + more)
         if n == 0:
             print("  ".join("-" * w for w in widths))
 

@@ -42,4 +42,15 @@ def test_fuzz_under_min_examples_is_incomplete_exit_3(tmp_path, capsys):
     assert code == 3, captured.out + captured.err
     assert "passed on 1 examples, fewer than --min-examples 5: INCOMPLETE" in captured.err
     assert "INCOMPLETE" in captured.out and "seed 3 (--seed 3 runs the same search)" in captured.out
+    assert (tmp_path / "hypothesis").is_dir()  # Hypothesis's own files live in the state folder too
     assert cli(["fuzz", "--kernel", "paged_decode@masked", "--min-examples", "-1"]) == 2
+
+
+def test_a_replay_after_the_fix_says_pass_plainly(capsys):
+    from pathlib import Path
+
+    repro = Path(__file__).parent / "regressions" / "paged_decode-tail-past-seq-len.json"
+    assert cli(["replay", str(repro), "--kernel", "paged_decode@masked", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("paged_decode@masked: PASS (recorded NONFINITE): the finding no longer reproduces")
+    assert "DIFFER" not in out
