@@ -42,7 +42,6 @@ def test_fuzz_under_min_examples_is_incomplete_exit_3(tmp_path, capsys):
     assert code == 3, captured.out + captured.err
     assert "passed on 1 examples, fewer than --min-examples 5: INCOMPLETE" in captured.err
     assert "INCOMPLETE" in captured.out and "seed 3 (--seed 3 runs the same search)" in captured.out
-    assert (tmp_path / "hypothesis").is_dir()  # Hypothesis's own files live in the state folder too
     assert cli(["fuzz", "--kernel", "paged_decode@masked", "--min-examples", "-1"]) == 2
 
 
@@ -54,3 +53,14 @@ def test_a_replay_after_the_fix_says_pass_plainly(capsys):
     out = capsys.readouterr().out
     assert out.startswith("paged_decode@masked: PASS (recorded NONFINITE): the finding no longer reproduces")
     assert "DIFFER" not in out
+
+
+def test_hypothesis_s_own_files_go_into_the_state_folder_while_a_campaign_runs(tmp_path):
+    from hypothesis.configuration import storage_directory
+
+    from nanfuzz.harness.campaign.hypothesis_home import hypothesis_files_in
+
+    before = storage_directory("constants", intent_to_write=False).path
+    with hypothesis_files_in(tmp_path):
+        assert storage_directory("constants", intent_to_write=False).path == tmp_path / "hypothesis" / "constants"
+    assert storage_directory("constants", intent_to_write=False).path == before
