@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from nanfuzz.harness.campaign import known_failures
+from nanfuzz.harness.campaign.capability_hint import name_the_capability
 from nanfuzz.harness.campaign.hypothesis_home import hypothesis_files_in
 from nanfuzz.harness.campaign.journal import Journal
 from nanfuzz.harness.campaign.leftovers import recover_leftovers
@@ -126,6 +127,8 @@ class CampaignRunner:
                     Search(self)()
             self.remember_failure()
             self.confirm()
+            if not self.campaign.interrupted:
+                name_the_capability(self.campaign, self.caps, self.subject, self.settings.device == "cpu")
         finally:
             self.close()
         return self.summarise()
