@@ -31,6 +31,8 @@ JUDGING = (
     ("reference.materialize", ("TORCH_DTYPES", "host_to_device", "token_layout"), ()),
     ("reference.precision", None, ()),
     ("reference.oracle", None, ()),
+    ("reference.redzones", None, ()),
+    ("reference.batch", None, ()),
     ("harness.judge.tolerance", None, ()),
     ("harness.judge.encodings", ("TRITON_TYPES", "_every_code", "_correct_interpreter_decode"), ()),
     ("harness.report.export.runtime", None, ()),

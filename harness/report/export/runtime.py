@@ -14,22 +14,24 @@ NONFINITE, NONDETERMINISTIC, LEAK, CLOBBER, MISMATCH.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
+from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.materialize import TORCH_DTYPES
 from nanfuzz.reference.oracle import attend_in
 from nanfuzz.reference.precision import FLOAT64, same_precision
+from nanfuzz.reference.redzones import CACHE_BLOCKS_AFTER, CACHE_BLOCKS_BEFORE, TABLE_EXTRA_COLUMNS, TOKEN_ROWS_AFTER
 from nanfuzz.reference.quantization import (ENCODINGS, finite_codes, garbage_scales, hostile_codes, hostile_scales,
                                             quantize, token_head_scales)
 
-# Margins around every tensor, as nanfuzz's own batches have (reference/redzones.py).
-MARGIN_BLOCKS = (1, 2)   # cache blocks before and after; the first one after is the trap block
-TABLE_EXTRA_COLUMNS = 2  # block-table entries past each row, and one row past the last, at the trap block
-GUARD_ROWS = 2           # rows past the last token of q, k, v and out; entries past seq_lens and the rest
+# Margins around every tensor, as nanfuzz's own batches have (reference/redzones.py): cache blocks
+# before and after (the first after is the trap block table padding points past), rows past the last token.
+MARGIN_BLOCKS = (CACHE_BLOCKS_BEFORE, CACHE_BLOCKS_AFTER)
+GUARD_ROWS = TOKEN_ROWS_AFTER
 # Q three times wider than K and V, so that the softmax is peaked enough for a wrong window edge to show.
 Q_SPREAD = 3.0
 # Finite garbage in dead slots: magnitudes log-uniform in [1, 1e4] (below fp16's largest, 65504).
@@ -38,49 +40,14 @@ GARBAGE_DECADES = 4.0
 SHOWN_ROWS = 4
 
 
-@dataclass
-class Batch:
-    """The kernel's inputs, named as nanfuzz's PagedBatch names them; ``bases`` are the whole allocations."""
+class Batch(PagedBatch):
+    """nanfuzz's canonical batch (the inputs as ``PagedBatch`` names them) with ``bases``, the whole
+    allocation each input is a view into, margins included."""
 
-    case: Case
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    key_cache: torch.Tensor
-    value_cache: torch.Tensor
-    block_table: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
-    sinks: torch.Tensor | None = None
-    k_scale: torch.Tensor | None = None
-    v_scale: torch.Tensor | None = None
-    k_scale_cache: torch.Tensor | None = None
-    v_scale_cache: torch.Tensor | None = None
-    bases: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
-
-    @property
-    def scale(self) -> float:
-        return self.case.scale
-
-    @property
-    def sliding_window(self) -> int:
-        return self.case.sliding_window
-
-    @property
-    def causal(self) -> bool:
-        return self.case.causal
-
-    @property
-    def max_query_len(self) -> int:
-        return self.case.max_query_len
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.case.max_seq_len
-
-    @property
-    def context_lens(self) -> torch.Tensor:
-        return self.seq_lens - (self.query_start_loc[1:] - self.query_start_loc[:-1])
+    def __init__(self, bases: dict[str, torch.Tensor], **views):
+        views.setdefault("sinks", None)
+        super().__init__(**views)
+        self.bases = bases
 
 
 def live_slots(case: Case) -> torch.Tensor:
