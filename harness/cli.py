@@ -252,7 +252,8 @@ def _list(args, settings) -> int:
     return 0
 
 
-# The last column of a table wraps at the terminal's width (100 columns in a log), never narrower than this.
+# On a terminal the last column of a table wraps at its width, never narrower than this; a log or a
+# pipe gets every cell whole, on one line.
 _LAST_COLUMN_MIN = 30
 
 
@@ -262,7 +263,8 @@ def _table(rows) -> None:
 
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lead = sum(widths[:-1]) + 2 * (len(widths) - 1)
-    widths[-1] = min(widths[-1], max(_LAST_COLUMN_MIN, shutil.get_terminal_size((100, 24)).columns - lead - 1))
+    if sys.stdout.isatty():
+        widths[-1] = min(widths[-1], max(_LAST_COLUMN_MIN, shutil.get_terminal_size().columns - lead - 1))
     for n, row in enumerate(rows):
         last = textwrap.wrap(str(row[-1]), widths[-1], break_on_hyphens=False, break_long_words=False) or [""]
         print("  ".join([*(str(c).ljust(w) for c, w in zip(row[:-1], widths)), last[0]]).rstrip())

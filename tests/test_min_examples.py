@@ -64,3 +64,18 @@ def test_hypothesis_s_own_files_go_into_the_state_folder_while_a_campaign_runs(t
     with hypothesis_files_in(tmp_path):
         assert storage_directory("constants", intent_to_write=False).path == tmp_path / "hypothesis" / "constants"
     assert storage_directory("constants", intent_to_write=False).path == before
+
+
+def test_nanfuzz_list_wraps_long_cells_on_a_terminal_and_cuts_none(monkeypatch, capsys):
+    import shutil
+    import sys
+
+    from nanfuzz.harness import cli as cli_module
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda *a: __import__("os").terminal_size((80, 24)))
+    reason = "needs NANFUZZ_VLLM_SRC or an installed vllm: a reason long enough to wrap at eighty columns"
+    cli_module._table([("kernel", "capabilities"), ("vllm:rocm_attn", reason)])
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80 and len(lines) > 3
+    assert " ".join(line[16:].strip() for line in lines[2:]) == reason  # every word, none cut
