@@ -58,9 +58,32 @@ def _sort_key(name: str) -> tuple:
     return (_ORDER.get(name, 1000), int(tail) if tail.isdigit() else 0, name)
 
 
+def excluded_by(caps) -> frozenset[str]:
+    """The always-listed situations a kernel with capabilities ``caps`` never takes: a decode-only
+    kernel's statistics list no prefill, a kernel without windows no window."""
+    out = set()
+    if caps.max_query_len == 1:
+        out |= {"prefill", "chunked-prefill", "mixed"}
+    if caps.min_query_len > 1:
+        out |= {"decode", "mixed"}
+    if not caps.causal:
+        out.add("causal")
+    if not caps.non_causal:
+        out |= {"non-causal", "non-causal+window"}
+    if not caps.sliding_window:
+        out |= {"window", "window:1", "non-causal+window", "straddling-window", "expired-block", "expired-to-null",
+                "poison:out-of-window"}
+    if not caps.non_causal_window:
+        out.add("non-causal+window")
+    if not caps.sinks:
+        out.add("sinks")
+    return frozenset(out)
+
+
 @dataclass
 class Statistics:
-    """Counts of situations over ``examples`` cases; ``seconds`` is the time ``add`` took.
+    """Counts of situations over ``examples`` cases; ``seconds`` is the time ``add`` took;
+    ``excluded``: situations the kernel does not take, left out of the listing (``excluded_by``).
     ``specialisations`` counts the examples whose poisoned run launched each Triton kernel
     specialisation (``judge.paths``); the kernels themselves are the situations ``path:NAME``."""
 
@@ -68,6 +91,11 @@ class Statistics:
     counts: Counter = field(default_factory=Counter)
     seconds: float = 0.0
     specialisations: Counter = field(default_factory=Counter)
+    excluded: frozenset = frozenset()
+
+    @classmethod
+    def for_capabilities(cls, caps) -> "Statistics":
+        return cls(excluded=excluded_by(caps))
 
     def add(self, case: Case, paths: dict | None = None) -> None:
         start = time.perf_counter()
@@ -84,6 +112,7 @@ class Statistics:
 
     def merge(self, other: "Statistics") -> "Statistics":
         """Add ``other``'s tallies to these (another job's); returns self."""
+        self.excluded = other.excluded if not self.examples else self.excluded & other.excluded
         self.examples += other.examples
         self.counts.update(other.counts)
         self.seconds += other.seconds
@@ -108,7 +137,7 @@ class Statistics:
         placed: set[str] = set()
         for title, listed, prefixes in GROUPS:
             seen = [n for n in self.counts if n not in listed and any(n.startswith(p) for p in prefixes)]
-            names = [*listed, *sorted(seen, key=_sort_key)]
+            names = [*(n for n in listed if n not in self.excluded or self.counts[n]), *sorted(seen, key=_sort_key)]
             placed.update(names)
             if names:
                 out.append((title, [(n, self.counts[n]) for n in names]))
@@ -138,6 +167,7 @@ class Statistics:
         return {
             "examples": self.examples,
             "seconds": round(self.seconds, 6),
+            "excluded": sorted(self.excluded),
             "groups": {title: {name: {"count": count, "share": round(self._of(count), 6)} for name, count in rows}
                        for title, rows in self.groups()},
             "specialisations": dict(self.specialisations.most_common()),
@@ -149,7 +179,8 @@ class Statistics:
         counts = Counter({name: entry["count"] for title, rows in data["groups"].items() if title != "kernel switches"
                           for name, entry in rows.items() if entry["count"]})
         return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0),
-                   specialisations=Counter(data.get("specialisations", {})))
+                   specialisations=Counter(data.get("specialisations", {})),
+                   excluded=frozenset(data.get("excluded", ())))
 
     def table(self) -> str:
         """An aligned text table: group, situation, examples, share."""

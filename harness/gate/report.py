@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from gate_plan import Plan, ShardRecord
+from nanfuzz.harness.gate.plan import Plan, ShardRecord
 
 PICTURE_LINES = 120   # longer pictures are cut in the Markdown summary (the .txt keeps all)
 
@@ -222,6 +222,8 @@ def headline(result: GateResult, title: str, kernels: int, *, runners: int | Non
         counts = ", ".join(filter(None, (fleet, f"{kernels} kernel(s)", f"{examples} examples")))
         return f"## nanfuzz {title}: PASS ({counts})"
     if not result.failures:
+        if any(r.verdict == "INCOMPLETE" for r in result.rows):
+            return f"## nanfuzz {title}: INCOMPLETE (no failure found, but too few examples to call it a pass)"
         ran = "every shard" if runners is None else "every runner or shard"
         return f"## nanfuzz {title}: INCOMPLETE (no failure found, but not {ran} ran)"
     failed_kernels = len({f.kernel for f in result.failures})
@@ -233,7 +235,7 @@ def headline(result: GateResult, title: str, kernels: int, *, runners: int | Non
 def table_row(row: Row) -> str:
     """A shard's row of the summary's table: kernel, shard (slot), worker, examples, time, verdict."""
     verdict = row.verdict if row.failure is None else f"**{row.verdict}** (failure {row.failure})"
-    if row.verdict in ("NOT RUN", "ERROR"):
+    if row.verdict in ("NOT RUN", "ERROR", "INCOMPLETE"):
         verdict = f"**{row.verdict}**: {row.summary}".replace("|", "\\|")  # a table cell
     examples = "-" if row.examples is None else str(row.examples)
     return (f"| `{row.kernel}` | {row.shard} ({row.slot}) | {row.worker} | {examples} | "
@@ -333,6 +335,9 @@ def junit_xml(result: GateResult, properties: dict, *, replay_prefix: str, name:
             continue
         if row.verdict in ("NOT RUN", "ERROR"):
             ET.SubElement(case, "error", message=row.summary, type=row.verdict).text = row.summary
+            continue
+        if row.failure is None:  # INCOMPLETE: a pass on too few examples
+            ET.SubElement(case, "failure", message=row.summary, type=row.verdict).text = row.summary
             continue
         failure = by_number[row.failure]
         text = [failure.summary]
