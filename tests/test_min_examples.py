@@ -17,6 +17,7 @@ def test_a_kernel_under_the_floor_is_incomplete_in_the_summary_and_junit():
     apply_floor(result, 300)
     assert [r.verdict for r in result.rows] == ["INCOMPLETE", "INCOMPLETE", "PASS", "PASS"]
     assert not result.passed and len(result.problems) == 1 and "`a@fixed` passed on 47 examples" in result.problems[0]
+    assert result.exit_code == 3  # not green, and no finding: exit 1 means a finding and nothing else
     assert headline(result, "gate", 2).startswith("## nanfuzz gate: INCOMPLETE (no failure found, but too few examples")
     assert "**INCOMPLETE**: PASS on 47 examples, under the floor of 300" in table_row(result.rows[0])
     suite = ET.fromstring(junit_xml(result, {}, replay_prefix="nanfuzz replay")).find("testsuite")

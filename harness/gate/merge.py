@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     except MergeUsageError as exc:
         print(f"nanfuzz merge: {exc}", file=sys.stderr)
         return 2
-    exit_code = 0 if result.passed else 1
+    exit_code = result.exit_code
     text = markdown(result, found_by, runners, replay_prefix="nanfuzz replay")
     write_summary(out / "summary.md", text)
     write_summary_json(out / "summary.json", summary_json(result, found_by, runners, exit_code=exit_code))

@@ -74,6 +74,12 @@ class GateResult:
     def passed(self) -> bool:
         return not self.failures and not self.problems and all(not r.failed for r in self.rows)
 
+    @property
+    def exit_code(self) -> int:
+        """0: every shard passed; 1: a finding; 3: no finding, and not a pass either (a shard that did
+        not finish, a problem of the run, a kernel under its floor of examples): not green."""
+        return 0 if self.passed else 1 if self.failures else 3
+
 
 # -- recovering shards whose worker died ---------------------------------------------
 

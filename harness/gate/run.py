@@ -8,8 +8,8 @@ one shared Hypothesis example database, so a failure found once is replayed
 first next time).  Without a GPU the workers run Triton's interpreter on the
 CPU.  Writes a Markdown summary (also to ``$GITHUB_STEP_SUMMARY``), JUnit
 XML and every repro into one folder.  Exit 0: every shard passed; 1: a
-kernel failed or the run could not finish (a shard that did not run, a kernel
-under its floor of examples); 2: a usage or configuration error.
+finding; 2: a usage or configuration error; 3: no finding, but no pass either
+(a shard that did not finish, a kernel under its floor of examples).
 
 A fleet of runners shares one example database on a server (``--example-db
 redis://HOST:PORT/DB``), each runner takes its shard of the work (``--shard
@@ -356,7 +356,7 @@ def _gate(args) -> int:
         result.problems.append(f"pytest ended with exit code {rc}: {_tail(log, 3)}")
     elif rc == 1 and not any(r.failed for r in result.rows):
         result.problems.append(f"pytest reported a failure that no shard explains; see {log}")
-    exit_code = 0 if result.passed else 1
+    exit_code = result.exit_code
 
     wall = time.time() - started
     replay = "nanfuzz replay" if shutil.which("nanfuzz") else f"{Path(sys.executable).name} -m nanfuzz replay"
