@@ -393,8 +393,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                 progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
 
             try:
-                campaign = fuzz(kernel, settings, hooks=Hooks(on_example=show, interrupted=stop_requested), farm=handle)
-                campaign = fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show), farm=handle)
+                campaign = fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show, interrupted=stop_requested),
+                                farm=handle)
             finally:
                 progress.finish()
         print_notes(campaign)
