@@ -49,6 +49,8 @@ class Settings:
     launch_timeout: float | None = None      # None: DEFAULT_LAUNCH_TIMEOUT for the device
     replays: int = 3                         # how often a found failure is replayed in a fresh worker
     shrink_budget: float = DEFAULT_SHRINK_BUDGET  # seconds of shrinking before the smallest failure so far stands
+    remember_paths: bool = True              # compare the kernel paths reached with earlier campaigns'
+                                             # (a gate's shards leave it to the gate, which merges them)
     check_leftovers: bool = True             # replay cases a dead campaign left in the journal first
                                              # (jobs leave it to the run that started them)
     cuda_index: int | None = None            # pin workers to this GPU

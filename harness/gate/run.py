@@ -292,7 +292,7 @@ def _gate(args) -> int:
 
     from nanfuzz.harness.gate.floor import apply_floor, floor
     from nanfuzz.harness.gate.outputs import append_step_summary, write_junit, write_summary, write_summary_json
-    from nanfuzz.harness.gate.report import consolidate, junit_xml, markdown, summary_json
+    from nanfuzz.harness.gate.report import consolidate, junit_xml, markdown, remember_paths, summary_json
     from nanfuzz.harness.campaign.profiles import get_profile
 
     from nanfuzz.harness.campaign.example_db import check as check_example_db
@@ -350,6 +350,7 @@ def _gate(args) -> int:
     result = consolidate(plan, repro_dir, stopped_at_deadline=stopped, stop_time=ended, pytest_junit=pytest_junit,
                          sources=library_sources())
     apply_floor(result, floor(args.min_examples, plan.device, args.max_examples, len(slots)))
+    remember_paths(result, state_dir)
     if stopped:
         result.problems.append(f"the gate stopped pytest {grace:.0f} s past its time budget")
     elif rc not in (0, 1):
