@@ -93,18 +93,19 @@ def random_bits(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(_bits(seed, stream, index).view(np.int64))
 
 
-_kernel_works = [True]  # until the GPU kernel fails to build once (``values_gpu``)
+_kernel_works = True  # until the GPU kernel fails to build once (``values_gpu``)
 
 
 def uniform(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
     """float64 uniform on [-1, 1), 53 bits, exactly reproducible (``index``: int64, on its device)."""
-    if index.device.type == "cuda" and _kernel_works[0]:
+    global _kernel_works
+    if index.device.type == "cuda" and _kernel_works:
         try:
             from nanfuzz.reference import values_gpu
 
             return values_gpu.uniform(_stream_base(seed, stream), index, _GOLDEN, _MUL1, _MUL2)
         except Exception:  # a Triton that cannot build the kernel: torch's operations give the same bits
-            _kernel_works[0] = False
+            _kernel_works = False
     if index.device.type != "cpu":
         top53 = _shift_right(_bits_tensor(seed, stream, index), 11).to(torch.float64)
         return top53 * (2.0 ** -52) - 1.0
