@@ -5,12 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import HealthCheck, find, settings
 
 import nanfuzz.reference.case as case_module
 from nanfuzz.harness.campaign.runner import fuzz
 from nanfuzz.harness.judge.check import Verdict, check
 from nanfuzz.harness.judge.pool import process_pool
+from nanfuzz.harness.scaling import drawn
 from nanfuzz.reference import values
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
@@ -25,22 +26,9 @@ from tests.torch_kernels import BUGS, torch_kernel
 WIDE = Capabilities(non_causal=True, sinks=True, head_sizes=(64, 128, 256), kv_cache_dtypes=("auto", "fp8_e4m3fn"))
 
 
-def _draw(strategy, examples: int) -> list[Case]:
-    found = []
-
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(case):
-        found.append(case)
-
-    collect()
-    return found
-
-
 @pytest.fixture(scope="module")
 def production_cases():
-    return _draw(paged_cases(WIDE, tier="production", production=PRODUCTION_SIZE), 150)
+    return drawn(paged_cases(WIDE, tier="production", production=PRODUCTION_SIZE), 150)
 
 
 @pytest.mark.parametrize("size", ["seq-len>=32768", "sequences>=128", "q-heads>=64", "gqa-group>16",
@@ -80,7 +68,7 @@ def test_huge_caches_place_live_blocks_past_the_2_31_element_boundary(production
 
 def test_production_cases_respect_the_kernels_limits():
     caps = WIDE.restrict(max_seq_len=5000, max_group=4, max_sequences=3, max_blocks=3000, max_q_heads=32)
-    for case in _draw(paged_cases(caps, tier="production"), 60):
+    for case in drawn(paged_cases(caps, tier="production"), 60):
         assert caps.unsupported(case) is None
         assert case.max_seq_len <= 5000 and len(case.sequences) <= 3 and case.geometry.queries_per_kv <= 4
 
