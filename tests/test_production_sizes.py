@@ -218,3 +218,16 @@ def test_background_is_the_encodings_nan():
     case = WINDOWED.replace(kv_cache=case_module.KVCache("fp8_e4m3fnuz", "tensor", 1.0, 1.0))
     assert background(case, "key_cache") == (0x80, 1) and background(WINDOWED, "value_cache") == (0x7FC00000, 4)
     assert np.isnan(np.array([0x7FC00000], dtype=np.uint32).view(np.float32))[0]
+
+
+def test_only_a_campaign_alone_on_its_device_draws_huge_caches():
+    from nanfuzz.harness.campaign.scope import campaign_production_size
+    from nanfuzz.harness.campaign.settings import Settings
+    from nanfuzz.harness.gate.devices import gpu_workers
+
+    assert campaign_production_size(Settings(device="cuda")).huge_cache_bytes > 0
+    assert campaign_production_size(Settings(device="cuda", jobs=2)).huge_cache_bytes == 0
+    shared = gpu_workers(["0"], None, "CUDA 12", per_gpu=3).slots[0].env
+    assert campaign_production_size(Settings.from_environment(shared, device="cuda")).huge_cache_bytes == 0
+    alone = gpu_workers(["0"], None, "CUDA 12").slots[0].env
+    assert campaign_production_size(Settings.from_environment(alone, device="cuda")).huge_cache_bytes > 0
