@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -170,14 +171,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["gate"]:
-        return _gate(argv[1:])
-    from nanfuzz.harness.campaign.stop_signals import stopping_on_signals
+    from nanfuzz.harness.launch.isolation import outlived_by_nothing
 
-    args = _parser().parse_args(argv)
-    with stopping_on_signals():  # SIGTERM and SIGHUP stop a campaign as Ctrl-C does
-        return _main(args)
+    as_program = argv is None  # called in-process (tests, scripts), the caller's process is not ours to sweep
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with outlived_by_nothing() if as_program else contextlib.nullcontext():
+        if argv[:1] == ["gate"]:
+            return _gate(argv[1:])
+        from nanfuzz.harness.campaign.stop_signals import stopping_on_signals
+
+        args = _parser().parse_args(argv)
+        with stopping_on_signals():  # SIGTERM and SIGHUP stop a campaign as Ctrl-C does
+            return _main(args)
 
 
 def _main(args) -> int:

@@ -97,6 +97,27 @@ def test_sigterm_while_shrinking_writes_the_smallest_failure_so_far_and_ends_eve
     _nothing_left(mark)
 
 
+def test_a_job_killed_outright_leaves_no_process_of_its_kernel_behind(tmp_path):
+    # a job that does not stop within its grace is killed; the worker it forked dies with it (or, forked
+    # by the fork server, loses its job), and what that worker's kernel started is adopted by the command
+    # and ended as it exits
+    proc, mark = _campaign(tmp_path, "tests.subjects:starts_a_child", 2)
+    _when(proc, lambda: len(_lines(tmp_path / "children.txt")) >= 2)
+    child = int(sorted(_lines(tmp_path / "children.txt"))[0])
+    worker = _parent(child)
+    job = _parent(worker)
+    assert job != proc.pid
+    os.kill(job, signal.SIGKILL)
+    out, err = _stop(proc, signal.SIGTERM, False)
+    assert proc.returncode in (2, 128 + signal.SIGTERM), out + err
+    _nothing_left(mark)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_a_journalled_case_of_any_verdict_is_judged_again_by_the_next_run(tmp_path, monkeypatch):
     # a campaign killed outright (kill -9) while it shrank a MISMATCH leaves that case in its journal
     from tests.test_fuzz import _leave_in_journal

@@ -9,6 +9,12 @@ process also dies the moment the process that forked it does (Linux's
 ``PR_SET_PDEATHSIG``; elsewhere within a second, by a watching thread): a kernel
 that kills the fork server its worker came from is a CRASH of the very case that
 did it, and no worker runs on after its campaign.
+
+The ``nanfuzz`` command itself adopts the orphans of its descendants (Linux's
+``PR_SET_CHILD_SUBREAPER``) and, as it ends, ends every group an isolated
+process left behind (``outlived_by_nothing``): a job killed while it shrank takes
+its worker with it, and what that worker's kernel started would otherwise run on
+(holding the command's output open) after the command is gone.
 """
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ import threading
 import time
 from typing import Callable
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PR_SET_PDEATHSIG = 1         # <linux/prctl.h>
+_PR_SET_CHILD_SUBREAPER = 36
 _PARENT_POLL = 1.0     # seconds between a watching thread's looks at its parent, where prctl is missing
 # Signals a process that runs a kernel takes as any program does, whatever its parent did with them.
 _DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -95,13 +102,7 @@ def end_own_group() -> None:
 
 def _die_with_parent() -> bool:
     """Ask Linux for SIGKILL when the thread that forked this process ends; False elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _watch_parent(parent: int) -> None:
@@ -109,3 +110,64 @@ def _watch_parent(parent: int) -> None:
         time.sleep(_PARENT_POLL)
         if os.getppid() != parent:
             end_own_group()
+
+
+@contextlib.contextmanager
+def outlived_by_nothing():
+    """Around a whole command: orphans of its descendants become its children, and on the way out
+    every process group below it other than its own (an isolated process's, with whatever that
+    process's kernel started) is ended.  Processes of its own group (the fork server, the jobs,
+    multiprocessing's helpers) end as they always do."""
+    if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
+        yield
+        return
+    try:
+        yield
+    finally:
+        _end_groups_below()
+
+
+def _end_groups_below() -> None:
+    own = os.getpgid(0)
+    ended = []
+    for pid in _descendants(os.getpid()):
+        try:
+            group = os.getpgid(pid)
+            if group != own:
+                os.killpg(group, signal.SIGKILL)
+                ended.append(pid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    for pid in ended:  # the adopted ones are this process's children now: no zombies left behind
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root``, from the process table's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found.extend(below)
+        todo.extend(below)
+    return found
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
