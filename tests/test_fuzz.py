@@ -148,6 +148,30 @@ def test_time_budget_is_kept_within_a_few_examples(monkeypatch):
     assert 30 <= campaign.examples <= 31 and campaign.elapsed == pytest.approx(campaign.examples * 0.1)
 
 
+def test_time_budget_holds_when_examples_slow_down_after_the_first(monkeypatch):
+    import time as time_module
+    import types
+
+    from nanfuzz.harness.campaign import runner, search
+    from nanfuzz.harness.campaign.runner import Hooks
+
+    # the first examples take 10 ms, every later one 1 s (as when production shapes start compiling):
+    # a Hypothesis run sized at the early pace must still end at the deadline
+    now, seen = [0.0], [0]
+
+    def on_example(campaign):
+        seen[0] += 1
+        now[0] += 0.01 if seen[0] <= 2 else 1.0
+
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0], process_time=time_module.process_time,
+                                  sleep=time_module.sleep)
+    monkeypatch.setattr(runner, "time", clock)
+    monkeypatch.setattr(search, "time", clock)
+    campaign = fuzz(KERNELS["paged_decode@masked"], device="cpu", max_examples=10_000, time_budget=3.0,
+                    use_database=False, hooks=Hooks(on_example=on_example))
+    assert campaign.elapsed <= 4.0 and campaign.examples == 5
+
+
 def test_cpu_seconds_tell_a_busy_worker_from_a_waiting_one(tmp_path, monkeypatch):
     """Three launches an example (poisoned, repeated, finite garbage), each 30 ms: spinning or asleep."""
     monkeypatch.chdir(tmp_path)

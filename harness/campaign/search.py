@@ -270,6 +270,13 @@ class Search:
             raise StopRequested()
         if self.first is None and hooks.should_stop is not None and hooks.should_stop():
             raise StopRequested()
+        if self.first is None and self._out_of_time():
+            raise StopRequested()  # a run sized at an early, faster pace (a production case compiles for seconds)
+
+    def _out_of_time(self) -> bool:
+        run = self.run
+        return (run.time_budget is not None and self.campaign.examples > 0
+                and time.perf_counter() - run.start >= run.time_budget)
 
     # -- cases put off while their binaries compile --------------------------------------
     def _deferring(self) -> str | None:
