@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 import warnings
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args) -> int:
     try:
         _check_numbers(args)  # before anything starts
+        _check_outputs(args)
         forks = args.command in ("fuzz", "bench") and not args.no_isolation
         if forks:
             from nanfuzz.harness.launch.processes import likely_backend, restart_fork_server, start_fork_server
@@ -230,6 +232,31 @@ def _check_numbers(args) -> None:
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None:
             check_number(flag, value, least, allowed)
+
+
+def _check_outputs(args) -> None:
+    """A file the command writes once its run is over can be written: known now, not after the run."""
+    for flag in ("--json", "--summary-json"):
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is None:
+            continue
+        path = Path(value)
+        folder = path.parent if str(path.parent) else Path(".")
+        if path.is_dir():
+            raise NanfuzzError(f"{flag} {value!r} is a folder; name a file")
+        if not folder.is_dir():
+            raise NanfuzzError(f"{flag} {value!r}: there is no folder {str(folder)!r}")
+        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise NanfuzzError(f"{flag} {value!r} cannot be written here (permission denied)")
+
+
+def _write_json(flag: str, path: str, payload) -> None:
+    from nanfuzz.harness.report.atomic import write_atomically
+
+    try:
+        write_atomically(path, json.dumps(payload, indent=1, default=str))
+    except OSError as exc:
+        raise NanfuzzError(f"cannot write {flag} {path!r} ({exc.strerror})") from None
 
 
 def _gate(argv: list[str]) -> int:
@@ -548,9 +575,7 @@ def _bench(args, settings) -> int:
           f"example; farm s: the compile farm's wall time; load average at the end "
           f"{summary['machine_at_end']['load_average']}")
     if args.json:
-        from nanfuzz.harness.report.atomic import write_atomically
-
-        write_atomically(args.json, json.dumps(summary, indent=1))
+        _write_json("--json", args.json, summary)
     return 0
 
 
@@ -567,7 +592,7 @@ def _scaling(args, settings, kernels) -> int:
     print("\nms/ex: a check's milliseconds (three launches, the oracle, the verdict) after one that compiled; "
           "peak GiB: the device memory a check held at most; huge: cases whose cache passes 2^31 elements")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": settings.device, "scaling": results}, indent=1))
+        _write_json("--json", args.json, {"device": settings.device, "scaling": results})
     return 0
 
 
@@ -588,9 +613,7 @@ def _perf(args, settings) -> int:
         f"{kernel.name} is within {args.threshold:.0%} of {baseline.name} on every shape"
     print("\n" + verdict)
     if args.json:
-        from nanfuzz.harness.report.atomic import write_atomically
-
-        write_atomically(args.json, json.dumps(result, indent=1))
+        _write_json("--json", args.json, result)
     return result["exit_code"]
 
 

@@ -59,3 +59,26 @@ def test_every_edge_that_builds_settings_checks_its_numbers(options, words):
         Settings.from_environment({}, **options)
     with pytest.raises(NanfuzzError, match="NANFUZZ_COMPILE_JOBS='nan' must be a whole number"):
         Settings.from_environment({"NANFUZZ_COMPILE_JOBS": "nan"})
+
+
+@pytest.mark.parametrize("command", [
+    ["bench", "--device", "cpu", "--kernel", "tests.subjects:hangs"],
+    ["bench", "--scaling", "--device", "cpu", "--kernel", "tests.subjects:hangs"],
+    ["perf", "--device", "cpu", "--kernel", "tests.subjects:hangs", "--baseline", "tests.subjects:hangs"],
+])
+@pytest.mark.parametrize("where, words", [
+    ("missing/out.json", "there is no folder"),
+    (".", "is a folder; name a file"),
+])
+def test_an_output_file_that_cannot_be_written_is_one_line_and_exit_2_before_anything_runs(
+        tmp_path, capsys, command, where, words):
+    # the kernel hangs: only a check made before the run can answer at once
+    assert main([*command, "--json", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nanfuzz: --json") and words in err and "\n" not in err, err
+
+
+def test_a_summary_that_cannot_be_written_is_one_line_and_exit_2_before_anything_runs(tmp_path, capsys):
+    assert main([*FUZZ, "--summary-json", str(tmp_path / "missing" / "summary.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nanfuzz: --summary-json") and "there is no folder" in err and "\n" not in err, err
