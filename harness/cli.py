@@ -435,7 +435,9 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
         if args.show_statistics:
             print(f"\n{kernel.name}: {campaign.statistics.table()}", flush=True)
             print(f"{kernel.name}: {campaign.accuracy.table()}", flush=True)
-        verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
+        # stopped before its examples or time were spent, a campaign without a failure is no pass
+        stopped = campaign.interrupted and not campaign.failed
+        verdict = campaign.failure.verdict.value if campaign.failed else "STOPPED" if stopped else "PASS"
         incomplete = not campaign.failed and campaign.examples < (args.min_examples or 0)
         if incomplete:
             verdict, any_incomplete = "INCOMPLETE", True
@@ -446,7 +448,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
             report_failure(kernel, campaign, settings)
         expected = (kernel.expect == "caught") == campaign.failed and not incomplete
         all_good &= expected
-        result = ("ok" if expected else "UNEXPECTED") if self_check else (
+        result = "stopped" if stopped else ("ok" if expected else "UNEXPECTED") if self_check else (
             "FAIL" if campaign.failed else "INCOMPLETE" if incomplete else "ok")
         first = f"{campaign.examples_to_first_failure} ex/{campaign.time_to_first_failure:.1f}s" if campaign.failed and campaign.time_to_first_failure is not None else "-"
         shrink = f"{campaign.shrink_time:.1f}s" if campaign.shrink_time is not None else "-"
@@ -460,7 +462,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                         "elapsed_s": round(campaign.elapsed, 3), "time_to_first_failure_s": campaign.time_to_first_failure,
                         "examples_to_first_failure": campaign.examples_to_first_failure,
                         "shrink_s": campaign.shrink_time, "repro": campaign.repro_paths,
-                        "summary": campaign.failure.summary if campaign.failed else "PASS",
+                        "summary": campaign.failure.summary if campaign.failed else verdict,
                         "evidence": campaign.failure.evidence if campaign.failed else {},
                         "notes": campaign.notes, "worker_restarts": campaign.worker_restarts,
                         "statistics": campaign.statistics.to_dict(),

@@ -76,6 +76,8 @@ def test_a_stop_signal_during_the_search_ends_every_process_with_128_plus_the_si
     assert proc.returncode == 128 + signum, out + err
     assert err.strip().splitlines()[-1] == ("nanfuzz: interrupted" if signum == signal.SIGINT else
                                             f"nanfuzz: stopped by {signal.Signals(signum).name}")
+    (row,) = [line for line in out.splitlines() if line.startswith("hostile@starts_a_child ")]
+    assert row.split()[2] == "STOPPED" and row.split()[-1] == "stopped", out  # stopped, no pass
     _nothing_left(mark)
     assert not list((tmp_path / "state" / "journal").glob("*.json"))
     assert not (tmp_path / "state" / "repros").exists()
