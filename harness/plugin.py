@@ -200,14 +200,19 @@ def nanfuzz_kernel(request, nanfuzz_device):
     name = getattr(request, "param", None)
     if name is None:
         pytest.skip("no --nanfuzz-kernel given")
-    from nanfuzz.harness.registry import resolve
-
-    from nanfuzz.harness.campaign.settings import Settings
-
     try:
-        return resolve(name, **Settings.from_environment().sources)
+        return _load(name, nanfuzz_device)
     except NanfuzzError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def _load(name: str, device: str):
+    """The kernel ``name``; a user's module imported first in a probe process, as the command does
+    (one that exits, hangs or kills its process is a usage error, not the end of the session)."""
+    from nanfuzz.harness.campaign.settings import Settings
+    from nanfuzz.harness.launch.import_probe import load_kernel
+
+    return load_kernel(name, Settings.from_environment(device=device))
 
 
 def _hypothesis_seed(config) -> int | None:
@@ -240,11 +245,8 @@ class NanfuzzFixture:
 
     def _kernel(self, kernel):
         from nanfuzz.harness.kernel import Kernel
-        from nanfuzz.harness.registry import resolve
 
-        from nanfuzz.harness.campaign.settings import Settings
-
-        return kernel if isinstance(kernel, Kernel) else resolve(kernel, **Settings.from_environment().sources)
+        return kernel if isinstance(kernel, Kernel) else _load(kernel, self.device)
 
     def fuzz(self, kernel, *, max_examples: int | None = None, **options):
         """Run a campaign; on a failure write the repro and fail the test with its picture.

@@ -54,3 +54,18 @@ def test_the_command_exits_2_whatever_status_the_adapter_exits_with(module, tmp_
     assert proc.returncode == 2, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("nanfuzz: ") and f"tests.hostile_imports.{module}" in line
+
+
+@pytest.mark.parametrize("module, words", [("exits_zero", "SystemExit: 0"), ("segfaults", "SIGSEGV")])
+def test_in_pytest_an_adapter_that_ends_its_import_is_an_error_of_its_test_not_the_end_of_the_session(tmp_path, module,
+                                                                                           words):
+    # imported in the session's own process, the first would end pytest with exit 0 and the second kill it
+    (tmp_path / "test_kernel.py").write_text("def test_kernel(nanfuzz_kernel):\n    assert nanfuzz_kernel\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CI", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           "--nanfuzz-kernel", f"tests.hostile_imports.{module}:kernel", "--nanfuzz-device", "cpu",
+                           "test_kernel.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout + proc.stderr
+    assert "1 error" in proc.stdout and words in proc.stdout and f"tests.hostile_imports.{module}" in proc.stdout, \
+        proc.stdout + proc.stderr
