@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.stop_signals import STOP_SIGNALS, quiet_about_interrupts
@@ -39,14 +40,53 @@ _READY_TIMEOUT = 600.0
 _INTERRUPT_GRACE = 2.0
 
 
-def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, warmup: int,
-             stop_event, interrupt_event, results, ready, farm=None, listening=None) -> None:
-    """A job process: one campaign, after ``warmup`` unmeasured examples and
-    a wait at ``ready`` until every job has warmed up (so the measured
+@dataclass(frozen=True)
+class JobOrders:
+    """What job ``index`` runs: the kernel by import path, its settings (its seed and share of the
+    examples), the seed of the pool every job shares, and how many unmeasured examples come first."""
+
+    index: int
+    kernel_spec: str
+    settings: Settings
+    pool_seed: int
+    warmup: int
+
+
+@dataclass(frozen=True)
+class JobLinks:
+    """What the jobs of one run share with it: ``stop`` (a job found a failure, or one died),
+    ``interrupt`` (a signal reached the run), the ``results`` queue, the warm-up barrier ``ready``,
+    ``listening[i]`` (job i's signal handler is in place) and the compile farm's handle."""
+
+    stop: object
+    interrupt: object
+    results: object
+    ready: object
+    listening: object
+    farm: object = None
+
+
+@dataclass(frozen=True)
+class _Spread:
+    """How a run spreads its examples: over ``jobs`` jobs, seeds from ``seed``, one pool, its start."""
+
+    jobs: int
+    max_examples: int
+    seed: int | None
+    pool_seed: int
+    warmup: int
+    start: float
+
+
+def _run_job(orders: JobOrders, links: JobLinks) -> None:
+    """A job process: one campaign, after ``orders.warmup`` unmeasured examples and
+    a wait at ``links.ready`` until every job has warmed up (so the measured
     campaigns run side by side).
 
     Puts ``(index, campaign, (started, ended))`` or ``(index, error, None)``.
     """
+    index, settings, pool_seed, farm = orders.index, orders.settings, orders.pool_seed, links.farm
+    stop_event, interrupt_event, results = links.stop, links.interrupt, links.results
     campaigning = [False]  # a stop raises in a campaign, which keeps what it found; elsewhere it only asks
 
     def interrupt(signum, frame):
@@ -59,24 +99,23 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
     for signum in (signal.SIGINT, *STOP_SIGNALS):
         signal.signal(signum, interrupt)
     sys.unraisablehook = quiet_about_interrupts(sys.unraisablehook)  # one a callback swallowed: the event stops it
-    if listening is not None:
-        listening[index] = 1
+    links.listening[index] = 1
     interpret_if_cpu(settings.device)  # before the kernel's module is imported
     try:
         from nanfuzz.harness.campaign.runner import Hooks, fuzz
         from nanfuzz.harness.launch.subjects import make_subject
         from nanfuzz.harness.registry import resolve
 
-        kernel = resolve(kernel_spec, **settings.sources)
+        kernel = resolve(orders.kernel_spec, **settings.sources)
         subject = make_subject(kernel, settings, prefer_fork=True)  # a job runs no torch op itself
         try:
-            if warmup:
-                fuzz(kernel, settings.replace(max_examples=warmup, seed=pool_seed + _WARMUP_SEED, shrink=False,
+            if orders.warmup:
+                fuzz(kernel, settings.replace(max_examples=orders.warmup, seed=pool_seed + _WARMUP_SEED, shrink=False,
                                               use_database=False, replays=0),
                      pool_seed=pool_seed, subject=subject, check_leftovers=False,
                      hooks=Hooks(interrupted=interrupt_event.is_set), farm=farm)
                 try:
-                    ready.wait(timeout=_READY_TIMEOUT)
+                    links.ready.wait(timeout=_READY_TIMEOUT)
                 except threading.BrokenBarrierError:
                     pass  # a job died or took too long warming up: start anyway
             started = time.time()
@@ -147,8 +186,8 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
         leftover, notes = recover_leftovers(kernel, settings)
         if leftover is not None:
             return leftover
-        merged = _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, notes,
-                           farm if own_farm is None else own_farm.handle, start)
+        spread = _Spread(jobs, max_examples, seed, pool_seed, warmup, start)
+        merged = _run_jobs(kernel, settings, spread, notes, farm if own_farm is None else own_farm.handle)
     finally:
         if own_farm is not None:
             own_farm.close()
@@ -160,7 +199,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     return merged
 
 
-def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, notes, farm, start):
+def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
     from nanfuzz.harness.campaign.result import Campaign
     from nanfuzz.harness.registry import import_path, kernel_sources
     from nanfuzz.harness.launch.processes import fork_server_context
@@ -169,30 +208,29 @@ def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, not
     # workers' fork server, which has imported torch, Triton and the campaign runner but never
     # touched a GPU, so fourteen jobs start in milliseconds instead of importing torch each.
     context = fork_server_context()
-    stop_event, interrupt_event = context.Event(), context.Event()
-    results, ready = context.Queue(), context.Barrier(jobs)
-    listening = context.RawArray("b", jobs)  # job i takes Ctrl-C as a stop (its handler is in place)
+    links = JobLinks(stop=context.Event(), interrupt=context.Event(), results=context.Queue(),
+                     ready=context.Barrier(spread.jobs), listening=context.RawArray("b", spread.jobs), farm=farm)
     processes = []
     done: dict[int, tuple] = {}
     died: list[int] = []
     interrupted = False
     try:
-        for i, examples in enumerate(split(max_examples, jobs)):
-            job_seed = None if seed is None else seed + i
+        for i, examples in enumerate(split(spread.max_examples, spread.jobs)):
+            job_seed = None if spread.seed is None else spread.seed + i
             job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed,
                                             **kernel_sources(kernel, settings.sources))
-            processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}", args=(
-                i, import_path(kernel), job_settings, pool_seed, warmup,
-                stop_event, interrupt_event, results, ready, farm, listening)))
+            orders = JobOrders(i, import_path(kernel), job_settings, spread.pool_seed, spread.warmup)
+            processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}",
+                                             args=(orders, links)))
             start_process(processes[-1])  # a stop meanwhile waits until the job runs, then stops it too
-        _collect(processes, results, done, died, stop_event, ready, deadline=None)
+        _collect(processes, links, done, died, deadline=None)
     except KeyboardInterrupt:
         interrupted = True
-        interrupt_event.set()
-        ready.abort()
-        _interrupt(processes, listening)  # a job deep in a long check stops now, as its own Ctrl-C would stop it
+        links.interrupt.set()
+        links.ready.abort()
+        _interrupt(processes, links.listening)  # a job deep in a long check stops now, as its own Ctrl-C would stop it
         try:
-            _collect(processes, results, done, died, stop_event, ready, deadline=time.time() + _INTERRUPT_GRACE)
+            _collect(processes, links, done, died, deadline=time.time() + _INTERRUPT_GRACE)
         except KeyboardInterrupt:
             pass
     finally:
@@ -207,7 +245,7 @@ def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, not
     finished = [v for v in done.values() if isinstance(v[0], Campaign)]
     if errors and not died and not any(c.failed for c, _ in finished):
         raise NanfuzzError(errors[0])
-    measured_from = min((span[0] for _, span in finished), default=start) if warmup else start
+    measured_from = min((span[0] for _, span in finished), default=spread.start) if spread.warmup else spread.start
     merged = _merge(kernel.name, settings.device, finished, measured_from)
     merged.notes = notes + merged.notes
     merged.interrupted = interrupted or any(c.interrupted for c, _ in finished)
@@ -229,8 +267,9 @@ def _interrupt(processes, listening) -> None:
                 pass
 
 
-def _collect(processes, results, done, died, stop_event, ready, deadline) -> None:
+def _collect(processes, links: JobLinks, done, died, deadline) -> None:
     """Results until every job has answered or died (or ``deadline`` passes)."""
+    results = links.results
     while len(done) + len(died) < len(processes):
         if deadline is not None and time.time() >= deadline:
             return
@@ -245,8 +284,8 @@ def _collect(processes, results, done, died, stop_event, ready, deadline) -> Non
             # so this is the job process itself
             if i not in done and i not in died and p.exitcode is not None and results.empty():
                 died.append(i)
-                stop_event.set()
-                ready.abort()  # jobs still warming up must not wait for it
+                links.stop.set()
+                links.ready.abort()  # jobs still warming up must not wait for it
 
 
 def _merge(kernel_name: str, device: str, results: list, start: float):
