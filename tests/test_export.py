@@ -3,12 +3,15 @@
 Each exported script and pytest file runs in a process where ``import
 nanfuzz`` fails (a package of that name that raises, first on the path, and
 no plugin autoload), under Triton's interpreter: it must fail on the
-recorded kernel and pass on the fixed one, the built-in's fixed variant or a
-vLLM tree with the V loads masked by the window.
+recorded kernel and pass on the fixed one, the built-in's fixed variant, a
+vLLM or AITER tree with the loads masked, or (AITER) the recorded kernel on a
+case outside the bug's geometry.
 """
 from __future__ import annotations
 
 import ast
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -41,12 +44,15 @@ def _imports_nanfuzz(text: str) -> bool:
                isinstance(n, ast.Import) and any(a.name.split(".")[0] == "nanfuzz" for a in n.names) for n in nodes)
 
 
-def _without_nanfuzz(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+def _without_nanfuzz(tmp_path: Path, *argv: str, path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
+    """``python *argv`` where nanfuzz does not import; ``path``: folders on sys.path after the shadow."""
     shadow = tmp_path / "shadow" / "nanfuzz"
     shadow.mkdir(parents=True, exist_ok=True)
     (shadow / "__init__.py").write_text('raise ImportError("nanfuzz is not importable here")\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANFUZZ_", "PYTEST_"))}
-    env.update(PYTHONPATH=str(shadow.parent), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", TRITON_INTERPRET="1")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NANFUZZ_", "PYTEST_")) and k not in ("VLLM_SRC", "AITER_SRC")}
+    env.update(PYTHONPATH=os.pathsep.join(map(str, (shadow.parent, *path))), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               TRITON_INTERPRET="1")
     return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -132,6 +138,104 @@ def test_a_vllm_rocm_attn_repro_exports_a_script_and_a_test_that_fail_until_the_
     default = "ARGS.vllm_src = os.environ.get('VLLM_SRC')"
     test_file.write_text(test_file.read_text().replace(default, f"ARGS.vllm_src = {str(vllm_source)!r}"))
     _pytest_both(tmp_path, test_file, lambda text: text.replace(str(vllm_source), str(fixed_vllm)))
+
+
+# The fix of AITER's unified_attention: every tile's K/V loads masked at the longest prefix, as the
+# tiles that are not one whole block already are (a tile of one block is loaded unmasked, tail included).
+AITER_FIX = (
+    "        if TILE_SIZE == BLOCK_SIZE:\n            tile_mask = tl.full((1,), 1, dtype=tl.int1)\n",
+    "        if False:\n            tile_mask = tl.full((1,), 1, dtype=tl.int1)\n",
+)
+
+
+@pytest.fixture
+def fixed_aiter(tmp_path, aiter_source):
+    tree = tmp_path / "aiter-fixed"
+    shutil.copytree(aiter_source, tree)
+    kernel = tree / "aiter" / "ops" / "triton" / "_triton_kernels" / "unified_attention.py"
+    text = kernel.read_text()
+    assert text.count(AITER_FIX[0]) == 2  # the 2D and the 3D kernel
+    kernel.write_text(text.replace(*AITER_FIX))
+    return tree
+
+
+def test_an_aiter_unified_attention_repro_exports_a_script_and_a_test_that_fail_until_the_fix(tmp_path, aiter_source,
+                                                                                              fixed_aiter):
+    repro = "aiter_unified_attention-decode-tail-past-seq-len"
+    script = _export(tmp_path, repro, "--aiter-src", str(aiter_source))
+    text = script.read_text()
+    assert not _imports_nanfuzz(text) and not missing_names(text)
+    assert "def prepare_unified(" in text
+    assert "return prepare_unified(batch, out, path=None, source=ARGS.aiter_src)()" in text
+    bug = _without_nanfuzz(tmp_path, script.name, "--aiter-src", str(aiter_source))
+    assert bug.returncode == 1, bug.stdout + bug.stderr[-3000:]
+    assert "NONFINITE:" in bug.stdout and "token 0 (sequence 0) head 0: kernel [nan" in bug.stdout
+    fix = _without_nanfuzz(tmp_path, script.name, "--aiter-src", str(fixed_aiter))
+    assert fix.returncode == 0 and fix.stdout.splitlines()[-1].startswith("PASS"), fix.stdout + fix.stderr[-3000:]
+
+    # an installed aiter whose runtime does not import (here: the bare kernel tree on sys.path) gives its files
+    installed = _without_nanfuzz(tmp_path, script.name, path=(aiter_source,))
+    assert installed.returncode == 1 and "NONFINITE:" in installed.stdout, installed.stdout + installed.stderr[-3000:]
+    if importlib.util.find_spec("aiter") is None:
+        missing = _without_nanfuzz(tmp_path, script.name)
+        assert missing.returncode == 2 and "cannot load the kernel: no aiter package" in missing.stderr, missing.stderr
+    nowhere = _without_nanfuzz(tmp_path, script.name, "--aiter-src", str(tmp_path / "nowhere"))
+    assert nowhere.returncode == 2 and "cannot load the kernel" in nowhere.stderr, nowhere.stderr[-2000:]
+
+    test_file = _export(tmp_path, repro, "--pytest", "--aiter-src", str(aiter_source))
+    default = "ARGS.aiter_src = os.environ.get('AITER_SRC')"
+    test_file.write_text(test_file.read_text().replace(default, f"ARGS.aiter_src = {str(aiter_source)!r}"))
+    _pytest_both(tmp_path, test_file, lambda text: text.replace(str(aiter_source), str(fixed_aiter)))
+
+    report = _export(tmp_path, repro, "--markdown", "--aiter-src", str(aiter_source)).read_text()
+    assert report.startswith("# aiter:unified_attention: NONFINITE") and "return prepare_unified(" in report
+
+
+# (repro, a change to the exported case that leaves the bug's geometry): the script fails as recorded,
+# and its copy with the change passes on the same AITER tree.
+AITER_OUTSIDE = [
+    # context_attention_fwd loads keys below the window; no window, nothing expires
+    ("aiter_pa_prefill-window-expired-slots-of-a-live-block", ("sliding_window=1,", "sliding_window=0,")),
+    ("aiter_chunked_pa_prefill-prefill-window-expired-slots", ("sliding_window=1,", "sliding_window=0,")),
+    # bf16 queries rounded after the scale: fp16 keeps the bits that bf16 loses
+    ("aiter_pa_decode-bf16-query-scaled-and-rounded-before-qk-mismatch", ("dtype='bfloat16'", "dtype='float16'")),
+]
+
+
+# Every aiter:* name and path, exported from a repro of its kernel (the call is the adapter's, pinned path and all).
+AITER_NAMES = [
+    ("aiter_unified_attention-decode-tail-past-seq-len", "aiter:unified_attention@2d", "path='2d'"),
+    ("aiter_unified_attention-3d-tail-past-seq-len", "aiter:unified_attention@3d", "path='3d'"),
+    ("aiter_pa_decode-v1-gqa-block-48-crash", "aiter:pa_decode", "path=None"),
+    *(("aiter_pa_decode-v2-block-48-padding-lanes-mismatch", f"aiter:pa_decode@{p}", f"path={p!r}")
+      for p in ("v1", "v2", "v1-per-token", "v2-per-token")),
+    ("aiter_pa_prefill-window-expired-slots-of-a-live-block", "aiter:pa_prefill", "source=ARGS.aiter_src)()"),
+    ("aiter_chunked_pa_prefill-decode-tail-past-seq-len", "aiter:chunked_pa_prefill", "source=ARGS.aiter_src)()"),
+]
+
+
+@pytest.mark.parametrize("repro, name, call", AITER_NAMES, ids=[n for _, n, _ in AITER_NAMES])
+def test_every_aiter_kernel_exports_a_script_a_test_and_a_report(tmp_path, aiter_source, repro, name, call):
+    for kind in ((), ("--pytest",), ("--markdown",)):
+        text = _export(tmp_path, repro, *kind, "--kernel", name, "--aiter-src", str(aiter_source)).read_text()
+        assert call in text, text[:3000]
+        if kind != ("--markdown",):
+            assert not _imports_nanfuzz(text) and not missing_names(text)
+            assert "def launchers(" in text and "class LibraryFiles" in text and "def get_num_sms(" in text
+
+
+@pytest.mark.parametrize("repro, change", AITER_OUTSIDE, ids=[r for r, _ in AITER_OUTSIDE])
+def test_an_aiter_repro_exports_a_script_that_fails_only_in_the_bug_s_geometry(tmp_path, aiter_source, repro, change):
+    script = _export(tmp_path, repro, "--aiter-src", str(aiter_source))
+    text = script.read_text()
+    assert not _imports_nanfuzz(text) and not missing_names(text) and text.count(change[0]) == 1
+    recorded = json.loads((REGRESSIONS / f"{repro}.json").read_text())["verdict"]
+    bug = _without_nanfuzz(tmp_path, script.name, "--aiter-src", str(aiter_source))
+    assert bug.returncode == 1 and f"{recorded}:" in bug.stdout, bug.stdout + bug.stderr[-3000:]
+    outside = script.with_name(script.stem + "_outside.py")
+    outside.write_text(text.replace(*change))
+    run = _without_nanfuzz(tmp_path, outside.name, "--aiter-src", str(aiter_source))
+    assert run.returncode == 0 and run.stdout.splitlines()[-1].startswith("PASS"), run.stdout + run.stderr[-3000:]
 
 
 def test_the_markdown_report_holds_the_verdict_the_picture_and_the_call(tmp_path):

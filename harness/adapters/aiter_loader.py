@@ -16,7 +16,7 @@ ENV_VAR = "NANFUZZ_AITER_SRC"
 TESTED_VERSION = "0.1.7.post2.dev18"
 
 
-def _module(name: str, functions: tuple[str, ...]) -> KernelModule:
+def _kernel_module(name: str, functions: tuple[str, ...]) -> KernelModule:
     """A module of ``aiter/ops/triton/`` (launchers) or ``_triton_kernels/`` (the kernels); later
     AITER trees keep both in an ``attention/`` subfolder, which is looked for second."""
     folder, _, base = name.rpartition(".")
@@ -24,28 +24,29 @@ def _module(name: str, functions: tuple[str, ...]) -> KernelModule:
 
 
 _PA_PREFILL = (
-    _module("_triton_kernels.pa_prefill", ("_fwd_kernel",)),
-    _module("pa_prefill", ("context_attention_fwd",)),
+    _kernel_module("_triton_kernels.pa_prefill", ("_fwd_kernel",)),
+    _kernel_module("pa_prefill", ("context_attention_fwd",)),
 )
 
 # In load order: a module's imports come before it.  The launcher modules are
 # the ones without a leading underscore (see launchers()).
 GROUPS: dict[str, tuple[KernelModule, ...]] = {
     "unified_attention": (
-        _module("_triton_kernels.unified_attention",
-                ("kernel_unified_attention_2d", "kernel_unified_attention_3d", "reduce_segments")),
-        _module("unified_attention", ("unified_attention", "use_2d_kernel")),
+        _kernel_module("_triton_kernels.unified_attention",
+                       ("kernel_unified_attention_2d", "kernel_unified_attention_3d", "reduce_segments")),
+        _kernel_module("unified_attention", ("unified_attention", "use_2d_kernel")),
     ),
     "pa_decode": (
-        _module("_triton_kernels.pa_decode", ("_paged_attn_decode_v1_w_dot_kernel", "_paged_attn_decode_v2_w_dot_kernel")),
-        _module("pa_decode", ("paged_attention_decode", "paged_attn_decode_v1", "paged_attn_decode_v2",
-                              "paged_attn_decode_v1_per_token_quant", "paged_attn_decode_v2_per_token_quant")),
+        _kernel_module("_triton_kernels.pa_decode",
+                       ("_paged_attn_decode_v1_w_dot_kernel", "_paged_attn_decode_v2_w_dot_kernel")),
+        _kernel_module("pa_decode", ("paged_attention_decode", "paged_attn_decode_v1", "paged_attn_decode_v2",
+                                     "paged_attn_decode_v1_per_token_quant", "paged_attn_decode_v2_per_token_quant")),
     ),
     "pa_prefill": _PA_PREFILL,
     "chunked_pa_prefill": (
         *_PA_PREFILL,
-        _module("_triton_kernels.chunked_pa_prefill", ("_kernel_paged_attention_2d",)),
-        _module("chunked_pa_prefill", ("chunked_prefill_paged_decode",)),
+        _kernel_module("_triton_kernels.chunked_pa_prefill", ("_kernel_paged_attention_2d",)),
+        _kernel_module("chunked_pa_prefill", ("chunked_prefill_paged_decode",)),
     ),
 }
 

@@ -1,13 +1,15 @@
-"""How an exported repro of a library kernel (vLLM's) loads the library's kernel files.
+"""How an exported repro of a library kernel (vLLM's, AITER's) loads the library's kernel files.
 
 Copied into the script with the library's stand-ins and the adapter's own
 call, it answers ``load(group, source)`` as nanfuzz's loader does for the
-adapter: with a source tree (the folder that holds ``vllm/``) it executes
-the kernel files by path under their real dotted names while stand-ins for
-the library's runtime sit in ``sys.modules``; without one it imports the
-installed library's modules, and swaps in during each call the stand-ins a
-native install still needs (vLLM's ROCm custom paged-attention kernel is
-declined, so its Triton path is what runs).  Standard library only.
+adapter: with a source tree (the folder that holds ``vllm/`` or ``aiter/``)
+it executes the kernel files by path under their real dotted names while
+stand-ins for the library's runtime sit in ``sys.modules``; without one it
+imports the installed library's modules, and swaps in during each call the
+stand-ins a native install still needs (vLLM's ROCm custom paged-attention
+kernel is declined, so its Triton path is what runs).  An installed library
+whose runtime does not import (no compiled extensions, a bare copy on
+``sys.path``) gives its files, as a source tree does.  Standard library only.
 """
 from __future__ import annotations
 
@@ -35,11 +37,19 @@ class LoadedFiles:
 
     @contextlib.contextmanager
     def active(self, overrides=None):
+        """``overrides``: (short module name, attribute) -> what that attribute holds during the call
+        (a pinned dispatch rule, a launch wrapper); the old values come back afterwards."""
         saved = {name: sys.modules.get(name) for name in self.call_modules}
         sys.modules.update(self.call_modules)
+        attributes = {(self.modules[m], a): v for (m, a), v in (overrides or {}).items()}
+        kept = {key: getattr(*key) for key in attributes}
+        for (module, attr), value in attributes.items():
+            setattr(module, attr, value)
         try:
             yield
         finally:
+            for (module, attr), value in kept.items():
+                setattr(module, attr, value)
             for name, module in saved.items():
                 if module is None:
                     sys.modules.pop(name, None)
@@ -61,8 +71,30 @@ class LibraryFiles:
     def load(self, group: str, source=None) -> LoadedFiles:
         source = source or os.environ.get(self.env_var) or None
         if (group, source) not in self._loaded:
-            self._loaded[group, source] = self._files(group, source) if source else self._native(group)
+            self._loaded[group, source] = self._files(group, source) if source else self._installed(group)
         return self._loaded[group, source]
+
+    def _installed(self, group: str) -> LoadedFiles:
+        """The installed library's own modules; its files where its runtime does not import."""
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise LibraryMissing(f"no {self.package} package is importable; give the folder that holds "
+                                 f"{self.package}/ with {self.option} DIR or {self.env_var}=DIR")
+        before = {name for name in sys.modules if self._owns(name)}
+        try:
+            return self._native(group)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the runtime is not usable here
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())
+        for name in [n for n in sys.modules if self._owns(n) and n not in before]:
+            del sys.modules[name]
+        package_dir = Path(list(spec.submodule_search_locations)[0])
+        try:
+            return self._files(group, str(package_dir.parent))
+        except LibraryMissing as exc:
+            raise LibraryMissing(f"the installed {self.package} does not import ({why}) and {exc}") from None
+
+    def _owns(self, name: str) -> bool:
+        return name == self.package or name.startswith(self.package + ".")
 
     def _native(self, group: str) -> LoadedFiles:
         modules = {}
@@ -71,12 +103,12 @@ class LibraryFiles:
                 try:
                     modules[entry.name] = importlib.import_module(f"{self.ops_package}.{name}")
                     break
-                except ImportError as exc:
-                    why = exc
+                except ModuleNotFoundError as exc:
+                    if exc.name != f"{self.ops_package}.{name}":
+                        raise  # the module is there, something it imports is not
             else:
                 if not entry.optional:
-                    raise LibraryMissing(f"cannot import {self.ops_package}.{entry.name} ({why}); give the folder that "
-                                     f"holds {self.package}/ with {self.option} DIR or {self.env_var}=DIR")
+                    raise ModuleNotFoundError(f"no {self.ops_package}.{entry.name}")
         return LoadedFiles(modules, self.call_modules())
 
     def _files(self, group: str, source: str) -> LoadedFiles:
@@ -101,7 +133,12 @@ class LibraryFiles:
             spec = importlib.util.spec_from_file_location(dotted, path)
             module = importlib.util.module_from_spec(spec)
             sys.modules[dotted] = module
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:  # noqa: BLE001 - name the file and the cause
+                cause = " ".join(f"{type(exc).__name__}: {exc}".split())
+                raise LibraryMissing(f"{path} failed to import under the script's stand-ins for "
+                                     f"{self.package}'s runtime ({cause})") from None
             parent, _, child = dotted.rpartition(".")
             setattr(sys.modules[parent], child, module)
             modules[entry.name] = module

@@ -2,10 +2,10 @@
 
 Every script holds the case model, the float64 oracle, the MISMATCH bound
 and ``export/runtime.py``.  The kernel part depends on where the kernel
-lives: a built-in carries its family's Triton source; a vLLM kernel carries
-the stand-ins for vLLM's runtime, the loader of its kernel files and the
-adapter's own function that calls the library; a user's adapter is imported
-from the repository the script runs in.
+lives: a built-in carries its family's Triton source; a vLLM or AITER kernel
+carries the stand-ins for the library's runtime, the loader of its kernel
+files and the adapter's own function that calls the library; a user's
+adapter is imported from the repository the script runs in.
 """
 from __future__ import annotations
 
@@ -47,12 +47,31 @@ LIBRARY_PARTS = {
         ("harness.adapters.vllm_loader", ("GROUPS", "_native_call_modules"), ()),
         ("harness.report.export.library_files", None, ()),
     ),
+    "aiter": (
+        ("harness.adapters.standins", None, ()),
+        ("harness.adapters.aiter_standins", None, ()),
+        ("harness.adapters.loader", ("KernelModule",), ()),
+        ("harness.adapters.aiter_loader", ("_kernel_module", "_PA_PREFILL", "GROUPS", "launchers"), ()),
+        ("harness.adapters.launches", None, ()),
+        ("harness.report.export.library_files", None, ()),
+    ),
 }
 # The names each adapter call needs from its module, the call itself last.
 ADAPTER_CALLS = {
     "run_rocm_attn": ("rocm_key_cache", "rocm_value_cache", "run_rocm_attn"),
     "run_triton_attn": ("SOFTMAX_SEGMENTS", "SCALE_ELEMENTS", "offers_split_k", "unified_window",
                         "packed_token_head_caches", "token_head_views", "run_triton_attn"),
+    # AITER's adapters build the launch in prepare_*() and the script calls what it returns
+    "prepare_unified": ("_unit_scale", "_overrides", "unified_window", "prepare_unified"),
+    "prepare_pa_decode": ("_COMPUTE_TYPES", "_unit_scale", "_overrides", "_scheduled", "pa_decode_cache",
+                          "prepare_pa_decode"),
+    "prepare_pa_prefill": ("_unit_scale", "_overrides", "prepare_pa_prefill"),
+    "prepare_chunked": ("_unit_scale", "_overrides", "_scheduled", "prepare_chunked"),
+}
+# What an adapter call takes from another adapter's module, copied before it.
+ADAPTER_BORROWS = {
+    "prepare_pa_prefill": (("harness.adapters.vllm", ("rocm_key_cache", "rocm_value_cache"), ()),),
+    "prepare_chunked": (("harness.adapters.vllm", ("rocm_key_cache", "rocm_value_cache"), ()),),
 }
 # How the script names the library's loader and where a source tree comes from.
 LIBRARY_GLUE = {
@@ -62,9 +81,19 @@ vllm_standins = types.SimpleNamespace(build=build, rocm_platform_module=rocm_pla
 vllm_loader = LibraryFiles("vllm", "vllm.v1.attention.ops", GROUPS, build, _native_call_modules,
                            env_var="VLLM_SRC", option="--vllm-src")
 ''',
+    "aiter": '''import types
+
+aiter_loader = types.SimpleNamespace(
+    load=LibraryFiles("aiter", "aiter.ops.triton", GROUPS, build, dict, env_var="AITER_SRC",
+                      option="--aiter-src").load,
+    launchers=launchers)
+launches = types.SimpleNamespace(portable_launches=portable_launches)
+''',
 }
 LIBRARY_NEEDS = {"vllm": "vLLM's kernel files: a folder that holds vllm/ (a checkout or an unpacked wheel) "
-                         "given as --vllm-src DIR or VLLM_SRC=DIR, or an installed vllm"}
+                         "given as --vllm-src DIR or VLLM_SRC=DIR, or an installed vllm",
+                 "aiter": "AITER's Triton kernel files: a folder that holds aiter/ (a checkout or an unpacked "
+                          "amd-aiter wheel) given as --aiter-src DIR or AITER_SRC=DIR, or an installed aiter"}
 
 
 @dataclass
@@ -110,8 +139,8 @@ def kernel_part(kernel: Kernel, import_path: str) -> KernelPart:
     if library in LIBRARY_PARTS:
         return _library(kernel, library)
     if library is not None:
-        raise NanfuzzError(f"nanfuzz export writes no standalone script for {import_path} yet (vllm:* and the "
-                           "built-in kernels only); `nanfuzz replay` and the repro's own .py run it")
+        raise NanfuzzError(f"nanfuzz export writes no standalone script for {import_path} yet (vllm:*, aiter:* "
+                           "and the built-in kernels only); `nanfuzz replay` and the repro's own .py run it")
     return _user(import_path)
 
 
@@ -137,12 +166,16 @@ def _variants(family: str) -> list[str]:
 def _library(kernel: Kernel, library: str) -> KernelPart:
     run = kernel.run
     assert isinstance(run, functools.partial), kernel.name
-    name = run.func.__name__
-    module = inspect.getmodule(run.func).__name__.removeprefix("nanfuzz.")
+    options = dict(run.keywords)
+    prepare = options.pop("prepare", None)  # AITER's: run = _run(prepare=...), which calls what prepare returns
+    function = prepare or run.func
+    name = function.__name__
+    module = inspect.getmodule(function).__name__.removeprefix("nanfuzz.")
     source = _part(LIBRARY_PARTS[library]) + "\n\n" + LIBRARY_GLUE[library] + "\n\n" + \
-        extract(module, ADAPTER_CALLS[name])
-    keywords = ", ".join(f"{k}={v!r}" for k, v in run.keywords.items() if k != "source")
-    call = f"return {name}(batch, out, {keywords + ', ' if keywords else ''}source=ARGS.{library}_src)"
+        _part(ADAPTER_BORROWS.get(name, ())) + "\n\n" + extract(module, ADAPTER_CALLS[name])
+    keywords = ", ".join(f"{k}={v!r}" for k, v in options.items() if k != "source")
+    launch = "()" if prepare else ""
+    call = f"return {name}(batch, out, {keywords + ', ' if keywords else ''}source=ARGS.{library}_src){launch}"
     option = Option(f"--{library}-src", f"os.environ.get({library.upper() + '_SRC'!r})",
                     f"the folder that holds {library}/ (default ${library.upper()}_SRC; none: the installed {library})")
     return KernelPart(source=source, call=call, needs="torch, Triton and " + LIBRARY_NEEDS[library],
