@@ -9,6 +9,12 @@ from nanfuzz.harness.judge.check import Outcome
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.reference.case import Case
 
+# Past this share of drawn cases declined by a kernel's supports(), a campaign says so: each
+# declined case is drawn again, so the examples lean away from what it declines, and a
+# constraint that common belongs in Capabilities, where the strategies honour it and shrink within it.
+DECLINE_NOTE_SHARE = 0.10
+_DECLINE_NOTE = "of the cases drawn were declined by its supports()"
+
 # The first examples of a campaign whose timing it keeps (``Campaign.early_examples``): as many
 # as it draws in advance for the compile farm (``harness.campaign.upcoming``).
 EARLY_EXAMPLES = UPCOMING_CASES
@@ -72,6 +78,19 @@ class Campaign:
         self.count(outcome)
         self.statistics.add(case)
         self.accuracy.add(outcome.evidence)
+
+    def note_declines(self) -> None:
+        """A note (replacing any earlier one) when the kernel declined more than ``DECLINE_NOTE_SHARE``
+        of the cases drawn."""
+        self.notes = [note for note in self.notes if _DECLINE_NOTE not in note]
+        declined = self.statistics.declined
+        total = sum(declined.values())
+        drawn = total + self.statistics.examples
+        if drawn and total > DECLINE_NOTE_SHARE * drawn:
+            reasons = ", ".join(f"{reason} ({n})" for reason, n in declined.most_common(3))
+            self.notes.append(f"{self.kernel}: {total} ({100 * total / drawn:.0f}%) {_DECLINE_NOTE}: {reasons}; "
+                              "a constraint this common belongs in its Capabilities (min_window, "
+                              "uniform_query_len, max_query_len, ...), which the strategies draw within")
 
     def found(self, outcome: Outcome, case: Case, at: float) -> None:
         """The first failure, found ``at`` seconds into the campaign."""

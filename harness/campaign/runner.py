@@ -141,7 +141,8 @@ class CampaignRunner:
             self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
         if plan is not None:
             upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool), chunk_seed(self.search_seed, 0),
-                                      first_chunk(self.max_examples, self.time_budget, settings.device), UPCOMING_CASES)
+                                      first_chunk(self.max_examples, self.time_budget, settings.device), UPCOMING_CASES,
+                                      declines=self.kernel.declines)
             self._own_farm = start_farm([replace(plan, upcoming=upcoming)], settings, after=device_opened)
             self.farm = self._own_farm.handle if self._own_farm else None
         self.waiting = _FarmWait(self.farm, self.kernel)
@@ -162,7 +163,7 @@ class CampaignRunner:
         campaign = self.campaign
         interpreter = self.settings.device == "cpu"
         for raw, case in known_failures.known(self.database, self._known_key()):
-            if self.caps.unsupported(case, interpreter=interpreter):
+            if self.caps.unsupported(case, interpreter=interpreter) or self.kernel.declines(case):
                 continue  # the kernel's capabilities changed since; the entry may still matter elsewhere
             self.journal.record(case)
             outcome = self.subject.check(case)
@@ -223,6 +224,7 @@ class CampaignRunner:
         campaign = self.campaign
         campaign.elapsed = time.perf_counter() - self.start
         campaign.cpu_seconds = time.process_time() - self._cpu_start
+        campaign.note_declines()
         if campaign.failure is not None and campaign.time_to_first_failure is not None:
             campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
         return campaign

@@ -18,8 +18,8 @@ import random
 import time
 from typing import TYPE_CHECKING
 
-from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings as hypothesis_settings
-from hypothesis.errors import HypothesisException
+from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings
+from hypothesis.errors import HypothesisException, Unsatisfiable
 
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.campaign.profiles import Profile
@@ -176,6 +176,10 @@ class Search:
             return False
         except HypothesisException as exc:
             # e.g. a failure that did not repeat when Hypothesis replayed it (Flaky)
+            declined = campaign.statistics.declined
+            if self.first is None and isinstance(exc, Unsatisfiable) and declined and not campaign.examples:
+                raise NanfuzzError(f"kernel {run.kernel.name} declined every case drawn ({sum(declined.values())}; "
+                                   f"{', '.join(declined)}): say in its Capabilities what it takes") from None
             if self.first is None:
                 raise NanfuzzError(f"kernel {run.kernel.name}: Hypothesis stopped the campaign: {exc}".splitlines()[0]) from None
             campaign.notes.append(f"{run.kernel.name}: Hypothesis stopped shrinking ({type(exc).__name__}): the failure "
@@ -208,6 +212,7 @@ class Search:
             self.campaign.notes.append(f"{run.kernel.name}: shrinking stopped after {run.settings.shrink_budget:.0f} s; "
                                        "the repro is the smallest failing case found by then")
             raise StopRequested()
+        self._decline_if_asked(case)
         if self.replay is not None:
             known = self.replay.known(case)
             if known is not None:
@@ -254,6 +259,18 @@ class Search:
         if run.hooks.on_example is not None:
             run.hooks.on_example(campaign)
         return outcome
+
+    def _decline_if_asked(self, case: Case) -> None:
+        """A case the kernel's ``supports()`` declines is counted (once, not again in a replay) and
+        drawn again: to Hypothesis it is an unsatisfied assumption, no example."""
+        try:
+            reason = self.run.kernel.declines(case)
+        except NanfuzzError as exc:
+            raise _Aborted(exc) from None
+        if reason is not None:
+            if self.replay is None:
+                self.campaign.statistics.decline(reason)
+            reject()
 
     def _stop_if_asked(self) -> None:
         hooks = self.run.hooks

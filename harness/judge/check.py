@@ -93,6 +93,9 @@ class CaseCheck:
         reason = kernel.capabilities.unsupported(case, interpreter=self.interpreter)
         if reason:
             raise NanfuzzError(f"kernel {kernel.name} does not support this case: {reason}")
+        declined = kernel.declines(case)
+        if declined:
+            raise NanfuzzError(f"kernel {kernel.name} declines this case (its supports()): {declined}")
         encodings.require(case, "cpu" if self.interpreter else "cuda")
 
     def _poisoned_run(self) -> Outcome | None:

@@ -63,18 +63,25 @@ class Statistics:
     examples: int = 0
     counts: Counter = field(default_factory=Counter)
     seconds: float = 0.0
+    declined: Counter = field(default_factory=Counter)  # drawn cases the kernel's supports() declined, by reason
 
-    def add(self, case: Case) -> None:
+    def add(self, case: Case, observed: set[str] = frozenset()) -> None:
+        """Tally one example: its case's situations and ``observed``, what its check saw the kernel
+        do (``harness.report.coverage``: the dead slots its loads addressed)."""
         start = time.perf_counter()
-        self.counts.update(features(case))
+        self.counts.update(features(case) | observed)
         self.examples += 1
         self.seconds += time.perf_counter() - start
+
+    def decline(self, reason: str) -> None:
+        self.declined[reason] += 1
 
     def merge(self, other: "Statistics") -> "Statistics":
         """Add ``other``'s tallies to these (another job's); returns self."""
         self.examples += other.examples
         self.counts.update(other.counts)
         self.seconds += other.seconds
+        self.declined.update(other.declined)
         return self
 
     def share(self, name: str) -> float:
@@ -108,6 +115,7 @@ class Statistics:
             "seconds": round(self.seconds, 6),
             "groups": {title: {name: {"count": count, "share": round(self.share(name), 6)} for name, count in rows}
                        for title, rows in self.groups()},
+            "declined": dict(self.declined.most_common()),
         }
 
     @classmethod
@@ -115,11 +123,15 @@ class Statistics:
         """The inverse of ``to_dict`` (situations with a count of 0 are dropped)."""
         counts = Counter({name: entry["count"] for rows in data["groups"].values()
                           for name, entry in rows.items() if entry["count"]})
-        return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0))
+        return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0),
+                   declined=Counter(data.get("declined", {})))
 
     def table(self) -> str:
         """An aligned text table: group, situation, examples, share."""
         header = f"what the campaign exercised ({self.examples} example{'s' if self.examples != 1 else ''})"
+        if self.declined:
+            header += (f"; {sum(self.declined.values())} drawn cases declined by the kernel's supports() ("
+                       + ", ".join(f"{reason}: {n}" for reason, n in self.declined.most_common(3)) + ")")
         if not self.examples:
             return header
         rows = [(title if i == 0 else "", name, str(count), f"{100 * self.share(name):.1f}%")
