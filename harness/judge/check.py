@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from nanfuzz.harness.judge import encodings
+from nanfuzz.harness.judge import encodings, reads
 from nanfuzz.harness.judge.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.judge.outcome import Outcome, Verdict, crash as _crash, device_fault as _device_fault
 from nanfuzz.harness.judge.runs import await_runs as _await_runs, digest, launch, no_events, refuse_if_too_large
@@ -38,7 +38,7 @@ __all__ = ["Verdict", "Outcome", "check", "digest"]
 
 def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
           interpreter: bool | None = None, digest_pass: bool = True, events=no_events,
-          explain: bool = False) -> Outcome:
+          explain: bool = False, strict_reads: bool = False, trace_reads: bool | None = None) -> Outcome:
     """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
     materialize (every batch), kernel (every launch), oracle (the gather of the live keys
     and the float64 pass), reference (the same-precision pass from the same gather, and
@@ -51,11 +51,15 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     for).  ``events`` is told "launch" before each launch and "returned" once the host
     has waited for it (the supervisor's watchdog).  ``explain``: a NONFINITE,
     NONDETERMINISTIC or LEAK also says which redzones the kernel reads (a launch per
-    redzone).  Whatever the kernel raises, ``SystemExit`` included, is a CRASH."""
+    redzone).  Whatever the kernel raises, ``SystemExit`` included, is a CRASH.  Under the
+    interpreter (``trace_reads``, by default) the poisoned run's loads are traced and
+    ``Outcome.reads`` says which dead slots they addressed (``harness.judge.reads``); with
+    ``strict_reads`` a PASS whose loads addressed any is a DEAD_READ."""
     started = time.process_time()
     device = torch.device(device)
-    outcome = CaseCheck(kernel, case, device, device.type == "cpu" if interpreter is None else interpreter,
-                        events).judge(digest_pass, explain)
+    interpreter = device.type == "cpu" if interpreter is None else interpreter
+    outcome = CaseCheck(kernel, case, device, interpreter, events, strict_reads=strict_reads,
+                        trace_reads=interpreter if trace_reads is None else trace_reads).judge(digest_pass, explain)
     outcome.cpu_seconds = time.process_time() - started
     return outcome
 
@@ -63,9 +67,12 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
 class CaseCheck:
     """One case's runs and their verdict; each stage a method, the first verdict that applies wins."""
 
-    def __init__(self, kernel: Kernel, case: Case, device: torch.device, interpreter: bool, events):
+    def __init__(self, kernel: Kernel, case: Case, device: torch.device, interpreter: bool, events, *,
+                 strict_reads: bool = False, trace_reads: bool = False):
         self.kernel, self.case, self.device, self.events = kernel, case, device, events
         self.interpreter = interpreter
+        self.strict_reads, self.trace_reads = strict_reads, trace_reads
+        self.trace: reads.LoadTrace | None = None
         self.timings = {"materialize": 0.0, "kernel": 0.0, "oracle": 0.0, "reference": 0.0, "verdict": 0.0}
         self._later_runs = 0.0  # the later runs' materialisation and launches, which the verdict phase leaves out
 
@@ -81,6 +88,8 @@ class CaseCheck:
                 outcome.output_sha256 = digest(self.result)
             self.timings["verdict"] += time.perf_counter() - t0 - self._later_runs
             outcome.timings = self.timings
+            if self.trace is not None:
+                outcome = self._reads(outcome)
         if explain and outcome.verdict in (Verdict.NONFINITE, Verdict.NONDETERMINISTIC, Verdict.LEAK):
             self._explain(outcome)
         return outcome
@@ -108,9 +117,12 @@ class CaseCheck:
         self.timings["materialize"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
-            self.result, self.out, self.buffer = launch(self.kernel, self.batch, self.device, self.events, wait=False)
+            with reads.traced_loads(self.trace_reads) as trace:
+                self.result, self.out, self.buffer = launch(self.kernel, self.batch, self.device, self.events,
+                                                            wait=False)
         except BaseException as exc:  # the kernel's own failure is the finding, SystemExit included
             return _crash(exc, "on the poisoned run")
+        self.trace = trace if self.trace_reads else None
         self.timings["kernel"] += time.perf_counter() - t0
         expected_shape = (case.num_tokens, g.num_q_heads, g.head_size)
         if tuple(self.result.shape) != expected_shape:
@@ -198,6 +210,26 @@ class CaseCheck:
                            {"written": written}, digest(self.result))
         return Outcome(Verdict.PASS, "PASS", {"max_abs_error": max_error, "max_error_ratio": max_ratio,
                                               "arithmetic": self.errors.arithmetic, "bound": self.errors.bound})
+
+    def _reads(self, outcome: Outcome) -> Outcome:
+        """The dead slots the poisoned run's loads addressed, on the outcome; with ``strict_reads``,
+        a PASS whose loads addressed any becomes a DEAD_READ."""
+        t0 = time.perf_counter()
+        g = self.case.geometry
+
+        def launch_on(batch):
+            return self.kernel(batch, torch.full((self.case.num_tokens, g.num_q_heads, g.head_size), float("nan"),
+                                                 dtype=batch.q.dtype, device=batch.q.device))
+
+        try:
+            found = reads.resolve(self.trace, self.batch, reads.probe_runner(launch_on, self.host))
+        except Exception as exc:  # noqa: BLE001 - our mapping's failure is no verdict on the kernel
+            found = reads.Reads(traced=False, why_not=f"mapping the traced loads failed ({type(exc).__name__}: {exc})")
+        outcome.reads = found.to_dict()
+        self.timings["reads"] = time.perf_counter() - t0
+        if self.strict_reads and outcome.verdict is Verdict.PASS and found.dead_slots:
+            return reads.dead_read(found, outcome)
+        return outcome
 
     # -- the runs after the first -----------------------------------------------------------
     def _rerun(self, make_batch, when: str) -> tuple[torch.Tensor | None, Outcome | None]:

@@ -16,6 +16,9 @@ class Verdict(str, enum.Enum):
     LEAK = "LEAK"
     MISMATCH = "MISMATCH"
     CLOBBER = "CLOBBER"
+    # only with --strict-reads: nothing above, but the kernel's loads addressed dead slots
+    # (traced under Triton's interpreter, harness.judge.reads)
+    DEAD_READ = "DEAD_READ"
     PASS = "PASS"
 
 
@@ -32,6 +35,9 @@ class Outcome:
     compiled_seconds: float = 0.0
     # a CRASH that left the device context unusable (sticky CUDA/HIP error): the worker must be replaced
     fatal: bool = False
+    # the dead slots the poisoned run's loads addressed (``harness.judge.reads.Reads.to_dict()``);
+    # None where the run was not traced (a GPU, or a launch that raised)
+    reads: dict | None = None
 
     @property
     def failed(self) -> bool:
