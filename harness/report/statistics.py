@@ -17,9 +17,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, POISON_TENSORS, POISON_VALUES, Case
 from nanfuzz.reference.features import case_features
 
+READS_GROUP = "dead slots addressed (traced loads)"
 # (title, situations always listed, prefixes of situations listed when seen)
 GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("kinds of sequence", ("decode", "prefill", "chunked-prefill", "padding-sequence", "mixed",
@@ -35,6 +37,9 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("block sizes", (), ("block:",)),
     ("head sizes", (), ("head:",)),
     ("poison values", (), ("poison-value:", "poison-tensors:")),
+    # what each example's check saw its loads address: coverage.table sets it out beside the
+    # poisoned classes, so ``table`` leaves it out
+    (READS_GROUP, (), coverage.PREFIXES),
 )
 OTHER = "other"
 
@@ -135,7 +140,7 @@ class Statistics:
         if not self.examples:
             return header
         rows = [(title if i == 0 else "", name, str(count), f"{100 * self.share(name):.1f}%")
-                for title, entries in self.groups() for i, (name, count) in enumerate(entries)]
+                for title, entries in self.groups() if title != READS_GROUP for i, (name, count) in enumerate(entries)]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [header]
         for row in rows:
