@@ -37,7 +37,8 @@ class Capabilities:
     interpreter_dtypes: tuple[str, ...] = INTERPRETER_DTYPES
     # Kernels that compile one program per window width, head count, head and
     # block size fuzz a pool of this many such combinations per campaign on
-    # the GPU (see strategies.specialisations); None = draw them freely.
+    # the GPU (see strategies.specialisations); None = the default pool (16, as the
+    # built-in kernels'), 0 = draw them freely (a kernel that compiles nothing per case).
     specialisation_pool: int | None = None
     # False for a kernel whose output may legitimately differ between identical
     # launches (atomics, split-K reductions in arrival order): skips NONDETERMINISTIC.

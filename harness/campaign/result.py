@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.accuracy import Accuracy
 from nanfuzz.harness.judge.check import Outcome
+from nanfuzz.harness.report import coverage
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.reference.case import Case
 
@@ -76,7 +77,7 @@ class Campaign:
     def tally(self, case: Case, outcome: Outcome) -> None:
         """``count`` plus what the case exercised and how close it came to the bound."""
         self.count(outcome)
-        self.statistics.add(case)
+        self.statistics.add(case, coverage.observed(outcome))
         self.accuracy.add(outcome.evidence)
 
     def note_declines(self) -> None:
@@ -91,6 +92,13 @@ class Campaign:
             self.notes.append(f"{self.kernel}: {total} ({100 * total / drawn:.0f}%) {_DECLINE_NOTE}: {reasons}; "
                               "a constraint this common belongs in its Capabilities (min_window, "
                               "uniform_query_len, max_query_len, ...), which the strategies draw within")
+
+    def note_reads(self) -> None:
+        """A note (replacing any earlier one) for dead slots the kernel loaded in passing examples."""
+        note = coverage.unused_note(self.kernel, self.statistics)
+        self.notes = [n for n in self.notes if coverage.UNUSED_NOTE not in n]
+        if note:
+            self.notes.append(note)
 
     def found(self, outcome: Outcome, case: Case, at: float) -> None:
         """The first failure, found ``at`` seconds into the campaign."""

@@ -31,12 +31,14 @@ from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool
 from nanfuzz.harness.campaign.search import Search, chunk_seed, first_chunk, search_seed
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
+from nanfuzz.harness.judge import reads
 from nanfuzz.harness.judge.check import Verdict
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import FarmHandle
 from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import subject_for, worker_spec
 from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class CampaignRunner:
         self.search_seed = search_seed(settings, self.profile)
         self.campaign = Campaign(kernel=kernel.name, device=settings.device)
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
+        self._check_read_tracing()
         self.start, self._cpu_start = time.perf_counter(), time.process_time()
         self.subject, self._own_subject = subject, subject is None
         self.farm, self._own_farm = farm, None
@@ -225,11 +228,23 @@ class CampaignRunner:
         campaign.elapsed = time.perf_counter() - self.start
         campaign.cpu_seconds = time.process_time() - self._cpu_start
         campaign.note_declines()
+        campaign.note_reads()
         if campaign.failure is not None and campaign.time_to_first_failure is not None:
             campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
         return campaign
 
     # -- helpers -------------------------------------------------------------------------
+    def _check_read_tracing(self) -> None:
+        """--strict-reads needs traced loads (a usage error where there are none); under an interpreter
+        that cannot be traced, a note says the read coverage is not measured."""
+        settings = self.settings
+        why = "a GPU launch's loads are not traced" if settings.device != "cpu" else reads.unavailable()
+        if why and settings.strict_reads:
+            raise NanfuzzError(f"--strict-reads needs the kernel's loads traced under Triton's interpreter "
+                               f"(--device cpu), and here {why}")
+        if why and settings.device == "cpu":
+            self.campaign.notes.append(f"{self.kernel.name}: read coverage not measured: {why}")
+
     def _open_database(self):
         settings, use = self.settings, self.settings.use_database
         if use is None:  # an example database named explicitly is one to use

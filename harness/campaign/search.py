@@ -14,19 +14,22 @@ later is found again by replaying the same seeded run, for Hypothesis to shrink.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import time
 from typing import TYPE_CHECKING
 
-from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings
+from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings, target
 from hypothesis.errors import HypothesisException, Unsatisfiable
 
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.campaign.profiles import Profile
 from nanfuzz.harness.campaign.scope import campaign_strategy
 from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.launch.worker import CLAIMED, UNBUILT, Deferred
+from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.strategies import STRATEGY_VERSION
@@ -114,6 +117,7 @@ class Search:
         self.deferrals = Deferrals()
         self.judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
         self.replay: Replay | None = None      # the replay under way, if any
+        self.calls, self.drawn_ahead = 0, False  # see _target
         self.strategy = campaign_strategy(run.caps, run.settings, run.pool)
         self.phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + (
             [Phase.shrink] if run.settings.shrink else [])
@@ -155,6 +159,8 @@ class Search:
         self.judged.clear()
         try:
             while True:
+                # the run's calls, counted afresh each time it is drawn (again), for ``_target``
+                self.calls, self.drawn_ahead = 0, chunk_index == 0 and run.settings.device == "cuda"
                 try:
                     self._hypothesis_run(size, chunk_index)()
                     if self.replay is None:
@@ -216,6 +222,7 @@ class Search:
         if self.replay is not None:
             known = self.replay.known(case)
             if known is not None:
+                self._target(known)
                 if known.failed:
                     raise _FAILURE_TYPES[known.verdict](known, case)
                 return
@@ -225,8 +232,27 @@ class Search:
             self._check_landed()
         run.waiting(case, self.campaign)
         outcome = self._judge(case, self._deferring())
+        if outcome is not None:
+            self._target(outcome)
         if outcome is not None and outcome.failed:
             raise _FAILURE_TYPES[outcome.verdict](outcome, case)
+
+    def _target(self, outcome: Outcome) -> None:
+        """Tell Hypothesis what to climb toward (targeted property-based testing): more dead slots
+        addressed by the kernel's loads (under the interpreter), and an error closer to the bound.
+
+        On a GPU the first ``UPCOMING_CASES`` cases of the first run report nothing: Hypothesis keeps a
+        mutation only if its targets do not fall, so reported targets would make the search stray
+        from the cases the compile farm drew ahead for it (``harness.campaign.upcoming``)."""
+        self.calls += 1
+        if not self.run.settings.targeting or (self.drawn_ahead and self.calls <= UPCOMING_CASES):
+            return
+        reads = outcome.reads or {}
+        if reads.get("traced"):
+            target(float(reads["dead_slots"]), label="dead slots addressed")
+        ratio, bound = outcome.evidence.get("max_error_ratio"), outcome.evidence.get("bound")
+        if ratio is not None and bound and math.isfinite(ratio):
+            target(ratio / bound, label="error over the bound")
 
     def _judge(self, case: Case, defer: str | None) -> Outcome | None:
         """Check one case and count it; None when the worker put it off (``harness.campaign.deferrals``)."""
@@ -245,7 +271,7 @@ class Search:
         campaign.count(outcome)
         if campaign.time_to_first_example is None:
             campaign.time_to_first_example = time.perf_counter() - run.start
-        campaign.statistics.add(case)
+        campaign.statistics.add(case, coverage.observed(outcome))
         campaign.accuracy.add(outcome.evidence)
         if outcome.failed:
             if self.first is None:
