@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, find, given, seed, settings
+from hypothesis import HealthCheck, find, settings
 
 from nanfuzz.harness.campaign.runner import fuzz
 from nanfuzz.harness.judge.check import check
@@ -13,21 +13,13 @@ from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.strategies import paged_cases
 from nanfuzz.strategies.cases import campaign_pool
 from tests import planted_errors
+from tests.cases import drawn_cases
 
 FIND = settings(database=None, max_examples=2000, suppress_health_check=list(HealthCheck))
 
 
 def _drawn(caps: Capabilities, n: int = 150) -> list:
-    cases = []
-
-    @seed(0)
-    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(paged_cases(caps, interpreter=True))
-    def collect(case):
-        cases.append(case)
-
-    collect()
-    return cases
+    return drawn_cases(caps, n)
 
 
 def _scheduled_query_lens(case) -> set[int]:

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
 
 from nanfuzz.harness.campaign.runner import fuzz
 from nanfuzz.harness.judge import reads
@@ -15,26 +13,12 @@ from nanfuzz.harness.report import coverage
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.semantics import slot_reasons
-from nanfuzz.strategies import paged_cases
 from tests import read_subjects
-from tests.cases import consecutive_case
+from tests.cases import consecutive_case, drawn_cases
 
 # One decode query over 20 keys of 16-slot blocks, a window of 9: keys 11..19 live, 12 tail slots in the
 # last block, 11 expired keys in the first, and the table's padding entry on the null block.
 CASE = consecutive_case([(1, 20)], q_heads=2, kv_heads=1, head_size=32, window=9)
-
-
-def _cases(caps, n: int, at: int = 0) -> list:
-    drawn = []
-
-    @seed(at)
-    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(paged_cases(caps, interpreter=True))
-    def collect(case):
-        drawn.append(case)
-
-    collect()
-    return drawn
 
 
 def _statistics(kernel, cases) -> Statistics:
@@ -54,7 +38,7 @@ def test_the_old_decode_kernel_addresses_tail_slots_of_v_and_the_fixed_one_none(
     new = check(masked, CASE, "cpu").reads
     assert new["traced"] and new["addressed"] == {} and new["dead_slots"] == 0
 
-    cases = _cases(unmasked.capabilities, 6, at=5)
+    cases = drawn_cases(unmasked.capabilities, 6, at=5)
     old_stats, new_stats = _statistics(unmasked, cases), _statistics(masked, cases)
     assert old_stats.counts["reads:value_cache:tail"] > 0 and new_stats.counts["reads:value_cache:tail"] == 0
     assert new_stats.counts["poison:tail"] > 0 and new_stats.counts[coverage.TRACED] == 6
@@ -68,7 +52,7 @@ def test_the_old_decode_kernel_addresses_tail_slots_of_v_and_the_fixed_one_none(
 
 def test_tracing_changes_no_output_bit():
     kernel = resolve("paged_decode@unmasked")
-    for case in _cases(kernel.capabilities, 4, at=9):
+    for case in drawn_cases(kernel.capabilities, 4, at=9):
         traced, plain = check(kernel, case, "cpu"), check(kernel, case, "cpu", trace_reads=False)
         assert (traced.verdict, traced.output_sha256, traced.summary) == (plain.verdict, plain.output_sha256, plain.summary)
         assert plain.reads is None and traced.reads["traced"]

@@ -9,7 +9,6 @@ padded to a fixed capacity, as a CUDA graph's is, with entries that point at dea
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
