@@ -26,6 +26,7 @@ KERNELS = ("tests.planted_errors:bf16_long_rows", "tests.read_subjects:mostly_de
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--first-seed", type=int, default=0, help="seeds FIRST.. (to share the seeds among processes)")
     p.add_argument("--examples", type=int, default=200)
     p.add_argument("--kernel", action="append", help="package.module:attr (repeatable; default: the two of tests/)")
     p.add_argument("--json", metavar="FILE")
@@ -41,14 +42,15 @@ def main() -> None:
         found = {}
         for targeting in (True, False):
             found[targeting] = []
-            for seed in range(a.seeds):
+            for seed in range(a.first_seed, a.first_seed + a.seeds):
                 campaign = fuzz(kernel, device="cpu", max_examples=a.examples, seed=seed, use_database=False,
                                 shrink=False, replays=0, isolation=False, targeting=targeting)
                 found[targeting].append(campaign.examples_to_first_failure)
                 print(f"{name} targeting={'on' if targeting else 'off'} seed {seed}: "
                       f"{_shown(campaign.examples_to_first_failure, a.examples)}", file=sys.stderr, flush=True)
         results[name] = {"on": found[True], "off": found[False]}
-        print(f"{name}: examples to the first failure over seeds 0..{a.seeds - 1}, budget {a.examples}")
+        print(f"{name}: examples to the first failure over seeds {a.first_seed}..{a.first_seed + a.seeds - 1}, "
+              f"budget {a.examples}")
         for label, key in (("with target()", True), ("without", False)):
             counts = found[key]
             print(f"  {label:14s} " + " ".join(_shown(n, a.examples) for n in counts)
