@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +37,7 @@ def main() -> None:
     from nanfuzz.harness.campaign.runner import fuzz
     from nanfuzz.harness.registry import resolve
 
+    state = Path(tempfile.mkdtemp(prefix="nanfuzz-targeting-"))  # no journal or database of another run
     results = {}
     for name in a.kernel or KERNELS:
         kernel = resolve(name)
@@ -44,7 +46,7 @@ def main() -> None:
             found[targeting] = []
             for seed in range(a.first_seed, a.first_seed + a.seeds):
                 campaign = fuzz(kernel, device="cpu", max_examples=a.examples, seed=seed, use_database=False,
-                                shrink=False, replays=0, isolation=False, targeting=targeting)
+                                shrink=False, replays=0, isolation=False, targeting=targeting, state_dir=state)
                 found[targeting].append(campaign.examples_to_first_failure)
                 print(f"{name} targeting={'on' if targeting else 'off'} seed {seed}: "
                       f"{_shown(campaign.examples_to_first_failure, a.examples)}", file=sys.stderr, flush=True)

@@ -115,3 +115,18 @@ def test_a_kernel_that_declares_no_pool_gets_the_default_one_on_a_gpu_and_none_u
     assert campaign_pool_of(caps, Settings(device="cpu"))[0] is None
     assert campaign_pool_of(caps.restrict(specialisation_pool=0), Settings(device="cuda"))[0] is None
     assert len(campaign_pool_of(caps, Settings(device="cuda", pool_size=4))[0]) == 4
+
+
+def test_a_leftover_case_the_kernel_now_declines_is_a_note_not_an_error(tmp_path):
+    import json
+
+    from nanfuzz.harness.campaign.journal import safe_name
+
+    kernel = _declining(lambda c: c.data_seed == 77, reason="seed 77")
+    case = drawn_cases(Capabilities(), 1)[0].replace(data_seed=77)
+    journal = tmp_path / "journal" / f"{safe_name(kernel.name)}.99999.dead.json"
+    journal.parent.mkdir(parents=True)
+    journal.write_text(json.dumps({"kernel": kernel.name, "case": case.to_dict()}))  # a campaign killed mid-case
+    campaign = fuzz(kernel, device="cpu", max_examples=2, seed=1, use_database=False, isolation=False,
+                    state_dir=tmp_path)
+    assert not campaign.failed and any("no longer takes (seed 77)" in n for n in campaign.notes)
