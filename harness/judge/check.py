@@ -212,23 +212,9 @@ class CaseCheck:
                                               "arithmetic": self.errors.arithmetic, "bound": self.errors.bound})
 
     def _reads(self, outcome: Outcome) -> Outcome:
-        """The dead slots the poisoned run's loads addressed, on the outcome; with ``strict_reads``,
-        a PASS whose loads addressed any becomes a DEAD_READ."""
         t0 = time.perf_counter()
-        g = self.case.geometry
-
-        def launch_on(batch):
-            return self.kernel(batch, torch.full((self.case.num_tokens, g.num_q_heads, g.head_size), float("nan"),
-                                                 dtype=batch.q.dtype, device=batch.q.device))
-
-        try:
-            found = reads.resolve(self.trace, self.batch, reads.probe_runner(launch_on, self.host))
-        except Exception as exc:  # noqa: BLE001 - our mapping's failure is no verdict on the kernel
-            found = reads.Reads(traced=False, why_not=f"mapping the traced loads failed ({type(exc).__name__}: {exc})")
-        outcome.reads = found.to_dict()
+        outcome = reads.judged(outcome, self.trace, self.kernel, self.batch, self.host, strict=self.strict_reads)
         self.timings["reads"] = time.perf_counter() - t0
-        if self.strict_reads and outcome.verdict is Verdict.PASS and found.dead_slots:
-            return reads.dead_read(found, outcome)
         return outcome
 
     # -- the runs after the first -----------------------------------------------------------

@@ -401,6 +401,28 @@ def probe_runner(run: Callable[[PagedBatch], object], batch: PagedBatch) -> Call
 
 # -- the verdict under --strict-reads -------------------------------------------------------------
 
+def judged(outcome: Outcome, trace: LoadTrace, kernel, batch: PagedBatch, pristine: PagedBatch, *,
+           strict: bool) -> Outcome:
+    """``outcome`` with the dead slots the traced run's loads addressed (``Outcome.reads``), ``pristine``
+    (the batch as built, before any launch) giving the probe's copies; with ``strict``, a PASS
+    whose loads addressed any is a DEAD_READ instead."""
+    case = batch.case
+    g = case.geometry
+
+    def launch_on(probed: PagedBatch):
+        return kernel(probed, torch.full((case.num_tokens, g.num_q_heads, g.head_size), float("nan"),
+                                         dtype=probed.q.dtype, device=probed.q.device))
+
+    try:
+        found = resolve(trace, batch, probe_runner(launch_on, pristine))
+    except Exception as exc:  # noqa: BLE001 - our mapping's failure is no verdict on the kernel
+        found = Reads(traced=False, why_not=f"mapping the traced loads failed ({type(exc).__name__}: {exc})")
+    outcome.reads = found.to_dict()
+    if strict and outcome.verdict is Verdict.PASS and found.dead_slots:
+        return dead_read(found, outcome)
+    return outcome
+
+
 def describe(addressed: dict[str, dict[str, int]]) -> str:
     """``value_cache: tail 3, out-of-window 1; q: redzones 2``."""
     return "; ".join(f"{name}: " + ", ".join(f"{cls} {n}" for cls, n in classes.items())
