@@ -39,7 +39,7 @@ def test_no_target_reports_nothing(monkeypatch):
     assert seen == []
 
 
-def test_a_gpu_search_reports_nothing_for_the_cases_drawn_ahead(monkeypatch):
+def test_a_search_with_a_pool_reports_nothing_for_the_cases_drawn_ahead(monkeypatch):
     seen = _spy(monkeypatch)
     probe = search.Search.__new__(search.Search)
     probe.run = SimpleNamespace(settings=Settings(device="cuda"))

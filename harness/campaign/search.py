@@ -160,7 +160,7 @@ class Search:
         try:
             while True:
                 # the run's calls, counted afresh each time it is drawn (again), for ``_target``
-                self.calls, self.drawn_ahead = 0, chunk_index == 0 and run.settings.device == "cuda"
+                self.calls, self.drawn_ahead = 0, chunk_index == 0 and run.pool is not None
                 try:
                     self._hypothesis_run(size, chunk_index)()
                     if self.replay is None:
@@ -241,9 +241,9 @@ class Search:
         """Tell Hypothesis what to climb toward (targeted property-based testing): more dead slots
         addressed by the kernel's loads (under the interpreter), and an error closer to the bound.
 
-        On a GPU the first ``UPCOMING_CASES`` cases of the first run report nothing: Hypothesis keeps a
-        mutation only if its targets do not fall, so reported targets would make the search stray
-        from the cases the compile farm drew ahead for it (``harness.campaign.upcoming``)."""
+        With a specialisation pool the first ``UPCOMING_CASES`` cases of the first run report nothing:
+        Hypothesis keeps a mutation only if its targets do not fall, so reported targets would make
+        the search stray from the cases a compile farm drew ahead for it (``harness.campaign.upcoming``)."""
         self.calls += 1
         if not self.run.settings.targeting or (self.drawn_ahead and self.calls <= UPCOMING_CASES):
             return
