@@ -31,6 +31,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from hypothesis import HealthCheck, given, seed, settings
 
+    from nanfuzz.harness.campaign.scope import campaign_capabilities
+    from nanfuzz.harness.campaign.settings import Settings
     from nanfuzz.harness.judge.check import check
     from nanfuzz.harness.registry import resolve
     from nanfuzz.strategies import paged_cases
@@ -42,7 +44,7 @@ def main() -> None:
 
         @seed(a.seed)
         @settings(max_examples=a.cases, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-        @given(paged_cases(kernel.capabilities, interpreter=True))
+        @given(paged_cases(campaign_capabilities(kernel, Settings(device="cpu"))[0], interpreter=True))
         def draw(case):
             cases.append(case)
 
