@@ -104,8 +104,8 @@ def unused_note(kernel: str, statistics: Statistics) -> str | None:
         return None
     listed = ", ".join(f"{what.replace(':', ' ')} in {n}" for what, n in sorted(unused.items(), key=lambda x: -x[1]))
     return (f"{kernel}: {UNUSED_NOTE} ({listed} "
-            f"examples of {statistics.counts[TRACED]} traced): masked after the load, which costs bandwidth and "
-            "faults where that memory is gone; --strict-reads makes this a finding (DEAD_READ)")
+            f"examples of {statistics.counts[TRACED]} traced): the kernel loads them and masks their values "
+            "afterwards; --strict-reads makes this a finding (DEAD_READ)")
 
 
 def _share(count: int, total: int) -> str:
