@@ -196,6 +196,8 @@ class Reads:
                 "unmapped_loads": self.unmapped, "examples": self.examples}
 
 
+# [block, slot] pairs kept per input as evidence: enough to find the slots in the repro's picture,
+# few enough to keep a repro a few hundred bytes.
 _EXAMPLES_KEPT = 4
 
 
