@@ -17,6 +17,7 @@ I/N``), and ``ci/gate_merge.py`` merges their outputs into one report.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import signal
@@ -98,6 +99,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runner-name", metavar="NAME",
                    help="this runner's name in a merged report (default $RUNNER_NAME, else the host name)")
     args = p.parse_args(argv)
+    for flag, value in (("--time-budget", args.time_budget), ("--grace", args.grace)):
+        if value is not None and not math.isfinite(value):
+            raise GateUsageError(f"{flag}={value:g} must be a finite number of seconds")
     if args.time_budget is not None and args.time_budget < MIN_BUDGET:
         raise GateUsageError(f"--time-budget={args.time_budget:g} is too small; give at least {MIN_BUDGET:g} seconds")
     if args.grace is not None and args.grace <= 0:
@@ -350,9 +354,11 @@ def _gate(args) -> int:
     wall = time.time() - started
     replay = "nanfuzz replay" if shutil.which("nanfuzz") else f"{Path(sys.executable).name} -m nanfuzz replay"
     text = markdown(result, plan, workers=workers.description, budget=budget, wall=wall, replay_prefix=replay)
-    summary.write_text(text)
-    (out / "summary.json").write_text(_json(summary_json(result, plan, exit_code=exit_code, wall=wall)))
-    junit.write_bytes(junit_xml(result, {"profile": plan.profile, "device": plan.device}, replay_prefix=replay))
+    from nanfuzz.harness.report.atomic import write_atomically
+
+    write_atomically(summary, text)  # whole or absent, never a truncated file for CI to upload
+    write_atomically(out / "summary.json", _json(summary_json(result, plan, exit_code=exit_code, wall=wall)))
+    write_atomically(junit, junit_xml(result, {"profile": plan.profile, "device": plan.device}, replay_prefix=replay))
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as step_summary:
             step_summary.write(text)

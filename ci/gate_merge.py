@@ -198,10 +198,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exit_code = 0 if result.passed else 1
     text = markdown(result, found_by, runners, replay_prefix="nanfuzz replay")
-    (out / "summary.md").write_text(text)
-    (out / "summary.json").write_text(json.dumps(summary_json(result, found_by, runners, exit_code=exit_code), indent=1) + "\n")
+    from nanfuzz.harness.report.atomic import write_atomically
+
+    write_atomically(out / "summary.md", text)
+    write_atomically(out / "summary.json",
+                     json.dumps(summary_json(result, found_by, runners, exit_code=exit_code), indent=1) + "\n")
     fleet = {"runners": len(runners), "profiles": " ".join(sorted({str(r.summary.get("profile")) for r in runners}))}
-    (out / "junit.xml").write_bytes(junit_xml(result, fleet, replay_prefix="nanfuzz replay", name="nanfuzz-fleet"))
+    write_atomically(out / "junit.xml", junit_xml(result, fleet, replay_prefix="nanfuzz replay", name="nanfuzz-fleet"))
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as step_summary:
             step_summary.write(text)

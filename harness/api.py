@@ -18,9 +18,9 @@ def _settings(device: str | None, **options):
 
 
 def _kernel(kernel: Kernel | str, settings) -> Kernel:
-    from nanfuzz.harness.registry import resolve
+    from nanfuzz.harness.launch.import_probe import load_kernel
 
-    return kernel if isinstance(kernel, Kernel) else resolve(kernel, **settings.sources)
+    return kernel if isinstance(kernel, Kernel) else load_kernel(kernel, settings)
 
 
 def fuzz(kernel: Kernel | str, *, device: str | None = None, **options):

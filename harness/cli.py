@@ -12,7 +12,12 @@ from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, SCALE_MODES
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.features import POISON_CLASS_NAMES
 
+# strategies.cases.TIERS, named here so that the command line starts without Hypothesis
+TIERS = ("small", "production", "mixed")
+
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
+# Examples the self-check gives a kernel whose campaigns draw production sizes only.
+SELF_CHECK_PRODUCTION_EXAMPLES = 24
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
                        choices=POISON_CLASS_NAMES,
                        help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES))
 
+    def size_option(p):
+        p.add_argument("--size", choices=TIERS,
+                       help="how large cases get: small (fast, shrinks well), production (128k-key sequences, 256 "
+                            "sequences, 128 query heads, caches past 2^31 elements), or mixed (mostly small, a steady "
+                            "share at production size); default: the kernel's own, else mixed on a GPU and small "
+                            "under the interpreter")
+
     def compile_options(p):
         p.add_argument("--pool", type=int, metavar="N",
                        help="draw each case's compile-time part (shape, causality, window, sinks) from a pool of N "
@@ -89,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-target", action="store_true",
                    help="do not steer the search (Hypothesis's target()) toward more dead slots addressed and errors "
                         "nearer the bound")
+    size_option(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON (with the statistics)")
     p.add_argument("--show-statistics", action="store_true",
                    help="after each kernel, the share of examples that exercised each situation (decode, windows, "
@@ -118,12 +131,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="a detection campaign gives up after N examples (default 300)")
     p.add_argument("--detect", action="store_true",
                    help="time to detect for every kernel benched, not only the known-bad built-ins")
+    p.add_argument("--scaling", action="store_true",
+                   help="the cost of an example against its live keys, at each size tier: milliseconds by phase, "
+                        "peak GPU memory, keys per second")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="throughput of N campaigns at once on the device, one process each (default 1)")
     p.add_argument("--seconds", type=float, metavar="S",
                    help="measure the throughput over S seconds of campaigning instead of a number of examples "
                         "(with --warmup 0 on an empty Triton cache: the cold-start figure)")
     focus_options(p)
+    size_option(p)
     compile_options(p)
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
 
@@ -140,8 +157,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nanfuzz.harness.campaign.stop_signals import stopping_on_signals
+
     args = _parser().parse_args(argv)
+    with stopping_on_signals():  # SIGTERM and SIGHUP stop a campaign as Ctrl-C does
+        return _main(args)
+
+
+def _main(args) -> int:
     try:
+        _check_numbers(args)  # before anything starts
         forks = args.command in ("fuzz", "bench") and not args.no_isolation
         if forks:
             from nanfuzz.harness.launch.processes import likely_backend, restart_fork_server, start_fork_server
@@ -162,16 +187,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nanfuzz: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("nanfuzz: interrupted", file=sys.stderr)
-        return 130
+        from nanfuzz.harness.campaign.stop_signals import describe, exit_status, stop_signal
+
+        print(f"nanfuzz: {describe(stop_signal())}", file=sys.stderr)
+        return exit_status(found=False)
+
+
+# Each numeric option's least value and whether that value itself is allowed (floats must also be
+# finite): a NaN launch timeout would switch the watchdog off, a negative budget run no example.
+_LEAST = {"--launch-timeout": (0.0, False), "--time-budget": (0.0, False), "--seconds": (0.0, False),
+          "--threshold": (0.0, True), "--max-examples": (1, True), "--jobs": (1, True), "--pool": (0, True),
+          "--compile-jobs": (0, True), "--examples": (0, True), "--seeds": (0, True), "--warmup": (0, True),
+          "--detect-examples": (1, True), "--runs": (1, True)}
+
+
+def _check_numbers(args) -> None:
+    from nanfuzz.harness.campaign.settings import check_number
+
+    for flag, (least, allowed) in _LEAST.items():
+        value = getattr(args, flag[2:].replace("-", "_"), None)
+        if value is not None:
+            check_number(flag, value, least, allowed)
 
 
 def _settings(args, device: str):
     """The one place the command line and the environment become Settings."""
     from nanfuzz.harness.campaign.settings import Settings
 
-    if getattr(args, "launch_timeout", None) is not None and args.launch_timeout <= 0:
-        raise NanfuzzError(f"--launch-timeout={args.launch_timeout} must be > 0 seconds")
     options = dict(device=device, state_dir=_path(args.state_dir), vllm_src=args.vllm_src,
                    aiter_src=args.aiter_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
     if args.command == "fuzz":
@@ -180,11 +222,7 @@ def _settings(args, device: str):
                        jobs=args.jobs, example_db=args.example_db, strict_reads=args.strict_reads or None,
                        targeting=False if args.no_target else None)
     if args.command in ("fuzz", "bench"):
-        if args.pool is not None and args.pool < 0:
-            raise NanfuzzError(f"--pool={args.pool} must be >= 0")
-        if args.compile_jobs is not None and args.compile_jobs < 0:
-            raise NanfuzzError(f"--compile-jobs={args.compile_jobs} must be >= 0")
-        options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs)
+        options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs, size=args.size)
     settings = Settings.from_environment(**options)
     if args.command == "fuzz":
         from nanfuzz.harness.campaign.example_db import check
@@ -248,14 +286,11 @@ def _fuzz(args, settings) -> int:
     from nanfuzz.harness.campaign.example_db import parse
     from nanfuzz.harness.campaign.scope import compile_plan, start_farm
     from nanfuzz.harness.campaign.profiles import get_profile
-    from nanfuzz.harness.registry import builtin_kernels, resolve
+    from nanfuzz.harness.launch.import_probe import load_kernel
+    from nanfuzz.harness.registry import builtin_kernels
 
-    if args.max_examples is not None and args.max_examples < 1:
-        raise NanfuzzError(f"--max-examples={args.max_examples} must be >= 1")
-    if args.jobs < 1:
-        raise NanfuzzError(f"--jobs={args.jobs} must be >= 1")
     profile = get_profile(settings.profile)
-    kernels = [resolve(args.kernel, **settings.sources)] if args.kernel else list(builtin_kernels().values())
+    kernels = [load_kernel(args.kernel, settings)] if args.kernel else list(builtin_kernels().values())
     self_check = args.kernel is None
     mode = "GPU" if settings.device == "cuda" else "CPU, Triton interpreter"
     isolation = "supervised worker" if settings.isolation else "in-process launches"
@@ -276,6 +311,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     """Each kernel's campaign in turn (``farm``: the self-check's compile farm); the table and the exit status."""
     from nanfuzz.harness.campaign.runner import Hooks, fuzz
     from nanfuzz.harness.campaign.jobs import fuzz_parallel
+    from nanfuzz.harness.campaign.stop_signals import stop_requested
+    from nanfuzz.harness.campaign.scope import campaign_tier
     from nanfuzz.harness.report.progress import Progress
     from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.report import coverage
@@ -287,10 +324,14 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     interrupted = False
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
+        kernel_settings = settings
+        if self_check and campaign_tier(kernel, settings) == "production" and settings.max_examples is None:
+            # a production-size example costs ten to a hundred small ones: a few dozen say enough here
+            kernel_settings = settings.replace(max_examples=min(profile.max_examples, SELF_CHECK_PRODUCTION_EXAMPLES))
         if settings.jobs > 1:
-            campaign = fuzz_parallel(kernel, settings, farm=handle)
+            campaign = fuzz_parallel(kernel, kernel_settings, farm=handle)
         else:
-            progress = Progress(kernel.name, target_examples=settings.max_examples or profile.max_examples,
+            progress = Progress(kernel.name, target_examples=kernel_settings.max_examples or profile.max_examples,
                                 time_budget=settings.time_budget if settings.time_budget is not None
                                 else profile.time_budget)
 
@@ -298,7 +339,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                 progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
 
             try:
-                campaign = fuzz(kernel, settings, hooks=Hooks(on_example=show), farm=handle)
+                campaign = fuzz(kernel, settings, hooks=Hooks(on_example=show, interrupted=stop_requested), farm=handle)
+                campaign = fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show), farm=handle)
             finally:
                 progress.finish()
         print_notes(campaign)
@@ -336,6 +378,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                                         "judging": round(campaign.judging_cpu_seconds, 4)},
                         "time_to_first_example_s": campaign.time_to_first_example,
                         "compiles": campaign.compiles, "deferred": campaign.deferred, "compile_farm": campaign.farm,
+                        "size": campaign_tier(kernel, kernel_settings), "paths_missed": campaign.paths_missed,
+                        "declined_for_memory": campaign.declined_for_memory,
                         "early_examples": campaign.early_examples})
         if campaign.interrupted:
             interrupted = True
@@ -348,16 +392,20 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
         print(f"\ncompiled ahead: {compiled['compiled']} of {compiled['tasks']} cases of {compiled['entries']} pool entries in "
               f"{compiled['processes']} processes ({compiled['compile_seconds']:.0f} s of compiling{built})")
     if args.summary_json:
+        from nanfuzz.harness.report.atomic import write_atomically
+
         try:
-            Path(args.summary_json).write_text(json.dumps({"device": settings.device, "profile": profile.name,
-                                                           "kernels": summary, "compile_farm": compiled},
-                                                          indent=1, default=str))
+            write_atomically(args.summary_json, json.dumps({"device": settings.device, "profile": profile.name,
+                                                            "kernels": summary, "compile_farm": compiled},
+                                                           indent=1, default=str))
         except OSError as exc:
             print(f"nanfuzz: cannot write --summary-json {args.summary_json!r} ({exc.strerror})", file=sys.stderr)
     if interrupted:
-        print("nanfuzz: interrupted" + ("; the failure found before it is reported above" if any_failure else ""),
-              file=sys.stderr)
-        return 1 if any_failure else 130
+        from nanfuzz.harness.campaign.stop_signals import describe, exit_status, stop_signal
+
+        print(f"nanfuzz: {describe(stop_signal())}"
+              + ("; the failure found before it is reported above" if any_failure else ""), file=sys.stderr)
+        return exit_status(any_failure)
     if self_check:
         print("\nself-check: " + ("every old variant caught, every fixed variant passed" if all_good
                                   else "UNEXPECTED results above"))
@@ -381,15 +429,12 @@ def _replay(args, settings) -> int:
 def _bench(args, settings) -> int:
     device = settings.device
     from nanfuzz.harness.bench import bench, machine, report, table_rows
-    from nanfuzz.harness.registry import builtin_kernels, resolve
+    from nanfuzz.harness.launch.import_probe import load_kernel
+    from nanfuzz.harness.registry import builtin_kernels
 
-    for flag, value, least in (("--examples", args.examples, 0), ("--detect-examples", args.detect_examples, 1),
-                               ("--seeds", args.seeds, 0), ("--warmup", args.warmup, 0), ("--jobs", args.jobs, 1)):
-        if value < least:
-            raise NanfuzzError(f"{flag}={value} must be >= {least}")
-    if args.seconds is not None and args.seconds <= 0:
-        raise NanfuzzError(f"--seconds={args.seconds} must be > 0")
-    kernels = [resolve(name, **settings.sources) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
+    kernels = [load_kernel(name, settings) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
+    if args.scaling:
+        return _scaling(args, settings, [k for k in kernels if args.kernel or k.expect == "pass"])
     started = machine()
     mode = "GPU" if device == "cuda" else "CPU, Triton interpreter"
     print(f"nanfuzz bench: {len(kernels)} kernel(s), {args.examples} examples each, {args.seeds} seed(s) per "
@@ -409,16 +454,35 @@ def _bench(args, settings) -> int:
           f"example; farm s: the compile farm's wall time; load average at the end "
           f"{summary['machine_at_end']['load_average']}")
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+        from nanfuzz.harness.report.atomic import write_atomically
+
+        write_atomically(args.json, json.dumps(summary, indent=1))
+    return 0
+
+
+def _scaling(args, settings, kernels) -> int:
+    from nanfuzz.harness.scaling import scaling, table_rows
+
+    print(f"nanfuzz bench --scaling: {len(kernels)} kernel(s), "
+          f"{'GPU' if settings.device == 'cuda' else 'CPU, Triton interpreter'}", flush=True)
+    results = {}
+    for kernel in kernels:
+        results[kernel.name] = scaling(kernel, settings, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        print(f"\n{kernel.name}")
+        _table(table_rows(results[kernel.name]))
+    print("\nms/ex: a check's milliseconds (three launches, the oracle, the verdict) after one that compiled; "
+          "peak GiB: the device memory a check held at most; huge: cases whose cache passes 2^31 elements")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": settings.device, "scaling": results}, indent=1))
     return 0
 
 
 def _perf(args, settings) -> int:
     device = settings.device
+    from nanfuzz.harness.launch.import_probe import load_kernel
     from nanfuzz.harness.perf import perf, table_rows
-    from nanfuzz.harness.registry import resolve
 
-    kernel, baseline = resolve(args.kernel, **settings.sources), resolve(args.baseline, **settings.sources)
+    kernel, baseline = load_kernel(args.kernel, settings), load_kernel(args.baseline, settings)
     mode = "GPU, triton.testing.do_bench" if device == "cuda" else "CPU, Triton interpreter, tiny shapes, wall clock"
     print(f"nanfuzz perf: {kernel.name} against {baseline.name}, {args.runs} interleaved rounds, {mode}", flush=True)
     result = perf(kernel, baseline, device=device, which=args.shape, threshold=args.threshold, runs=args.runs,
@@ -430,7 +494,9 @@ def _perf(args, settings) -> int:
         f"{kernel.name} is within {args.threshold:.0%} of {baseline.name} on every shape"
     print("\n" + verdict)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        from nanfuzz.harness.report.atomic import write_atomically
+
+        write_atomically(args.json, json.dumps(result, indent=1))
     return result["exit_code"]
 
 

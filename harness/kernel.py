@@ -32,6 +32,9 @@ class Kernel:
     run: RunFn
     capabilities: Capabilities
     expect: str = "pass"           # built-ins: "pass" (fixed) or "caught" (old, buggy)
+    # The size tier its campaigns draw unless told otherwise ("small", "production", "mixed");
+    # None: the device's default (mixed on a GPU, small under the interpreter).
+    size: str | None = None
     prepare: PrepareFn | None = None  # None: a launch is ``run(batch, out)`` (see harness.perf)
     # What resolve() was given (a user kernel's import path, package.module:attr),
     # so another process, a repro and its replay command can resolve it again.

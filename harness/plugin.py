@@ -27,7 +27,7 @@ from nanfuzz.reference.errors import NanfuzzError
 
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 _OPTIONS = ("nanfuzz_kernel", "nanfuzz_device", "nanfuzz_examples", "nanfuzz_profile", "nanfuzz_time_budget",
-            "nanfuzz_repro_dir", "nanfuzz_example_db", "nanfuzz_kv_cache_dtype", "nanfuzz_kv_scales")
+            "nanfuzz_repro_dir", "nanfuzz_example_db", "nanfuzz_kv_cache_dtype", "nanfuzz_kv_scales", "nanfuzz_size")
 
 
 class _Use:
@@ -66,6 +66,9 @@ def pytest_addoption(parser):
                          "kernel takes and the device runs)")
     group.addoption("--nanfuzz-kv-scales", default=None, choices=SCALE_MODES,
                     help="campaigns fuzz quantized caches with per-tensor or per-token-head scales only")
+    group.addoption("--nanfuzz-size", default=None, choices=("small", "production", "mixed"),
+                    help="how large campaigns' cases get (default: the kernel's own, else mixed on a GPU and small "
+                         "under the interpreter)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis's own plugin loads --hypothesis-profile
@@ -242,6 +245,7 @@ class Nanfuzz:
             profile=options.pop("profile", None) or config.getoption("nanfuzz_profile"),
             time_budget=options.pop("time_budget", None) or config.getoption("nanfuzz_time_budget"),
             example_db=options.pop("example_db", None) or config.getoption("nanfuzz_example_db"),
+            size=options.pop("size", None) or config.getoption("nanfuzz_size"),
             seed=seed if seed is not None else _hypothesis_seed(config))
         campaign = fuzz(kernel, settings, **options)
         if config.getoption("--hypothesis-show-statistics", default=False):

@@ -16,7 +16,7 @@ from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.errors import NanfuzzError
 
 # Built-in families: module path under harness.kernels; each exposes KERNELS.
-BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified")
+BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified", "split_decode")
 # Kernel libraries, by the prefix of their kernel names: the adapter module under
 # harness.adapters (its kernel(name, source) and KERNEL_NAMES).  A library's source
 # tree travels as resolve()'s ``<prefix>_src`` and the command line's --<prefix>-src.
@@ -45,7 +45,7 @@ def resolve(name: str, vllm_src: str | None = None, aiter_src: str | None = None
     The Kernel's ``spec`` is ``name``, so ``kernel.resolvable`` resolves it
     again in another process (a job, a replay, a repro script).
     """
-    if _is_user_spec(name):
+    if is_user_spec(name):
         return replace(_user_kernel(name, import_root), spec=name, source=import_root)
     kernel = _resolve(name, {"vllm": vllm_src, "aiter": aiter_src})
     return kernel if kernel.spec else replace(kernel, spec=name)
@@ -66,7 +66,7 @@ def kernel_sources(kernel: Kernel, sources: dict[str, str | None] | None = None)
     library = library_of(path)
     if library and kernel.source:
         chosen[f"{library}_src"] = kernel.source
-    elif _is_user_spec(path) and kernel.source:
+    elif is_user_spec(path) and kernel.source:
         chosen["import_root"] = kernel.source
     return chosen
 
@@ -105,7 +105,8 @@ def _adapters(library: str):
     return importlib.import_module(f"nanfuzz.harness.adapters.{library}")
 
 
-def _is_user_spec(name: str) -> bool:
+def is_user_spec(name: str) -> bool:
+    """Does ``name`` name a user's own adapter (``package.module:attr``)?"""
     return ":" in name and "@" not in name and library_of(name) is None
 
 
@@ -135,7 +136,9 @@ def _user_kernel(spec: str, import_root: str | None = None) -> Kernel:
                            "(e.g. mykernels.nanfuzz_adapter:kernel)")
     try:
         module = import_user_module(module_name, import_root)
-    except Exception as exc:  # a user's module may fail in any way while importing
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a user's module may fail in any way while importing, SystemExit included
         message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
         top = module_name.split(".")[0]
         hint = (f"; run nanfuzz from the folder that holds {top!r} (it imports from the current directory)"

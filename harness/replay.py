@@ -6,7 +6,8 @@ from pathlib import Path
 
 from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.import_path import find_import_root
-from nanfuzz.harness.registry import resolve
+from nanfuzz.harness.launch.import_probe import load_kernel
+from nanfuzz.harness.launch.worker import judged
 from nanfuzz.harness.report.repro import environment, load_repro
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
@@ -39,7 +40,7 @@ def _resolve_recorded(name: str, record: dict, path: str, settings: Settings):
     from here is looked for where the repro says it was found, in any folder above this one or
     above the repro (the same repository), and imported from there."""
     try:
-        return resolve(name, **settings.sources), settings
+        return load_kernel(name, settings), settings
     except NanfuzzError as exc:
         origin = record.get("kernel_module")
         if name != record["kernel"] or not isinstance(origin, dict) or "cannot import module" not in str(exc):
@@ -54,7 +55,7 @@ def _resolve_recorded(name: str, record: dict, path: str, settings: Settings):
                                f"and no folder above {Path.cwd()} or the repro holds that file: replay from inside "
                                f"that repository, or add {hint.resolve()} to PYTHONPATH") from None
         settings = settings.replace(import_root=root)
-        return resolve(name, **settings.sources), settings
+        return load_kernel(name, settings), settings
 
 
 def replay(path: str, *, kernel_name: str | None = None, settings: Settings | None = None,
@@ -68,7 +69,7 @@ def replay(path: str, *, kernel_name: str | None = None, settings: Settings | No
     kernel, settings = _resolve_recorded(kernel_name or record["kernel"], record, path, settings)
     subject = make_subject(kernel, settings)
     try:
-        outcome = subject.check(record["case"], digest=True)
+        outcome = judged(subject.check(record["case"], digest=True))
     finally:
         subject.close()
     recorded_env = record.get("environment", {})

@@ -1,7 +1,7 @@
 """The canonical batch a kernel adapter receives."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -62,6 +62,11 @@ class PagedBatch:
         tensors = {name: t.clone() for name, t in self.inputs().items()}
         tensors.setdefault("sinks", None)
         return PagedBatch(case=self.case, **tensors)
+
+    def for_kernel(self) -> "PagedBatch":
+        """A batch object of its own over the same tensors, for a kernel: whatever its adapter
+        rebinds on it (``batch.q = batch.q.float()``, a cache in its own layout) stays there."""
+        return replace(self, allocations=dict(self.allocations))
 
     def in_one_buffer(self, device: torch.device | str) -> "PagedBatch":
         """A copy on ``device`` whose allocations are views into one buffer (``redzones.move_together``):

@@ -26,7 +26,12 @@ class Capabilities:
     sliding_window: bool = True
     non_causal_window: bool = True    # a window on non-causal attention (|p - k| < W)
     sinks: bool = False
-    max_q_heads: int = 16
+    # -- limits: what the strategies never pass (None: no limit of the kernel's own) --------
+    max_q_heads: int = 128
+    max_group: int | None = None      # widest GQA group (query heads per KV head)
+    max_seq_len: int | None = None    # longest sequence, in keys
+    max_sequences: int | None = None  # most sequences in one batch
+    max_blocks: int | None = None     # most physical blocks a cache may have
     # The narrowest window the kernel's window argument can express: 2 for a kernel whose
     # "window W - 1 = 0" means no window (W = 1 is then left out); windows below it are never drawn.
     min_window: int = 1
@@ -99,6 +104,14 @@ class Capabilities:
             return f"block_size {g.block_size} (supported: {self.block_sizes})"
         if g.num_q_heads > self.max_q_heads:
             return f"{g.num_q_heads} query heads (at most {self.max_q_heads})"
+        if self.max_group is not None and g.queries_per_kv > self.max_group:
+            return f"a GQA group of {g.queries_per_kv} query heads per KV head (at most {self.max_group})"
+        if self.max_seq_len is not None and case.max_seq_len > self.max_seq_len:
+            return f"seq_len {case.max_seq_len} (at most {self.max_seq_len})"
+        if self.max_sequences is not None and len(case.sequences) > self.max_sequences:
+            return f"{len(case.sequences)} sequences (at most {self.max_sequences})"
+        if self.max_blocks is not None and g.num_blocks > self.max_blocks:
+            return f"a cache of {g.num_blocks} blocks (at most {self.max_blocks})"
         if self.max_query_len is not None and case.max_query_len > self.max_query_len:
             return f"query_len {case.max_query_len} (at most {self.max_query_len})"
         if self.min_query_len > 1 and any(0 < s.query_len < self.min_query_len for s in case.sequences):
@@ -149,6 +162,10 @@ class Capabilities:
         if "float32" in self.dtypes:
             parts.append(f"fp32-products {self.precision}")
         parts.append("heads " + ",".join(map(str, self.head_sizes)))
+        limits = [f"{label} {value}" for label, value in (("max-group", self.max_group), ("max-seq", self.max_seq_len),
+                                                          ("max-seqs", self.max_sequences),
+                                                          ("max-blocks", self.max_blocks)) if value is not None]
+        parts += limits
         parts.append("blocks " + ",".join(map(str, self.block_sizes)))
         if self.kv_cache_dtypes != ("auto",) or self.token_head_dtypes:
             parts.append(self.describe_kv_cache())

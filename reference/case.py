@@ -42,12 +42,20 @@ SCALE_POISON_VALUES = POISON_VALUES + ("zero",)
 SCALE_RANGE = (2.0 ** -24, 2.0 ** 24)
 NULL_BLOCK = 0
 
-# Bounds far above any case the strategies generate (and any realistic repro), checked
-# before anything is computed or allocated, so a hand-edited repro cannot hang or exhaust memory.
-LIMITS = {"num_q_heads": 1024, "num_kv_heads": 1024, "head_size": 1024, "block_size": 4096, "num_blocks": 1 << 20}
-MAX_SLOTS = 1 << 22
+# Bounds above any case the strategies generate (production size included: caches of
+# millions of slots, 128k-key sequences at block size 1), checked before anything is
+# computed or allocated, so a hand-edited repro cannot hang or exhaust memory.
+LIMITS = {"num_q_heads": 1024, "num_kv_heads": 1024, "head_size": 1024, "block_size": 4096, "num_blocks": 1 << 23}
+MAX_SLOTS = 1 << 25
 MAX_SEQUENCES = 1 << 12
-MAX_TABLE_WIDTH = 1 << 16
+MAX_TABLE_WIDTH = 1 << 18
+MAX_TABLE_ENTRIES = 1 << 22
+# A case whose caches and queries hold more elements than this (about 32 MiB of fp16) is
+# large: built on its device, only the blocks holding live keys written (``reference.device_build``).
+LARGE_ELEMENTS = 1 << 24
+# Tables with more entries than this are written to JSON without their padding (``table_width``
+# gives it back), and validated in numpy: a production case's table is hundreds of thousands.
+LARGE_TABLE = 1 << 12
 # What a sequence does in this step (``Sequence.kind``).
 DECODE, PREFILL, CHUNKED_PREFILL, PADDING = "decode", "prefill", "chunked-prefill", "padding-sequence"
 SEQUENCE_KINDS = (DECODE, PREFILL, CHUNKED_PREFILL, PADDING)
@@ -213,6 +221,14 @@ class Case:
         return len(self.sequences[0].block_table) if self.sequences else 0
 
     @property
+    def large(self) -> bool:
+        """Built on its device, only the cache blocks holding live keys (and the blocks poison sites
+        name) written; every other block holds NaN in every run (``reference.device_build``)."""
+        g = self.geometry
+        caches = 2 * g.num_blocks * g.block_size * g.num_kv_heads * g.head_size
+        return caches + self.num_tokens * g.num_q_heads * g.head_size > LARGE_ELEMENTS
+
+    @property
     def max_query_len(self) -> int:
         return max((s.query_len for s in self.sequences), default=0)
 
@@ -233,12 +249,15 @@ class Case:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data.  A field at its default that older nanfuzz lacked
         (an unquantized cache, poison in the codes) is left out, so such a
-        case reads exactly as it did before quantized caches existed."""
+        case reads exactly as it did before quantized caches existed.  A large
+        table leaves out each row's padding entries and says ``table_width``."""
         g = self.geometry
+        compact = len(self.sequences) * self.table_width > LARGE_TABLE
         record = {
             "geometry": dataclasses.asdict(g),
             "sequences": [
-                {"query_len": s.query_len, "seq_len": s.seq_len, "block_table": list(s.block_table)}
+                {"query_len": s.query_len, "seq_len": s.seq_len,
+                 "block_table": list(s.block_table[:s.used_blocks(g.block_size)] if compact else s.block_table)}
                 for s in self.sequences
             ],
             "sliding_window": self.sliding_window,
@@ -254,6 +273,8 @@ class Case:
             },
             "data_seed": self.data_seed,
         }
+        if compact:
+            record["table_width"] = self.table_width
         if self.poison.parts != "data":
             record["poison"]["parts"] = self.poison.parts
         if self.kv_cache != KVCache():
@@ -272,14 +293,22 @@ class Case:
         _check(sites is None or isinstance(sites, list), f"poison.sites={sites!r} must be null or a list")
         sequences = _field(data, "sequences")
         _check(isinstance(sequences, list), f"sequences={sequences!r} must be a list")
+        width = _typed(data, "table_width", int) if "table_width" in data else None
+        _check(width is None or 0 <= width <= MAX_TABLE_WIDTH, f"table_width={width} must lie in 0..{MAX_TABLE_WIDTH}")
+        padding_block = _typed(data, "padding_block", int)
+        rows = tuple(_sequence(s, i) for i, s in enumerate(sequences))
+        if width is not None:  # a compact record: each row without its padding entries
+            _check(all(len(s.block_table) <= width for s in rows), f"a block table is longer than table_width={width}")
+            rows = tuple(dataclasses.replace(s, block_table=s.block_table + (padding_block,) * (width - len(s.block_table)))
+                         for s in rows)
         case = cls(
             geometry=Geometry(**{name: _typed(geometry, name, str if name == "dtype" else int, "geometry.")
                                  for name in (f.name for f in dataclasses.fields(Geometry))}),
-            sequences=tuple(_sequence(s, i) for i, s in enumerate(sequences)),
+            sequences=rows,
             sliding_window=_typed(data, "sliding_window", int),
             causal=_typed(data, "causal", bool),
             sinks=_typed(data, "sinks", bool),
-            padding_block=_typed(data, "padding_block", int),
+            padding_block=padding_block,
             poison=Poison(
                 value=_typed(poison, "value", str, "poison."),
                 tensors=_typed(poison, "tensors", str, "poison."),
@@ -325,7 +354,8 @@ class Case:
         _check(0 <= self.padding_block < g.num_blocks,
                f"padding_block={self.padding_block} is outside 0..{g.num_blocks - 1}")
         width = self.table_width
-        live: dict[int, list[range]] = {}  # physical block -> offsets that hold live keys
+        _check(len(self.sequences) * width <= MAX_TABLE_ENTRIES,
+               f"{len(self.sequences)} sequences x {width} table entries is beyond nanfuzz's bound of {MAX_TABLE_ENTRIES}")
         for i, s in enumerate(self.sequences):
             _check(0 <= s.query_len <= s.seq_len,
                    f"sequence {i}: query_len={s.query_len} must lie in 0..seq_len={s.seq_len}")
@@ -333,16 +363,11 @@ class Case:
                    f"sequence {i}: block table has {len(s.block_table)} entries, sequence 0 has {width}")
             used = s.used_blocks(g.block_size)
             _check(used <= width, f"sequence {i}: seq_len={s.seq_len} needs {used} blocks, table has {width}")
-            live_blocks = s.live_blocks(self.sliding_window, g.block_size)
-            for j, b in enumerate(s.block_table):
-                _check(0 <= b < g.num_blocks, f"sequence {i}: block_table[{j}]={b} is outside 0..{g.num_blocks - 1}")
-                if j >= used:
-                    _check(b == self.padding_block,
-                           f"sequence {i}: padding entry block_table[{j}]={b} must point at padding_block={self.padding_block}")
-                if j in live_blocks:
-                    _check(b != NULL_BLOCK, f"sequence {i}: block_table[{j}] holds live keys but points at the null block 0")
-                    live.setdefault(b, []).append(live_blocks[j])
-        _check(self.padding_block not in live,
+        if len(self.sequences) * width > LARGE_TABLE:
+            is_live = self._validate_large_tables()
+        else:
+            is_live = self._validate_tables()
+        _check(not is_live(self.padding_block),
                f"padding_block={self.padding_block} holds live keys; padding must point at a dead block")
         self._validate_kv_cache()
         p = self.poison
@@ -360,12 +385,77 @@ class Case:
             for site in p.sites:
                 _check(0 <= site.block < g.num_blocks, f"poison site block={site.block} is outside the cache")
                 if site.offset is None:
-                    _check(site.block not in live, f"poison site block {site.block} holds live keys; only dead slots may be poisoned")
+                    _check(not is_live(site.block), f"poison site block {site.block} holds live keys; only dead slots may be poisoned")
                 else:
                     _check(0 <= site.offset < g.block_size, f"poison site offset={site.offset} is outside 0..{g.block_size - 1}")
-                    _check(not any(site.offset in offsets for offsets in live.get(site.block, ())),
+                    _check(not is_live(site.block, site.offset),
                            f"poison site ({site.block}, {site.offset}) is live; only dead slots may be poisoned")
         return self
+
+    def _validate_tables(self):
+        """Every table entry in the cache, padding at the padding block, no live key in the null
+        block; returns ``is_live(block, offset=None)``."""
+        g = self.geometry
+        live: dict[int, list[range]] = {}  # physical block -> offsets that hold live keys
+        for i, s in enumerate(self.sequences):
+            used = s.used_blocks(g.block_size)
+            live_blocks = s.live_blocks(self.sliding_window, g.block_size)
+            for j, b in enumerate(s.block_table):
+                _check(0 <= b < g.num_blocks, f"sequence {i}: block_table[{j}]={b} is outside 0..{g.num_blocks - 1}")
+                if j >= used:
+                    _check(b == self.padding_block,
+                           f"sequence {i}: padding entry block_table[{j}]={b} must point at padding_block={self.padding_block}")
+                if j in live_blocks:
+                    _check(b != NULL_BLOCK, f"sequence {i}: block_table[{j}] holds live keys but points at the null block 0")
+                    live.setdefault(b, []).append(live_blocks[j])
+
+        def is_live(block: int, offset: int | None = None) -> bool:
+            if offset is None:
+                return block in live
+            return any(offset in offsets for offsets in live.get(block, ()))
+        return is_live
+
+    def _validate_large_tables(self):
+        """``_validate_tables`` in numpy, for a production-size table."""
+        import numpy as np
+
+        g = self.geometry
+        table = np.array([s.block_table for s in self.sequences], dtype=np.int64)
+        columns = np.arange(table.shape[1])
+        bad = np.argwhere((table < 0) | (table >= g.num_blocks))
+        if bad.size:
+            i, j = bad[0].tolist()
+            _check(False, f"sequence {i}: block_table[{j}]={table[i, j]} is outside 0..{g.num_blocks - 1}")
+        used = np.array([s.used_blocks(g.block_size) for s in self.sequences])
+        bad = np.argwhere((columns[None, :] >= used[:, None]) & (table != self.padding_block))
+        if bad.size:
+            i, j = bad[0].tolist()
+            _check(False, f"sequence {i}: padding entry block_table[{j}]={table[i, j]} must point at "
+                          f"padding_block={self.padding_block}")
+        live_entries = []  # per sequence: (first live logical block, its live table entries)
+        for i, s in enumerate(self.sequences):
+            live_blocks = s.live_blocks(self.sliding_window, g.block_size)
+            if live_blocks:
+                first = min(live_blocks)
+                entries = table[i, first:first + len(live_blocks)]
+                nulls = np.flatnonzero(entries == NULL_BLOCK)
+                _check(not nulls.size, f"sequence {i}: block_table[{first + int(nulls[0]) if nulls.size else 0}] "
+                                       "holds live keys but points at the null block 0")
+                live_entries.append((i, first, entries))
+        held = np.zeros(g.num_blocks, dtype=bool)
+        for _, _, entries in live_entries:
+            held[entries] = True
+
+        def is_live(block: int, offset: int | None = None) -> bool:
+            if offset is None or not held[block]:
+                return bool(held[block])
+            for i, first, entries in live_entries:  # the few sites of a poison, each against the tables
+                lo, hi = self.sequences[i].live_range(self.sliding_window)
+                for j in (first + np.flatnonzero(entries == block)).tolist():
+                    if lo <= j * g.block_size + offset < hi:
+                        return True
+            return False
+        return is_live
 
     def _validate_kv_cache(self) -> None:
         kv = self.kv_cache

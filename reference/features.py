@@ -1,8 +1,10 @@
 """Named situations a case exercises: for coverage tallies and repro summaries."""
 from __future__ import annotations
 
+import numpy as np
+
 from nanfuzz.reference.case import NULL_BLOCK, PADDING, Case
-from nanfuzz.reference.semantics import Dead, live_key_range, slot_liveness, slot_reasons
+from nanfuzz.reference.semantics import Dead, live_key_range, liveness, reasons
 
 # The dead-slot classes a campaign can aim its poison at, by name; a case that
 # poisons a slot of class NAME has the feature "poison:NAME".
@@ -16,17 +18,38 @@ POISON_CLASS_FLAGS = {
 POISON_CLASS_NAMES = tuple(POISON_CLASS_FLAGS)
 
 
-def poisoned_slots(case: Case) -> list[tuple[int, int]]:
-    """The dead slots the poison specification actually fills."""
-    reasons = slot_reasons(case)
+def poisoned_mask(case: Case) -> np.ndarray:
+    """bool ``[num_blocks, block_size]``: the dead slots the poison specification actually fills,
+    and in a large case every slot of a block that holds no live key and that no site names
+    (it holds NaN in every run: ``reference.device_build``)."""
+    dead = reasons(case) != 0
     sites = case.poison.sites
     if sites is None:
-        return [(b, o) for b, row in enumerate(reasons) for o, why in enumerate(row) if why]
-    chosen = set()
-    for site in sites:
-        offsets = range(case.geometry.block_size) if site.offset is None else (site.offset,)
-        chosen.update((site.block, o) for o in offsets if reasons[site.block][o])
-    return sorted(chosen)
+        return dead
+    if case.large:
+        named = np.zeros(dead.shape[0], dtype=bool)
+        named[[site.block for site in sites]] = True
+        background = ~liveness(case).any(axis=1) & ~named
+        return _named_slots(case, dead) | background[:, None]
+    return _named_slots(case, dead)
+
+
+def _named_slots(case: Case, dead: np.ndarray) -> np.ndarray:
+    sites = case.poison.sites
+    named = np.zeros_like(dead)
+    whole = [site.block for site in sites if site.offset is None]
+    if whole:
+        named[whole] = True
+    single = [(site.block, site.offset) for site in sites if site.offset is not None]
+    if single:
+        blocks, offsets = zip(*single)
+        named[list(blocks), list(offsets)] = True
+    return named & dead
+
+
+def poisoned_slots(case: Case) -> list[tuple[int, int]]:
+    """The dead slots the poison specification actually fills, in block order."""
+    return list(map(tuple, np.argwhere(poisoned_mask(case)).tolist()))
 
 
 def poison_target(case: Case) -> str:
@@ -50,46 +73,86 @@ def case_features(case: Case) -> set[str]:
         found.add("gqa")
     if case.sinks:
         found.add("sinks")
-    reasons = slot_reasons(case)
-    for b, o in poisoned_slots(case):
-        for name, flag in POISON_CLASS_FLAGS.items():
-            if reasons[b][o] & flag:
-                found.add("poison:" + name)
+    why = reasons(case)
+    poisoned = poisoned_mask(case)
+    poisoned_why = np.bitwise_or.reduce(why[poisoned]) if poisoned.any() else 0
+    for name, flag in POISON_CLASS_FLAGS.items():
+        if poisoned_why & int(flag):
+            found.add("poison:" + name)
     found.add("poison-value:" + case.poison.value)
     found.add("poison-tensors:" + case.poison.tensors)
     found.add("kv:" + case.kv_cache.label())
-    if case.poison.hits_scales and poisoned_slots(case):
+    count = int(poisoned.sum())
+    if case.poison.hits_scales and count:
         found.add("poison:scale")
-    if case.poison.sites is not None and len(poisoned_slots(case)) == 1:
+    if case.poison.sites is not None and count == 1:
         found.add("poison:single-slot")
-    live = slot_liveness(case)
+    held = liveness(case).any(axis=1)  # blocks holding keys some query reads
     kinds = set()
+    users: list[np.ndarray] = []
     for seq in case.sequences:
         kinds.add(seq.kind)
         if seq.seq_len % bs:
             found.add("partial-last-block")
-        lo, hi = live_key_range(case, seq)
+        lo, _ = live_key_range(case, seq)
         used = seq.used_blocks(bs)
-        for j in range(used):
-            start, end = j * bs, min((j + 1) * bs, seq.seq_len)
-            block = seq.block_table[j]
-            if start < lo < end:
-                found.add("straddling-window")
-            if end <= lo and seq.query_len:
-                found.add("expired-block")
-                if block == NULL_BLOCK:
-                    found.add("expired-to-null")
-                elif any(live[block]):
-                    found.add("reused-block")
+        if lo % bs and lo < seq.seq_len and seq.query_len:
+            found.add("straddling-window")
+        expired = lo // bs if seq.query_len else 0  # logical blocks wholly below the live range
+        if expired:
+            found.add("expired-block")
+            blocks = np.asarray(seq.block_table[:expired], dtype=np.int64)
+            if (blocks == NULL_BLOCK).any():
+                found.add("expired-to-null")
+            if (held[blocks] & (blocks != NULL_BLOCK)).any():
+                found.add("reused-block")
+        live_logical = seq.live_blocks(case.sliding_window, bs)
+        if live_logical:
+            first = min(live_logical)
+            users.append(np.asarray(seq.block_table[first:first + len(live_logical)], dtype=np.int64))
     found |= kinds
     if len(kinds - {PADDING}) > 1:
         found.add("mixed")
-    users: dict[int, int] = {}
-    for seq in case.sequences:
-        for j in seq.live_blocks(case.sliding_window, bs):
-            users[seq.block_table[j]] = users.get(seq.block_table[j], 0) + 1
-    if any(n > 1 for n in users.values()):
-        found.add("shared-block")
+    if users:
+        _, counts = np.unique(np.concatenate(users), return_counts=True)
+        if (counts > 1).any():
+            found.add("shared-block")
     if len(case.sequences) > 1:
         found.add("multi-sequence")
+    return found | size_features(case)
+
+
+# Sizes where real kernels switch code paths (split-KV decode past a few thousand keys,
+# offsets past 2^31 elements), as features: a campaign's statistics say which it reached.
+SIZE_FEATURES = ("large", "seq-len>=1024", "seq-len>=32768", "sequences>=128", "query-len>=1024",
+                 "expired>=1024", "gqa-group>16", "q-heads>=64", "head-size>=192", "cache>=8GiB", "offsets>2^31")
+
+
+def size_features(case: Case) -> set[str]:
+    g = case.geometry
+    found = {"large"} if case.large else set()
+    longest = case.max_seq_len
+    if longest >= 1024:
+        found.add("seq-len>=1024")
+    if longest >= 32768:
+        found.add("seq-len>=32768")
+    if len(case.sequences) >= 128:
+        found.add("sequences>=128")
+    if case.max_query_len >= 1024:
+        found.add("query-len>=1024")
+    if any(s.live_range(case.sliding_window)[0] >= 1024 for s in case.sequences if s.query_len):
+        found.add("expired>=1024")
+    if g.queries_per_kv > 16:
+        found.add("gqa-group>16")
+    if g.num_q_heads >= 64:
+        found.add("q-heads>=64")
+    if g.head_size >= 192:
+        found.add("head-size>=192")
+    per_block = g.block_size * g.num_kv_heads * g.head_size
+    element = 1 if case.kv_cache.quantized else (4 if g.dtype == "float32" else 2)
+    if 2 * g.num_blocks * per_block * element >= 8 << 30:
+        found.add("cache>=8GiB")
+    highest = max((max(s.block_table[:s.used_blocks(g.block_size)], default=0) for s in case.sequences), default=0)
+    if highest * per_block >= 1 << 31:
+        found.add("offsets>2^31")
     return found

@@ -19,7 +19,7 @@ import torch
 from nanfuzz.reference import quantization, redzones, values
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
-from nanfuzz.reference.semantics import slot_liveness
+from nanfuzz.reference.semantics import liveness
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _BITS_VIEW = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32}
@@ -42,7 +42,7 @@ def _derive(*parts: int) -> int:
 
 def live_mask(case: Case, device: torch.device | str) -> torch.Tensor:
     """bool ``[num_blocks, block_size]``: may some query read this slot?"""
-    return torch.tensor(slot_liveness(case), dtype=torch.bool, device=device)
+    return torch.from_numpy(liveness(case).copy()).to(device)
 
 
 def poison_mask(case: Case, live: torch.Tensor) -> torch.Tensor:
@@ -327,30 +327,39 @@ def _code_margin(case: Case, garbage_seed: int, poisoned: bool):
 def _surround(case: Case, margin, cache_margin, **tensors) -> dict[str, redzones.Allocation]:
     g = case.geometry
     z = redzones
+    caches = {name: tensors.pop(name) for name in ("key_cache", "value_cache", "k_scale_cache", "v_scale_cache")
+              if name in tensors}
+    made = _surround_small(case, margin, **tensors)
+    for name in ("key_cache", "value_cache"):
+        made[name] = z.surround(caches[name], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER, cache_margin(f"redzone_{name}"))
+    for name in ("k_scale_cache", "v_scale_cache"):
+        if name in caches:
+            made[name] = z.surround(caches[name], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER, margin(f"redzone_{name}"))
+    order = ("q", "k", "v", "key_cache", "value_cache", "block_table", "seq_lens", "query_start_loc", "sinks",
+             "k_scale", "v_scale", "k_scale_cache", "v_scale_cache")
+    return {name: made[name] for name in order if name in made}
+
+
+def _surround_small(case: Case, margin, **tensors) -> dict[str, redzones.Allocation]:
+    """Every input but the caches in its redzones (on the tensors' own device)."""
+    z = redzones
+    g = case.geometry
     trap = g.num_blocks  # the first block past the cache: a redzone block, NaN in the poisoned run
     reach = (case.table_width + z.TABLE_EXTRA_COLUMNS) * g.block_size
     made = {
         "q": z.surround(tensors["q"], 0, z.TOKEN_ROWS_AFTER, margin("redzone_q")),
         "k": z.surround(tensors["k"], 0, z.TOKEN_ROWS_AFTER, margin("redzone_k")),
         "v": z.surround(tensors["v"], 0, z.TOKEN_ROWS_AFTER, margin("redzone_v")),
-        "key_cache": z.surround(tensors["key_cache"], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
-                                cache_margin("redzone_key_cache")),
-        "value_cache": z.surround(tensors["value_cache"], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
-                                  cache_margin("redzone_value_cache")),
         "block_table": z.table(tensors["block_table"], trap),
         "seq_lens": z.surround(tensors["seq_lens"], 0, z.LENGTHS_AFTER, reach),
         "query_start_loc": z.surround(tensors["query_start_loc"], 0, z.LENGTHS_AFTER,
                                       case.num_tokens + z.OUT_GUARD_ROWS),
     }
-    if tensors["sinks"] is not None:
+    if tensors.get("sinks") is not None:
         made["sinks"] = z.surround(tensors["sinks"], 0, z.SINKS_AFTER, margin("redzone_sinks"))
     for name in ("k_scale", "v_scale"):
         if name in tensors:
             made[name] = z.surround(tensors[name], 0, z.SCALES_AFTER, margin(f"redzone_{name}"))
-    for name in ("k_scale_cache", "v_scale_cache"):
-        if name in tensors:
-            made[name] = z.surround(tensors[name], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
-                                    margin(f"redzone_{name}"))
     return made
 
 

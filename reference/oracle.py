@@ -28,6 +28,9 @@ from nanfuzz.reference.semantics import live_key_range
 
 # Gathered K plus V per chunk, in float64 elements (2 x 2**27 x 8 B = 2 GiB).
 _CHUNK_ELEMENTS = 1 << 27
+# Scores per step of query rows, in elements (2**26 x 8 B = 512 MiB, twice: the scores and P):
+# a production prefill of 2048 queries over 64k keys and 32 heads takes many steps.
+_SCORE_ELEMENTS = 1 << 26
 
 
 def oracle(batch: PagedBatch) -> torch.Tensor:
@@ -87,10 +90,15 @@ class _Gathered:
     tok_row: torch.Tensor       # [chunk tokens]: its query row in the sequence
 
     def attend(self, arithmetic: Arithmetic) -> torch.Tensor:
-        """float64 ``[chunk tokens, num_q_heads, head_size]`` in ``arithmetic``."""
+        """float64 ``[chunk tokens, num_q_heads, head_size]`` in ``arithmetic``, a step of query rows
+        at a time (each row's softmax is its own)."""
         g = self.case.geometry
+        n, max_q, max_len = self.allowed.shape
+        rows = max(1, _SCORE_ELEMENTS // max(1, n * g.num_q_heads * max_len))
         with _ieee_float32_matmuls():
-            out = _softmax_pv(self.q, self.k, self.v, self.allowed, self.case.scale, self.sinks, arithmetic)
+            steps = [_softmax_pv(self.q[:, r:r + rows], self.k, self.v, self.allowed[:, r:r + rows], self.case.scale,
+                                 self.sinks, arithmetic) for r in range(0, max_q, rows)]
+        out = steps[0] if len(steps) == 1 else torch.cat(steps, dim=1)
         return out[self.tok_seq, self.tok_row].reshape(len(self.tok_seq), g.num_q_heads, g.head_size).double()
 
 

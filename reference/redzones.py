@@ -140,6 +140,18 @@ def move_together(allocations: dict[str, Allocation], device: torch.device) -> d
     return {name: Allocation(moved[name], a.index) for name, a in allocations.items()}
 
 
+def pack_together(allocations: dict[str, Allocation], device: torch.device) -> dict[str, Allocation]:
+    """``move_together`` for allocations on any devices (a large case builds its queries on the
+    device and its lengths on the host): each is copied into one buffer on ``device``."""
+    bases = {name: a.base for name, a in allocations.items()}
+    offsets, total = _layout(bases)
+    buffer = torch.empty(total, dtype=torch.uint8, device=device)
+    for name, base in bases.items():
+        buffer[offsets[name]: offsets[name] + base.numel() * base.element_size()] = _as_bytes(base).to(device)
+    moved = _views(buffer, bases, offsets)
+    return {name: Allocation(moved[name], a.index) for name, a in allocations.items()}
+
+
 def shared_buffer(allocations: dict[str, Allocation]) -> torch.Tensor | None:
     """The one byte buffer all of ``allocations`` are views into (``move_together``), else None."""
     bases = [a.base for a in allocations.values()]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 import functools
 
+import numpy as np
+
 from nanfuzz.reference.case import NULL_BLOCK, Case, Sequence
 
 
@@ -44,26 +46,39 @@ class Dead(enum.IntFlag):
 
 
 def slot_liveness(case: Case) -> list[list[bool]]:
-    """``live[block][offset]``: may some query of the batch read this slot?"""
-    return [list(row) for row in _liveness(*_layout_key(case))]
+    """``live[block][offset]``: may some query of the batch read this slot?  (Lists, for small
+    cases; ``liveness`` is the same as an array, at any size.)"""
+    return liveness(case).tolist()
 
 
 def slot_reasons(case: Case) -> list[list[Dead]]:
-    """``reasons[block][offset]``: every reason a slot is dead (empty when it is live)."""
-    return [[_DEAD[why] for why in row] for row in _reason_bits(*_layout_key(case))]
+    """``reasons[block][offset]``: every reason a slot is dead (empty when it is live).  (Lists,
+    for small cases; ``reasons`` is the same as an array of ``Dead`` bits, at any size.)"""
+    return [[_DEAD[why] for why in row] for row in reasons(case).tolist()]
+
+
+def liveness(case: Case) -> np.ndarray:
+    """bool ``[num_blocks, block_size]``, read-only: may some query of the batch read this slot?"""
+    return _layout(*_layout_key(case))[0]
+
+
+def reasons(case: Case) -> np.ndarray:
+    """uint8 ``[num_blocks, block_size]``, read-only: the ``Dead`` bits of each slot (0: live)."""
+    return _layout(*_layout_key(case))[1]
 
 
 # Liveness and dead-slot reasons depend on the block layout alone, not on the
 # poison or the data seed; the strategy, validation, materialisation and the
 # evidence all ask for them, several times per case, so they are memoised on
-# these fields (a case's own hash would miss across poison variants).
+# these fields (a case's own hash would miss across poison variants).  A
+# production-size layout is tens of megabytes: a few are kept, not hundreds.
 def _layout_key(case: Case) -> tuple:
     g = case.geometry
     return g.num_blocks, g.block_size, case.sequences, case.sliding_window, case.padding_block
 
 
 def _memoised(compute):
-    cached = functools.lru_cache(maxsize=256)(compute)
+    cached = functools.lru_cache(maxsize=16)(compute)
 
     @functools.wraps(compute)
     def lookup(*key):
@@ -76,16 +91,6 @@ def _memoised(compute):
     return lookup
 
 
-@_memoised
-def _liveness(num_blocks: int, block_size: int, sequences: tuple[Sequence, ...], window: int,
-              padding_block: int) -> tuple[tuple[bool, ...], ...]:
-    live = [[False] * block_size for _ in range(num_blocks)]
-    for seq in sequences:
-        for j, offsets in seq.live_blocks(window, block_size).items():
-            live[seq.block_table[j]][offsets.start:offsets.stop] = [True] * len(offsets)
-    return tuple(tuple(row) for row in live)
-
-
 # Dead flags by value: IntFlag arithmetic is slow, so flags are combined as
 # plain ints and turned into ``Dead`` only on the way out.
 _DEAD = {value: Dead(value) for value in range(2 ** len(Dead))}
@@ -93,44 +98,54 @@ _TAIL, _OUT_OF_WINDOW, _NULL_BLOCK, _PADDING, _UNREFERENCED, _NO_QUERY = (
     int(f) for f in (Dead.TAIL, Dead.OUT_OF_WINDOW, Dead.NULL_BLOCK, Dead.PADDING, Dead.UNREFERENCED, Dead.NO_QUERY))
 
 
-@_memoised
-def _reason_bits(num_blocks: int, block_size: int, sequences: tuple[Sequence, ...], window: int,
-                 padding_block: int) -> tuple[tuple[int, ...], ...]:
+def _mark(grid: np.ndarray, table: np.ndarray, start: int, end: int, block_size: int, value) -> None:
+    """``grid[slot] |= value`` for the slots of keys ``[start, end)`` of a sequence whose used
+    table entries are ``table``: whole blocks at once, the two partial ends by slices."""
+    if start >= end:
+        return
     bs = block_size
-    live = _liveness(num_blocks, bs, sequences, window, padding_block)
-    reasons = [[0] * bs for _ in range(num_blocks)]
-    referenced = [False] * num_blocks
+    first, last = start // bs, (end - 1) // bs
+    if first == last:
+        grid[table[first], start - first * bs:end - first * bs] |= value
+        return
+    grid[table[first], start - first * bs:] |= value
+    grid[table[last], :end - last * bs] |= value
+    if last > first + 1:
+        grid[table[first + 1:last]] |= value
 
-    def mark(block: int, start: int, end: int, why: int) -> None:
-        if start < end:
-            row = reasons[block]
-            row[start:end] = [r | why for r in row[start:end]]
 
+@_memoised
+def _layout(num_blocks: int, block_size: int, sequences: tuple[Sequence, ...], window: int,
+            padding_block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(liveness, reasons) arrays of a layout; see ``liveness`` and ``reasons``."""
+    bs = block_size
+    live = np.zeros((num_blocks, bs), dtype=bool)
+    why = np.zeros((num_blocks, bs), dtype=np.uint8)
+    referenced = np.zeros(num_blocks, dtype=bool)
+    padded = False
     for seq in sequences:
         used = seq.used_blocks(bs)
-        lo, _ = seq.live_range(window)
-        for j in range(used):
-            block = seq.block_table[j]
-            referenced[block] = True
-            # offsets [0, keys) hold keys < seq_len; the rest of the block is tail
-            keys = min(bs, seq.seq_len - j * bs)
-            mark(block, keys, bs, _TAIL)
-            if seq.query_len == 0:
-                mark(block, 0, keys, _NO_QUERY)
-            else:  # keys below the live range [lo, seq_len) expired
-                mark(block, 0, min(keys, lo - j * bs), _OUT_OF_WINDOW)
-    padded = any(len(s.block_table) > s.used_blocks(bs) for s in sequences)
-    for block in range(num_blocks):
-        extra = 0
-        if block == NULL_BLOCK:
-            extra |= _NULL_BLOCK
-        if block == padding_block and padded:
-            extra |= _PADDING
-        if not referenced[block]:
-            extra |= _UNREFERENCED
-        alive = live[block]
-        reasons[block] = [0 if alive[o] else why | extra for o, why in enumerate(reasons[block])]
-    return tuple(tuple(row) for row in reasons)
+        padded = padded or len(seq.block_table) > used
+        if not used:
+            continue
+        table = np.asarray(seq.block_table[:used], dtype=np.int64)
+        referenced[table] = True
+        lo, hi = seq.live_range(window)
+        _mark(live, table, lo, hi, bs, True)
+        if seq.seq_len % bs:  # the rest of the last block is tail
+            why[table[-1], seq.seq_len % bs:] |= _TAIL
+        if seq.query_len == 0:
+            _mark(why, table, 0, seq.seq_len, bs, _NO_QUERY)
+        else:  # keys below the live range [lo, seq_len) expired
+            _mark(why, table, 0, lo, bs, _OUT_OF_WINDOW)
+    extra = np.where(referenced, 0, _UNREFERENCED).astype(np.uint8)
+    extra[NULL_BLOCK] |= _NULL_BLOCK
+    if padded:
+        extra[padding_block] |= _PADDING
+    why = np.where(live, np.uint8(0), why | extra[:, None])
+    live.setflags(write=False)
+    why.setflags(write=False)
+    return live, why
 
 
 def dead_slots(case: Case) -> list[tuple[int, int]]:
@@ -145,10 +160,8 @@ def dead_slots(case: Case) -> list[tuple[int, int]]:
 
 @_memoised
 def _dead_slots(*key) -> tuple[tuple[int, int], ...]:
-    reached = _TAIL | _OUT_OF_WINDOW
-    first, then = [], []
-    for block, row in enumerate(_reason_bits(*key)):
-        for offset, why in enumerate(row):
-            if why:
-                (first if why & reached else then).append((block, offset))
-    return tuple(first + then)
+    why = _layout(*key)[1]
+    reached = (why & (_TAIL | _OUT_OF_WINDOW)) != 0
+    first = np.argwhere(reached)
+    then = np.argwhere((why != 0) & ~reached)
+    return tuple(map(tuple, np.concatenate([first, then]).tolist()))

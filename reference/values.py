@@ -2,7 +2,9 @@
 
 A value is a hash of (data seed, stream, index): splitmix64's finaliser in
 wrapping 64-bit integer arithmetic, then an exact float conversion, and the
-final cast rounds to nearest even.  Batches are built on the host and every
+final cast rounds to nearest even.  Host indices hash in numpy; indices on a
+device hash there, in torch's int64 arithmetic, to the same bits (a
+production-size case builds its caches on the device).  Batches are built on the host and every
 device gets a copy (``reference.materialize``), so a slot's content depends
 only on the seed and the slot, never on the device, the batch around it or
 the poison.
@@ -45,6 +47,32 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def _signed(x: int) -> int:
+    """A 64-bit pattern as the int64 that holds it."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """A logical shift of int64 ``x``: torch's ``>>`` on int64 is arithmetic."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix_tensor(x: torch.Tensor) -> torch.Tensor:
+    """``_mix`` in int64 torch arithmetic, which wraps as uint64 does, on any device."""
+    x = x + _signed(_GOLDEN)
+    x = x ^ _shift_right(x, 30)
+    x = x * _signed(_MUL1)
+    x = x ^ _shift_right(x, 27)
+    x = x * _signed(_MUL2)
+    return x ^ _shift_right(x, 31)
+
+
+def _bits_tensor(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
+    """``_bits`` as int64 on ``index``'s device: the same 64 bits."""
+    base = _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
+    return _mix_tensor(index * _signed(_GOLDEN) + _signed(base))
+
+
 def _bits(seed: int, stream: str, index: torch.Tensor) -> np.ndarray:
     """uint64 hashes of the host int64 ``index`` in ``stream`` under ``seed``."""
     base = _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
@@ -56,11 +84,16 @@ def _bits(seed: int, stream: str, index: torch.Tensor) -> np.ndarray:
 
 
 def random_bits(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
-    """64 pseudo-random bits (as int64) for each element of the host int64 ``index``."""
+    """64 pseudo-random bits (as int64) for each element of the int64 ``index``, on its device."""
+    if index.device.type != "cpu":
+        return _bits_tensor(seed, stream, index)
     return torch.from_numpy(_bits(seed, stream, index).view(np.int64))
 
 
 def uniform(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
-    """float64 uniform on [-1, 1), 53 bits, exactly reproducible (``index``: host int64)."""
+    """float64 uniform on [-1, 1), 53 bits, exactly reproducible (``index``: int64, on its device)."""
+    if index.device.type != "cpu":
+        top53 = _shift_right(_bits_tensor(seed, stream, index), 11).to(torch.float64)
+        return top53 * (2.0 ** -52) - 1.0
     top53 = (_bits(seed, stream, index) >> np.uint64(11)).astype(np.float64)
     return torch.from_numpy(top53 * (2.0 ** -52) - 1.0)

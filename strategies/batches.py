@@ -17,7 +17,7 @@ class Lengths:
     seq_len: int
 
 
-def _allowed_kinds(caps: Capabilities, padding: bool) -> tuple[str, ...]:
+def allowed_kinds(caps: Capabilities, padding: bool) -> tuple[str, ...]:
     kinds = []
     if caps.min_query_len <= 1:
         kinds.append(DECODE)
@@ -34,7 +34,7 @@ def sequence_lengths(caps: Capabilities, max_len: int, max_query: int, padding: 
     """One request; shrinks toward a decode of one key.  ``padding`` allows Q = L = 0;
     ``query_len`` fixes Q for a request with a query (``Capabilities.uniform_query_len``)."""
     if query_len is None:
-        kinds = _allowed_kinds(caps, padding)
+        kinds = allowed_kinds(caps, padding)
         q_lo = max(1, caps.min_query_len)
         q_hi = max_query if caps.max_query_len is None else min(max_query, caps.max_query_len)
         queries = integers(q_lo, max(q_lo, q_hi))

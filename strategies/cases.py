@@ -9,12 +9,20 @@ from hypothesis import strategies as st
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
 from nanfuzz.strategies.batches import causal_flags, sequence_lengths, windows
-from nanfuzz.strategies.draws import BOOLEANS, integers
+from nanfuzz.strategies.draws import BOOLEANS, integers, pick
 from nanfuzz.strategies.geometry import shapes
 from nanfuzz.strategies.poison import draw_poison
+from nanfuzz.strategies.production import ProductionSize, production_case, production_size, wide_entries
 from nanfuzz.strategies.quantization import kv_caches
 from nanfuzz.strategies.specialisations import Specialisation, specialisation_pool
 from nanfuzz.strategies.tables import draw_block_tables
+
+# Size tiers: small (fast, shrinks well), production (the sizes real kernels switch paths at),
+# or mixed: mostly small, a steady share at production size.
+TIERS = ("small", "production", "mixed")
+# In a mixed campaign, production cases against small ones: a production case costs tens to
+# hundreds of milliseconds on a GPU against about two for a small one.
+MIXED_WEIGHTS = (15, 1)
 
 
 @dataclass(frozen=True)
@@ -44,18 +52,30 @@ def default_size(interpreter: bool) -> Size:
     return INTERPRETER_SIZE if interpreter else GPU_SIZE
 
 
+def default_tier(interpreter: bool) -> str:
+    """What a campaign draws when nothing says otherwise: small under the interpreter, mixed on a GPU."""
+    return "small" if interpreter else "mixed"
+
+
 def campaign_pool(caps: Capabilities, entries: int, seed: int, *,
-                  interpreter: bool = False) -> tuple[Specialisation, ...]:
-    """A pool for ``paged_cases`` at its default size: every entry fits the batches it draws."""
+                  interpreter: bool = False, tier: str = "small") -> tuple[Specialisation, ...]:
+    """A pool for ``paged_cases`` at its default size: every entry fits the batches it draws.
+    A tier with production cases adds a quarter as many entries of production shapes (up to
+    128 query heads, GQA groups past 16, the largest head sizes)."""
     size = default_size(interpreter)
-    return specialisation_pool(size.bound(caps), entries, seed, interpreter=interpreter,
+    pool = specialisation_pool(size.bound(caps), entries, seed, interpreter=interpreter,
                                max_kv_heads=size.max_kv_heads)
+    if tier == "small":
+        return pool
+    wide = wide_entries(caps, max(2, entries // 4), seed, interpreter=interpreter, known=pool)
+    return pool + tuple(w for w in wide if w not in pool)
 
 
 def paged_cases(capabilities: Capabilities = Capabilities(), *,
                 interpreter: bool = False, size: Size | None = None,
                 poison_classes: tuple[str, ...] | None = None,
-                pool: tuple[Specialisation, ...] | None = None) -> st.SearchStrategy[Case]:
+                pool: tuple[Specialisation, ...] | None = None, tier: str = "small",
+                production: ProductionSize | None = None) -> st.SearchStrategy[Case]:
     """A valid, poisoned paged-attention batch that ``capabilities`` accepts.
 
     Shrinks toward one decode sequence of one key, one KV head, the smallest
@@ -63,8 +83,45 @@ def paged_cases(capabilities: Capabilities = Capabilities(), *,
     per-token-head scales), and NaN in V of a single dead slot.  ``poison_classes``
     aims the poison at some dead-slot classes only (see ``strategies.poison``).
     ``pool`` fixes the compile-time part (shape, causality, window, sinks, cache dtype) to
-    one of its entries (see ``strategies.specialisations``).
+    one of its entries (see ``strategies.specialisations``).  ``tier`` (``TIERS``) says how
+    large: ``small`` at ``size``, ``production`` at ``production`` (``strategies.production``),
+    or ``mixed``, which shrinks toward small.
     """
+    if tier not in TIERS:
+        raise ValueError(f"tier={tier!r} is not one of {TIERS}")
+    small = _small_cases(capabilities, interpreter, size, poison_classes, pool)
+    if tier == "small":
+        return small
+    large = _production_cases(capabilities, interpreter, production or production_size(interpreter),
+                              poison_classes, pool)
+    if tier == "production":
+        return large
+
+    @st.composite
+    def mixed(draw) -> Case:
+        return draw(large if pick(draw, ("small", "production"), MIXED_WEIGHTS) == "production" else small)
+
+    return mixed()
+
+
+def _production_cases(capabilities: Capabilities, interpreter: bool, production: ProductionSize,
+                      poison_classes, pool) -> st.SearchStrategy[Case]:
+    fixed_parts = st.sampled_from(pool) if pool else None
+    poison_classes = tuple(poison_classes) if poison_classes is not None else None
+
+    @st.composite
+    def cases(draw) -> Case:
+        fixed = draw(fixed_parts) if pool else None
+        case = production_case(draw, capabilities, production, interpreter, poison_classes, fixed)
+        assert capabilities.unsupported(case, interpreter=interpreter) is None, capabilities.unsupported(
+            case, interpreter=interpreter)
+        return case
+
+    return cases()
+
+
+def _small_cases(capabilities: Capabilities, interpreter: bool, size: Size | None, poison_classes,
+                 pool) -> st.SearchStrategy[Case]:
     size = size or default_size(interpreter)
     caps = size.bound(capabilities)
     # Everything that does not depend on a drawn value is built here, once per strategy.

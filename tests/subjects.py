@@ -102,3 +102,47 @@ declared_nondeterministic = _kernel("declared_nondeterministic", _nondeterminist
 reads_past_value_cache = _kernel("reads_past_value_cache", _reads_past_value_cache)
 writes_past_out = _kernel("writes_past_out", _writes_past_out)
 compiles_elsewhere = _kernel("compiles_elsewhere", _compiles_elsewhere)
+
+
+# -- kernels that attack their campaign ------------------------------------------------
+
+def _kill_group():
+    os.killpg(0, 9)  # SIGKILL to every process of its group: the campaign too, were it shared
+
+
+def _kill_parent():
+    os.kill(os.getppid(), 9)  # a worker's parent is the fork server it was forked from
+
+
+kills_its_process_group = _kernel("kills_its_process_group", _before_windowed_launches(_kill_group))
+kills_the_fork_server = _kernel("kills_the_fork_server", _before_windowed_launches(_kill_parent))
+
+
+_children = []
+
+
+def _with_a_child(run):
+    """``run``, after starting a process that would sleep for ten minutes (once per worker, its pid
+    noted in ``children.txt`` in the current folder): a kernel that leaves a process behind."""
+    def started(batch, out):
+        if not _children:
+            import subprocess
+
+            _children.append(subprocess.Popen(["sleep", "600"]))
+            with open("children.txt", "a") as f:
+                f.write(f"{_children[-1].pid}\n")
+        return run(batch, out)
+    return started
+
+
+def _notes_and_exits(batch, out):
+    """A windowed case is noted in ``failures.txt`` (one line per case) and ends the worker."""
+    if _windowed(batch):
+        with open("failures.txt", "a") as f:
+            f.write(batch.case.to_json() + "\n")
+        os._exit(5)
+    return attention(batch, out)
+
+
+starts_a_child = _kernel("starts_a_child", _with_a_child(attention))
+starts_a_child_then_exits = _kernel("starts_a_child_then_exits", _with_a_child(_notes_and_exits))

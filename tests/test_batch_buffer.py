@@ -42,11 +42,14 @@ def test_a_clone_is_one_independent_buffer_and_a_write_anywhere_is_seen_and_name
         assert not bool(_any_written(batch, snapshot)) and _written_regions(batch, snapshot) == []
         batch.value_cache.view(torch.uint8).view(-1)[3] ^= 1
         assert bool(_any_written(batch, snapshot))
-        assert _written_regions(batch, snapshot) == ["value_cache"]
+        (written,) = _written_regions(batch, snapshot)
+        assert written.tensor == "value_cache" and written.places == ((0, 0),), written
+        assert written.label.startswith("value_cache at block 0 slot 0 ("), written
         assert not bool(_any_written(snapshot, snapshot.clone()))
         side = batch.allocations["key_cache"].sides()[-1][1]
         batch.allocations["key_cache"].base[side].view(torch.uint8).view(-1)[0] ^= 1
-        assert _written_regions(batch, snapshot) == ["value_cache", "the redzone past the end of key_cache"]
+        assert [w.label for w in _written_regions(batch, snapshot)] == ["the redzone past the end of key_cache",
+                                                                       written.label]
 
 
 def test_a_write_between_allocations_is_a_write_too():

@@ -172,6 +172,8 @@ def test_a_pytest_run_that_runs_no_test_is_an_error_not_a_pass(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--time-budget", "-3"], "--time-budget=-3 is too small; give at least 5 seconds"),
+    (["--time-budget", "nan"], "--time-budget=nan must be a finite number of seconds"),
+    (["--grace", "inf"], "--grace=inf must be a finite number of seconds"),
     (["--workers", "two"], "argument --workers: invalid int value: 'two'"),
     (["--kernel", "paged_decode@nope"], "unknown kernel 'paged_decode@nope'"),
 ])

@@ -15,8 +15,10 @@ from nanfuzz.reference.case import Case, Geometry, Sequence
 from tests.torch_kernels import torch_kernel
 
 KERNELS = builtin_kernels()
-OLD = sorted(name for name, k in KERNELS.items() if k.expect == "caught")
-FIXED = sorted(name for name, k in KERNELS.items() if k.expect == "pass")
+# The masking families; split_decode draws production sizes only and has tests of its own
+# (tests/test_kernel_split_decode.py): its bug is a lost partition, not a dead slot read.
+OLD = sorted(name for name, k in KERNELS.items() if k.expect == "caught" and k.size != "production")
+FIXED = sorted(name for name, k in KERNELS.items() if k.expect == "pass" and k.size != "production")
 
 
 STATE = Path(".nanfuzz")
@@ -126,15 +128,24 @@ def test_a_seeded_campaign_keeps_the_example_database(tmp_path):
     assert again.examples_to_first_failure == 1  # replayed from the database first
 
 
-def test_time_budget_is_kept_within_a_few_examples():
+def test_time_budget_is_kept_within_a_few_examples(monkeypatch):
     import time as time_module
+    import types
 
-    start = time_module.perf_counter()
+    from nanfuzz.harness.campaign import runner, search
+    from nanfuzz.harness.campaign.runner import Hooks
+
+    # the campaign's clock, moved by hand: each example takes 0.1 s of it, whatever the machine does
+    now = [0.0]
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0], process_time=time_module.process_time,
+                                  sleep=time_module.sleep)
+    monkeypatch.setattr(runner, "time", clock)
+    monkeypatch.setattr(search, "time", clock)
+    hooks = Hooks(on_example=lambda campaign: now.__setitem__(0, now[0] + 0.1))
     campaign = fuzz(KERNELS["paged_decode@masked"], device="cpu", max_examples=10_000, time_budget=3.0,
-                    use_database=False)
-    elapsed = time_module.perf_counter() - start
-    per_example = elapsed / campaign.examples
-    assert elapsed < 3.0 + 12 * per_example + 2.0, (elapsed, campaign.examples)
+                    use_database=False, hooks=hooks)
+    # 3 s of examples of 0.1 s: the last Hypothesis run ends on the deadline, or one example past it
+    assert 30 <= campaign.examples <= 31 and campaign.elapsed == pytest.approx(campaign.examples * 0.1)
 
 
 def test_cpu_seconds_tell_a_busy_worker_from_a_waiting_one(tmp_path, monkeypatch):

@@ -254,12 +254,14 @@ def test_a_kernel_imported_under_the_interpreter_is_accepted(kernel_imported_by_
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_importing_the_plugin_takes_well_under_a_tenth_of_a_second(tmp_path):
-    code = ("import time, pytest; start = time.perf_counter(); import nanfuzz.harness.plugin; "
-            "print(time.perf_counter() - start)")
-    runs = [float(subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_clean_env(), capture_output=True,
-                                 text=True, check=True).stdout) for _ in range(3)]
-    assert min(runs) < 0.1, runs  # about 5 ms on a loaded 2-core machine
+def test_importing_the_plugin_imports_nothing_heavy(tmp_path):
+    # what makes it cheap (about 5 ms on a loaded 2-core machine): a handful of nanfuzz's own modules
+    code = ("import sys, pytest; before = set(sys.modules); import nanfuzz.harness.plugin; "
+            "print(' '.join(sorted(set(sys.modules) - before)))")
+    imported = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_clean_env(), capture_output=True,
+                              text=True, check=True).stdout.split()
+    assert "nanfuzz.harness.plugin" in imported
+    assert not [m for m in imported if m.split(".")[0] in ("torch", "triton", "hypothesis", "numpy")], imported
 
 
 # -- what a session that uses nanfuzz gets (in this process, with the backend stubbed) ------------

@@ -46,7 +46,8 @@ def test_to_dict_groups_situations_and_survives_json():
     assert data["examples"] == 3
     groups = data["groups"]
     assert list(groups) == ["kinds of sequence", "masks and windows", "poisoned dead slots", "blocks", "heads",
-                            "dtypes", "kv caches", "block sizes", "head sizes", "poison values"]
+                            "sizes", "dtypes", "kv caches", "block sizes", "head sizes", "poison values"]
+    assert groups["sizes"]["seq-len>=32768"]["count"] == 0  # listed, never reached
     assert groups["kv caches"] == {"kv:auto": {"count": 3, "share": 1.0}}
     assert groups["kinds of sequence"]["decode"] == {"count": 2, "share": round(2 / 3, 6)}
     assert groups["poisoned dead slots"]["poison:single-slot"]["count"] == 0  # listed, never reached
@@ -71,7 +72,7 @@ def test_table_is_aligned():
     assert rows[0].split() == ["kinds", "of", "sequence", "decode", "2", "66.7%"]
     assert all(re.search(r"\d+\.\d%$", row) for row in rows)
     assert len({len(row) for row in rows}) == 1  # counts and shares right-aligned to one column
-    columns = {row.index(row.split()[-2]) + len(row.split()[-2]) for row in rows}
+    columns = {row.rindex(" " + row.split()[-2] + " ") + 1 + len(row.split()[-2]) for row in rows}
     assert len(columns) == 1
     assert any(row.split()[:2] == ["poisoned", "dead"] for row in rows)
     assert Statistics().table() == "what the campaign exercised (0 examples)"
@@ -97,8 +98,7 @@ def test_every_generated_situation_has_a_group_and_costs_little():
     start = time.perf_counter()
     for case in cases:
         stats.add(case)
-    per_case = (time.perf_counter() - start) / len(cases)
     assert OTHER not in stats.to_dict()["groups"], stats.to_dict()["groups"].get(OTHER)
-    # about 0.2 ms a case measured (GPU-sized batches, on a loaded 2-core machine); it runs once per example
-    assert per_case < 0.02, f"{per_case * 1e3:.2f} ms per case"
-    assert stats.seconds <= time.perf_counter() - start
+    # what it costs is counted (about 0.2 ms a case, GPU-sized batches, on a loaded 2-core machine;
+    # the summary JSON carries it), within the time its calls took
+    assert 0 < stats.seconds <= time.perf_counter() - start

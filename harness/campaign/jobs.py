@@ -13,19 +13,25 @@ journal, and they share the example database.  The first job to fail asks
 the others to stop and shrinks; the merged campaign reports its failure, the
 examples of all jobs, and times measured from the start of the whole run.
 
-Ctrl-C: every job stops at once, keeps the smallest failure it had, and the
-run reports it; jobs that do not answer within two seconds are killed.
+Ctrl-C, SIGTERM or SIGHUP, to the run's process or to its whole group: every
+job stops at once (out of the check under way), keeps the smallest failure it
+had, and the run reports it; jobs that do not answer within two seconds are
+killed.
 """
 from __future__ import annotations
 
+import os
 import queue
 import signal
+import sys
 import threading
 import time
 
-from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.launch.processes import interpret_if_cpu
 from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.campaign.stop_signals import STOP_SIGNALS, quiet_about_interrupts
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.launch.isolation import hold_while_starting
+from nanfuzz.harness.launch.processes import interpret_if_cpu, start as start_process
 from nanfuzz.reference.errors import NanfuzzError
 
 _WARMUP_SEED = 1_000_003
@@ -34,17 +40,27 @@ _INTERRUPT_GRACE = 2.0
 
 
 def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, warmup: int,
-             stop_event, interrupt_event, results, ready, farm=None) -> None:
+             stop_event, interrupt_event, results, ready, farm=None, listening=None) -> None:
     """A job process: one campaign, after ``warmup`` unmeasured examples and
     a wait at ``ready`` until every job has warmed up (so the measured
     campaigns run side by side).
 
     Puts ``(index, campaign, (started, ended))`` or ``(index, error, None)``.
     """
-    def interrupt(signum, frame):
-        interrupt_event.set()  # the campaign stops at its next case and keeps what it found
+    campaigning = [False]  # a stop raises in a campaign, which keeps what it found; elsewhere it only asks
 
-    signal.signal(signal.SIGINT, interrupt)
+    def interrupt(signum, frame):
+        interrupt_event.set()
+        if campaigning[0]:
+            campaigning[0] = False
+            if not hold_while_starting(_raise_interrupt):
+                raise KeyboardInterrupt  # out of the check under way, however long
+
+    for signum in (signal.SIGINT, *STOP_SIGNALS):
+        signal.signal(signum, interrupt)
+    sys.unraisablehook = quiet_about_interrupts(sys.unraisablehook)  # one a callback swallowed: the event stops it
+    if listening is not None:
+        listening[index] = 1
     interpret_if_cpu(settings.device)  # before the kernel's module is imported
     try:
         from nanfuzz.harness.campaign.runner import Hooks, fuzz
@@ -70,8 +86,12 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
                     stop_event.set()
 
             hooks = Hooks(on_example=note_failure, should_stop=stop_event.is_set, interrupted=interrupt_event.is_set)
-            campaign = fuzz(kernel, settings, hooks=hooks, pool_seed=pool_seed, subject=subject,
-                            check_leftovers=False, farm=farm)
+            campaigning[0] = not interrupt_event.is_set()
+            try:
+                campaign = fuzz(kernel, settings, hooks=hooks, pool_seed=pool_seed, subject=subject,
+                                check_leftovers=False, farm=farm)
+            finally:
+                campaigning[0] = False
             campaign.compiles = subject.specialisations
         finally:
             subject.close()
@@ -83,6 +103,10 @@ def _run_job(index: int, kernel_spec: str, settings: Settings, pool_seed: int, w
         results.put((index, "interrupted", None))
         return
     results.put((index, campaign, (started, time.time())))
+
+
+def _raise_interrupt() -> None:
+    raise KeyboardInterrupt
 
 
 def split(total: int, jobs: int) -> list[int]:
@@ -130,6 +154,9 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
             own_farm.close()
     if own_farm is not None:
         merged.farm = own_farm.summary()
+    from nanfuzz.harness.campaign.runner import note_paths
+
+    note_paths(merged, settings.state_dir)
     return merged
 
 
@@ -144,30 +171,34 @@ def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, not
     context = fork_server_context()
     stop_event, interrupt_event = context.Event(), context.Event()
     results, ready = context.Queue(), context.Barrier(jobs)
+    listening = context.RawArray("b", jobs)  # job i takes Ctrl-C as a stop (its handler is in place)
     processes = []
-    for i, examples in enumerate(split(max_examples, jobs)):
-        job_seed = None if seed is None else seed + i
-        job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed,
-                                        **kernel_sources(kernel, settings.sources))
-        processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}", args=(
-            i, import_path(kernel), job_settings, pool_seed, warmup,
-            stop_event, interrupt_event, results, ready, farm)))
-        processes[-1].start()
     done: dict[int, tuple] = {}
     died: list[int] = []
     interrupted = False
     try:
+        for i, examples in enumerate(split(max_examples, jobs)):
+            job_seed = None if seed is None else seed + i
+            job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed,
+                                            **kernel_sources(kernel, settings.sources))
+            processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}", args=(
+                i, import_path(kernel), job_settings, pool_seed, warmup,
+                stop_event, interrupt_event, results, ready, farm, listening)))
+            start_process(processes[-1])  # a stop meanwhile waits until the job runs, then stops it too
         _collect(processes, results, done, died, stop_event, ready, deadline=None)
     except KeyboardInterrupt:
         interrupted = True
         interrupt_event.set()
         ready.abort()
+        _interrupt(processes, listening)  # a job deep in a long check stops now, as its own Ctrl-C would stop it
         try:
             _collect(processes, results, done, died, stop_event, ready, deadline=time.time() + _INTERRUPT_GRACE)
         except KeyboardInterrupt:
             pass
     finally:
         for p in processes:
+            if p.pid is None:
+                continue  # never started
             p.join(timeout=0 if interrupted else 60)
             if p.is_alive():
                 p.kill()
@@ -187,6 +218,17 @@ def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, not
                            f"(exit status {processes[died[0]].exitcode}); run with --jobs 1 to see why")
     merged.elapsed = max((span[1] for _, span in finished), default=time.time()) - measured_from
     return merged
+
+
+def _interrupt(processes, listening) -> None:
+    """Ctrl-C to every job still running whose handler is in place (a stop signal may have reached
+    this process alone); a job not yet listening meets the interrupt event before its first example."""
+    for i, p in enumerate(processes):
+        if listening[i] and p.exitcode is None and p.pid is not None:
+            try:
+                os.kill(p.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
 
 
 def _collect(processes, results, done, died, stop_event, ready, deadline) -> None:
@@ -222,6 +264,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.notes += [note for note in campaign.notes if note not in merged.notes]  # each job says the same
         merged.worker_restarts += campaign.worker_restarts
         merged.deferred += campaign.deferred
+        merged.declined_for_memory += campaign.declined_for_memory
         if campaign.compiles is not None:
             merged.compiles = (merged.compiles or 0) + campaign.compiles
         if campaign.time_to_first_example is not None:

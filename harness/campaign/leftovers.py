@@ -2,18 +2,19 @@
 
 A campaign journals its case before the subject sees it (``harness.campaign.journal``),
 so a campaign process killed outright (``kill -9``) leaves its case behind.
-A leftover that crashes or hangs again is the campaign's failure; one that
-does not is a note, never a verdict (the process may have died of a signal
-from outside).
+A leftover that fails again, whatever its verdict, is the campaign's failure
+(a campaign killed while it shrank a MISMATCH leaves that MISMATCH); one that
+passes is a note, never a verdict (the process may have died of a signal from
+outside).
 """
 from __future__ import annotations
 
 from nanfuzz.harness.campaign.journal import leftovers
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.campaign.settings import Settings
-from nanfuzz.harness.judge.check import Verdict
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.subjects import make_subject
+from nanfuzz.harness.launch.worker import judged
 
 
 def recover_leftovers(kernel: Kernel, settings: Settings, subject=None) -> tuple[Campaign | None, list[str]]:
@@ -37,8 +38,8 @@ def _replay(kernel, settings, subject, cases) -> tuple[Campaign | None, list[str
             notes.append(f"{kernel.name}: a campaign process died while running a case earlier, which the kernel no "
                          f"longer takes ({refused}); not replayed")
             continue
-        outcome = subject.check(case, digest=True)
-        if outcome.verdict in (Verdict.CRASH, Verdict.HANG):
+        outcome = judged(subject.check(case, digest=True))
+        if outcome.failed:
             notes.append(f"{kernel.name}: a campaign process died while running this case earlier; "
                          f"replayed in a fresh worker it gives {outcome.verdict.value}")
             return Campaign(kernel=kernel.name, device=settings.device, failure=outcome, failing_case=case,

@@ -47,6 +47,8 @@ class Campaign:
     early_examples: list[dict] = field(default_factory=list)
     compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
     deferred: int = 0             # checks put off while a binary they needed compiled elsewhere (GPU)
+    declined_for_memory: int = 0  # drawn cases skipped: more device memory than was free
+    paths_missed: list[str] = field(default_factory=list)  # Triton kernels earlier campaigns reached, this one not
     farm: dict | None = None      # what its own compile farm did (Farm.summary())
     # CPU seconds: the campaign's own process (judging included where the kernel runs in it), and the
     # judging of its examples wherever it ran; against elapsed time they show a busy or a waiting host
@@ -77,7 +79,7 @@ class Campaign:
     def tally(self, case: Case, outcome: Outcome) -> None:
         """``count`` plus what the case exercised and how close it came to the bound."""
         self.count(outcome)
-        self.statistics.add(case, coverage.observed(outcome))
+        self.statistics.add(case, outcome.paths, coverage.observed(outcome))
         self.accuracy.add(outcome.evidence)
 
     def note_declines(self) -> None:

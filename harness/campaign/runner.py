@@ -21,13 +21,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from nanfuzz.harness.campaign import known_failures
+from nanfuzz.harness.campaign import known_failures, paths_seen
 from nanfuzz.harness.campaign.journal import Journal
 from nanfuzz.harness.campaign.leftovers import recover_leftovers
 from nanfuzz.harness.campaign.profiles import Profile, get_profile
 from nanfuzz.harness.campaign.result import Campaign
-from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool_of, campaign_strategy, plan_for,
-                                            start_farm)
+from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool_of, campaign_strategy,
+                                            campaign_tier, plan_for, start_farm)
 from nanfuzz.harness.campaign.search import Search, chunk_seed, first_chunk, search_seed
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
@@ -37,6 +37,7 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import FarmHandle
 from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import subject_for, worker_spec
+from nanfuzz.harness.launch.worker import judged
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -75,6 +76,16 @@ class _FarmWait:
             campaign.phase_times["compile"] = campaign.phase_times.get("compile", 0.0) + waited
 
 
+def note_paths(campaign: Campaign, state_dir) -> None:
+    """The kernel paths earlier campaigns reached and this one did not, kept on the campaign and noted."""
+    if not campaign.examples or campaign.interrupted:
+        return
+    campaign.paths_missed = paths_seen.remember(state_dir, campaign.kernel, campaign.statistics.paths())
+    if campaign.paths_missed:
+        campaign.notes.append(f"{campaign.kernel}: Triton kernels earlier campaigns launched and this one never did: "
+                              + ", ".join(campaign.paths_missed))
+
+
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | None = None, subject=None,
          farm: FarmHandle | None = None, **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
@@ -97,7 +108,8 @@ class CampaignRunner:
         self.kernel, self.settings, self.hooks = kernel, settings, hooks
         self.profile = settings.profile if isinstance(settings.profile, Profile) else get_profile(settings.profile)
         self.caps, skipped = campaign_capabilities(kernel, settings)
-        self.pool, self.pool_seed = campaign_pool_of(self.caps, settings)
+        self.tier = campaign_tier(kernel, settings)
+        self.pool, self.pool_seed = campaign_pool_of(self.caps, settings, tier=self.tier)
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
         self.search_seed = search_seed(settings, self.profile)
@@ -125,8 +137,14 @@ class CampaignRunner:
                     Search(self)()
             self.remember_failure()
             self.confirm()
+        except KeyboardInterrupt:  # Ctrl-C or a stop signal outside the search (which keeps its own)
+            if not self.campaign.failed:
+                raise
+            self.campaign.interrupted = True  # the failure found stands, unconfirmed
         finally:
             self.close()
+        if self._own_subject:  # a job's paths are remembered by the run that merges them
+            note_paths(self.campaign, self.settings.state_dir)
         return self.summarise()
 
     # -- the stages ----------------------------------------------------------------------
@@ -137,13 +155,14 @@ class CampaignRunner:
         farm_needed = self.farm is None and self._own_subject and bool(self.pool)
         # one look-up of how another process loads the kernel, for the worker and the farm both
         spec = worker_spec(self.kernel, settings) if (self._own_subject and settings.isolation) or farm_needed else None
-        plan = plan_for(spec, self.caps, self.pool, settings) if farm_needed else None
+        plan = plan_for(spec, self.caps, self.pool, settings, self.tier) if farm_needed else None
         # the farm opens its GPU contexts after the worker's: sixteen at once take seconds each
         device_opened = fork_server_context().Event() if plan is not None and settings.isolation else None
         if self._own_subject:
             self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
         if plan is not None:
-            upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool), chunk_seed(self.search_seed, 0),
+            upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
+                                      chunk_seed(self.search_seed, 0),
                                       first_chunk(self.max_examples, self.time_budget, settings.device), UPCOMING_CASES,
                                       declines=self.kernel.declines)
             self._own_farm = start_farm([replace(plan, upcoming=upcoming)], settings, after=device_opened)
@@ -169,7 +188,7 @@ class CampaignRunner:
             if self.caps.unsupported(case, interpreter=interpreter) or self.kernel.declines(case):
                 continue  # the kernel's capabilities changed since; the entry may still matter elsewhere
             self.journal.record(case)
-            outcome = self.subject.check(case)
+            outcome = judged(self.subject.check(case))
             self.journal.clear()
             campaign.tally(case, outcome)
             if self.hooks.on_example is not None:
@@ -195,7 +214,7 @@ class CampaignRunner:
         runs = 1 if outcome.verdict is Verdict.HANG else replays  # each HANG replay costs a whole timeout
         repeated, digests, final = 0, set(), None
         for n in range(runs):
-            again = self.subject.check(campaign.failing_case, digest=True, explain=n == 0)
+            again = judged(self.subject.check(campaign.failing_case, digest=True, explain=n == 0))
             if again.verdict is outcome.verdict:
                 repeated += 1
                 final = final or again

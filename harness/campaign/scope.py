@@ -7,6 +7,8 @@ and a compile farm (``harness.launch.farm``) builds that pool ahead of the searc
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nanfuzz.harness.judge import encodings
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.kernels._common import GPU_POOL as DEFAULT_POOL
@@ -17,7 +19,8 @@ from nanfuzz.harness.launch.worker import WorkerSpec
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.strategies import paged_cases
-from nanfuzz.strategies.cases import campaign_pool
+from nanfuzz.strategies.cases import TIERS, campaign_pool, default_tier
+from nanfuzz.strategies.production import production_size
 
 
 def campaign_capabilities(kernel: Kernel, settings: Settings) -> tuple[Capabilities, list[str]]:
@@ -34,7 +37,23 @@ def campaign_capabilities(kernel: Kernel, settings: Settings) -> tuple[Capabilit
     return caps, skipped
 
 
-def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | None = None) -> tuple[tuple | None, int]:
+def campaign_tier(kernel: Kernel, settings: Settings) -> str:
+    """The size tier the campaign draws: ``--size``, else the kernel's own, else the device's default."""
+    tier = settings.size or kernel.size or default_tier(settings.device == "cpu")
+    if tier not in TIERS:
+        raise NanfuzzError(f"size {tier!r} is not one of {', '.join(TIERS)}")
+    return tier
+
+
+def campaign_production_size(settings: Settings):
+    """The production size a campaign draws at: a huge cache (block ids past 2^31 elements, 8+ GiB)
+    only for a campaign that has its device to itself (one job)."""
+    size = production_size(settings.device == "cpu")
+    return size if settings.jobs <= 1 else replace(size, huge_cache_bytes=0)
+
+
+def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | None = None,
+                     tier: str = "small") -> tuple[tuple | None, int]:
     """The campaign's specialisation pool (None: free draws) and the seed that picked it
     (``pool_seed``, else ``settings.pool_seed``, else the campaign's seed, else 0)."""
     interpreter = settings.device == "cpu"
@@ -46,13 +65,14 @@ def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | No
         pool_size = 0 if interpreter else (DEFAULT_POOL if declared is None else declared)
     if pool_seed is None:
         pool_seed = settings.pool_seed if settings.pool_seed is not None else (settings.seed or 0)
-    return (campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter) if pool_size else None), pool_seed
+    pool = campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter, tier=tier) if pool_size else None
+    return pool, pool_seed
 
 
-def campaign_strategy(caps: Capabilities, settings: Settings, pool):
+def campaign_strategy(caps: Capabilities, settings: Settings, pool, tier: str = "small"):
     """What the campaign's search draws its cases from (and ``harness.campaign.upcoming`` draws ahead)."""
     return paged_cases(caps, interpreter=settings.device == "cpu", poison_classes=settings.focus.poison_classes,
-                       pool=pool)
+                       pool=pool, tier=tier, production=campaign_production_size(settings))
 
 
 def compile_plan(kernel: Kernel, settings: Settings, pool_seed: int | None = None) -> Plan | None:
@@ -64,15 +84,16 @@ def compile_plan(kernel: Kernel, settings: Settings, pool_seed: int | None = Non
         caps, _ = campaign_capabilities(kernel, settings)
     except NanfuzzError:
         return None  # the campaign itself says why
-    pool, _ = campaign_pool_of(caps, settings, pool_seed)
-    return plan_for(worker_spec(kernel, settings) if pool else None, caps, pool, settings)
+    tier = campaign_tier(kernel, settings)
+    pool, _ = campaign_pool_of(caps, settings, pool_seed, tier)
+    return plan_for(worker_spec(kernel, settings) if pool else None, caps, pool, settings, tier)
 
 
-def plan_for(spec: WorkerSpec | None, caps: Capabilities, pool, settings: Settings) -> Plan | None:
+def plan_for(spec: WorkerSpec | None, caps: Capabilities, pool, settings: Settings, tier: str = "small") -> Plan | None:
     """``compile_plan`` for a caller that has the worker spec, capabilities and pool already."""
     if settings.device == "cpu" or settings.compile_jobs == 0 or not pool or spec is None:
         return None
-    return Plan(spec, caps, settings.focus.poison_classes, pool)
+    return Plan(spec, caps, settings.focus.poison_classes, pool, tier=tier)
 
 
 def start_farm(plans: list[Plan | None], settings: Settings, after=None) -> Farm | None:

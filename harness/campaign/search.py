@@ -28,7 +28,7 @@ from nanfuzz.harness.campaign.scope import campaign_strategy
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.check import Outcome, Verdict
-from nanfuzz.harness.launch.worker import CLAIMED, UNBUILT, Deferred
+from nanfuzz.harness.launch.worker import CLAIMED, UNBUILT, Declined, Deferred
 from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
@@ -79,12 +79,14 @@ class _Aborted(KeyboardInterrupt):
 _FAILURE_TYPES = {v: type(f"Kernel{v.value.title()}", (KernelFailed,), {}) for v in Verdict}
 
 
-def database_label(kernel_name: str, device: str, focus_label: str, caps, pool, pool_seed: int) -> str:
+def database_label(kernel_name: str, device: str, focus_label: str, caps, pool, pool_seed: int,
+                   tier: str = "small") -> str:
     """What a stored choice sequence means a case under; Hypothesis hashes it into the database key,
-    so entries of another kernel, device, focus, strategy version, capabilities or pool never replay."""
+    so entries of another kernel, device, focus, strategy version, capabilities, pool or size tier
+    never replay."""
     caps_id = hashlib.sha256(repr(caps).encode()).hexdigest()[:12]
     return (f"nanfuzz:{kernel_name}:{device}:{focus_label}:strategies-v{STRATEGY_VERSION}:caps-{caps_id}"
-            + (f":pool{len(pool)}/{pool_seed}" if pool else ""))
+            + (f":pool{len(pool)}/{pool_seed}" if pool else "") + ("" if tier == "small" else f":{tier}"))
 
 
 def search_seed(settings: Settings, profile: Profile) -> int:
@@ -118,7 +120,7 @@ class Search:
         self.judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
         self.replay: Replay | None = None      # the replay under way, if any
         self.calls, self.drawn_ahead = 0, False  # see _target
-        self.strategy = campaign_strategy(run.caps, run.settings, run.pool)
+        self.strategy = campaign_strategy(run.caps, run.settings, run.pool, run.tier)
         self.phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + (
             [Phase.shrink] if run.settings.shrink else [])
 
@@ -203,7 +205,8 @@ class Search:
         run = self.run
         property_ = given(case=self.strategy)(lambda case: self._run_case(case))
         property_.hypothesis.inner_test._hypothesis_internal_add_digest = database_label(
-            run.kernel.name, run.settings.device, run.settings.focus.label(), run.caps, run.pool, run.pool_seed).encode()
+            run.kernel.name, run.settings.device, run.settings.focus.label(), run.caps, run.pool, run.pool_seed,
+            run.tier).encode()
         property_ = hypothesis_seed(chunk_seed(run.search_seed, chunk_index))(property_)
         # settings after @seed: @seed alone would switch the example database off
         return hypothesis_settings(
@@ -267,11 +270,17 @@ class Search:
         if isinstance(outcome, Deferred):
             self.deferrals.add(case, outcome.skipped)
             return None
+        if isinstance(outcome, Declined):
+            if not campaign.declined_for_memory:
+                campaign.notes.append(f"{run.kernel.name}: a drawn case was skipped: {outcome.reason} (such cases "
+                                      "are counted as declined_for_memory; the campaign went on)")
+            campaign.declined_for_memory += 1
+            return None
         campaign.note_early(outcome, checked - run.start, time.perf_counter() - checked)
         campaign.count(outcome)
         if campaign.time_to_first_example is None:
             campaign.time_to_first_example = time.perf_counter() - run.start
-        campaign.statistics.add(case, coverage.observed(outcome))
+        campaign.statistics.add(case, outcome.paths, coverage.observed(outcome))
         campaign.accuracy.add(outcome.evidence)
         if outcome.failed:
             if self.first is None:

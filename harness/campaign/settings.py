@@ -7,6 +7,7 @@ globals while running.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,6 +39,8 @@ class Settings:
     focus: Focus = field(default_factory=Focus)
     shrink: bool = True
     use_database: bool | None = None         # None: from the profile
+    size: str | None = None                  # size tier: small, production or mixed (None: the kernel's
+                                             # own, else mixed on a GPU and small under the interpreter)
     pool_size: int | None = None             # None: the kernel's own pool on a GPU
     pool_seed: int | None = None             # picks the pool; None: the seed, else 0 (--jobs share one)
     compile_jobs: int | None = None          # compile-farm processes on a GPU; None: one per core, 0: no farm
@@ -93,7 +96,43 @@ class Settings:
         values.update({k: v for k, v in options.items() if v is not None})
         if "repro_dir" not in options or options["repro_dir"] is None:
             values["repro_dir"] = Path(values["state_dir"]) / "repros"
+        for name, value in values.items():
+            if name in _LEAST and value is not None:
+                check_number(name, value, *_LEAST[name])
+        _check_folder(Path(values["state_dir"]), "the state folder (--state-dir, NANFUZZ_STATE_DIR)")
         return cls(**values)
+
+
+# The least value of each numeric field an edge may set, and whether that value itself is allowed:
+# a launch timeout of 0 s (or NaN) would switch the watchdog off, a budget of 0 s would run no example.
+_LEAST = {"launch_timeout": (0.0, False), "time_budget": (0.0, False), "shrink_budget": (0.0, False),
+          "max_examples": (1, True), "jobs": (1, True), "pool_size": (0, True), "compile_jobs": (0, True),
+          "replays": (0, True)}
+
+
+def check_number(label: str, value, least: int | float, allowed: bool) -> None:
+    """A usage error naming ``label`` unless ``value`` is a finite number (a whole one where ``least``
+    is an int) at least ``least`` (and above it unless ``allowed``)."""
+    from nanfuzz.reference.errors import NanfuzzError
+
+    whole = isinstance(least, int)
+    shown = f"{value:g}" if isinstance(value, float) else repr(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not isinstance(value, int)):
+        raise NanfuzzError(f"{label}={shown} must be a {'whole ' if whole else ''}number")
+    if not math.isfinite(value) or value < least or (value == least and not allowed):
+        raise NanfuzzError(f"{label}={shown} must be {'' if whole else 'a finite number '}"
+                           f"{'>=' if allowed else '>'} {least:g}")
+
+
+def _check_folder(path: Path, what: str) -> None:
+    """A usage error, now, where ``path`` (or a folder it would be made in) is a file."""
+    from nanfuzz.reference.errors import NanfuzzError
+
+    for place in (path, *path.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise NanfuzzError(f"{what} {str(path)!r} cannot be a folder: {str(place)!r} is a file")
+            return
 
 
 def _count(name: str, text: str) -> int:

@@ -23,15 +23,22 @@ import torch
 from nanfuzz.harness.judge import encodings, reads
 from nanfuzz.harness.judge.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.judge.outcome import Outcome, Verdict, crash as _crash, device_fault as _device_fault
+from nanfuzz.harness.judge.paths import recording_launches
 from nanfuzz.harness.judge.runs import await_runs as _await_runs, digest, launch, no_events, refuse_if_too_large
 from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
-from nanfuzz.harness.judge.writes import any_written, differing, redzone_reads, written_regions
+from nanfuzz.harness.judge.large import refuse_large_if_too_large
+from nanfuzz.harness.judge.pool import process_pool
+from nanfuzz.harness.judge.writes import (Written, any_written, differing, redzone_reads, where_written,
+                                          written_regions)
 from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
+from nanfuzz.reference.device_build import build_on_device, refill
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import build_on_host, refill_dead_slots
 from nanfuzz.reference.oracle import attend_in
 from nanfuzz.reference.precision import FLOAT64, same_precision
+from nanfuzz.reference.redzones import clone_together, shared_buffer
 
 __all__ = ["Verdict", "Outcome", "check", "digest"]
 
@@ -58,14 +65,21 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     started = time.process_time()
     device = torch.device(device)
     interpreter = device.type == "cpu" if interpreter is None else interpreter
-    outcome = CaseCheck(kernel, case, device, interpreter, events, strict_reads=strict_reads,
-                        trace_reads=interpreter if trace_reads is None else trace_reads).judge(digest_pass, explain)
+    kind = LargeCaseCheck if case.large else CaseCheck
+    # a large case's batch is pooled on its device: its loads are not traced
+    tracing = (interpreter if trace_reads is None else trace_reads) and not case.large
+    outcome = kind(kernel, case, device, interpreter, events, strict_reads=strict_reads,
+                   trace_reads=tracing).judge(digest_pass, explain)
     outcome.cpu_seconds = time.process_time() - started
     return outcome
 
 
 class CaseCheck:
-    """One case's runs and their verdict; each stage a method, the first verdict that applies wins."""
+    """One case's runs and their verdict; each stage a method, the first verdict that applies wins.
+
+    How a case's batches are built, copied and compared is this class's (one buffer built on the
+    host per batch); a large case's is ``harness.judge.large``'s, through the methods under
+    "the batches"."""
 
     def __init__(self, kernel: Kernel, case: Case, device: torch.device, interpreter: bool, events, *,
                  strict_reads: bool = False, trace_reads: bool = False):
@@ -78,27 +92,35 @@ class CaseCheck:
 
     def judge(self, digest_pass: bool, explain: bool) -> Outcome:
         self._admit()
-        outcome = self._poisoned_run()
-        if outcome is None:
-            outcome = self._oracle()
-        if outcome is None:
-            t0 = time.perf_counter()
-            outcome = self._verdict()
-            if outcome.output_sha256 is None and digest_pass:  # only a PASS comes back without one
-                outcome.output_sha256 = digest(self.result)
-            self.timings["verdict"] += time.perf_counter() - t0 - self._later_runs
-            outcome.timings = self.timings
-            if self.trace is not None:
-                outcome = self._reads(outcome)
+        try:
+            return self._judge(digest_pass, explain)
+        finally:
+            self._release()
+
+    def _judge(self, digest_pass: bool, explain: bool) -> Outcome:
+        self.launched: dict[str, set[str]] = {}  # the poisoned run's Triton kernels (``judge.paths``)
+        outcome = self._poisoned_run() or self._oracle() or self._timed_verdict(digest_pass)
         if explain and outcome.verdict in (Verdict.NONFINITE, Verdict.NONDETERMINISTIC, Verdict.LEAK):
             self._explain(outcome)
+        outcome.paths = {name: sorted(specs) for name, specs in sorted(self.launched.items())}
+        return outcome
+
+    def _timed_verdict(self, digest_pass: bool) -> Outcome:
+        t0 = time.perf_counter()
+        outcome = self._verdict()
+        if outcome.output_sha256 is None and digest_pass:  # only a PASS comes back without one
+            outcome.output_sha256 = digest(self.result)
+        self.timings["verdict"] += time.perf_counter() - t0 - self._later_runs
+        outcome.timings = self.timings
+        if self.trace is not None:
+            outcome = self._reads(outcome)
         return outcome
 
     # -- the stages ----------------------------------------------------------------------
     def _admit(self) -> None:
         """A usage error for a case the kernel or the device cannot take, before anything is built."""
         kernel, case = self.kernel, self.case
-        refuse_if_too_large(case, self.device)
+        self._refuse_if_too_large()
         reason = kernel.capabilities.unsupported(case, interpreter=self.interpreter)
         if reason:
             raise NanfuzzError(f"kernel {kernel.name} does not support this case: {reason}")
@@ -107,17 +129,53 @@ class CaseCheck:
             raise NanfuzzError(f"kernel {kernel.name} declines this case (its supports()): {declined}")
         encodings.require(case, "cpu" if self.interpreter else "cuda")
 
+    # -- the batches -----------------------------------------------------------------------
+    def _refuse_if_too_large(self) -> None:
+        refuse_if_too_large(self.case, self.device)
+
+    def _build(self) -> None:
+        """The poisoned batch (``self.batch``) and ``self.pristine``, what the judges read."""
+        self.host = build_on_host(self.case)
+        self.batch = self.host.in_one_buffer(self.device)
+        self.pristine = self._pristine_copy()
+
+    def _pristine_copy(self) -> PagedBatch:
+        """What the judges read: the batch as it was before any launch, on the device.  The oracle,
+        the same-precision reference, the repeated run and the checks of every input and redzone
+        read it, never a tensor the kernel was handed (it may have written there) nor anything an
+        adapter rebound on its batch object (``runs.launch`` hands it an object of its own)."""
+        return self.batch.clone()
+
+    def _repeat_batch(self):
+        """The poisoned batch again, for the repeated run."""
+        return self.pristine.clone()
+
+    def _garbage_batch(self):
+        """The batch with seed 1's finite garbage in every dead slot and redzone, built on the host
+        while the device runs the poisoned run (launched later, by ``_rerun``)."""
+        batch = refill_dead_slots(self.host, garbage_seed=1).in_one_buffer(self.device)
+        return lambda: batch
+
+    def _inputs_written(self) -> torch.Tensor:
+        """bool scalar on the device: did the poisoned run write any bit of its inputs or their redzones?"""
+        return any_written(self.batch, self.pristine)
+
+    def _written_regions(self) -> list[Written]:
+        return written_regions(self.batch, self.pristine)
+
+    def _release(self) -> None:
+        """After the verdict, whatever it is: what the batches hold that outlives the check."""
+
+    # -- the stages ----------------------------------------------------------------------
     def _poisoned_run(self) -> Outcome | None:
         """Build the batch and its pristine copy, and launch on the poisoned batch (not waiting)."""
         case, g = self.case, self.case.geometry
         t0 = time.perf_counter()
-        self.host = build_on_host(case)
-        self.batch = self.host.in_one_buffer(self.device)
-        self.snapshot = self.batch.clone()
+        self._build()
         self.timings["materialize"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
-            with reads.traced_loads(self.trace_reads) as trace:
+            with recording_launches() as self.launched, reads.traced_loads(self.trace_reads) as trace:
                 self.result, self.out, self.buffer = launch(self.kernel, self.batch, self.device, self.events,
                                                             wait=False)
         except BaseException as exc:  # the kernel's own failure is the finding, SystemExit included
@@ -144,7 +202,7 @@ class CaseCheck:
             t0 = now
 
         try:
-            self.reference, yardstick = attend_in(self.batch, (FLOAT64, same_precision(g.dtype, precision)), lap)
+            self.reference, yardstick = attend_in(self.pristine, (FLOAT64, same_precision(g.dtype, precision)), lap)
             self.errors = row_errors(self.result.double(), self.reference, yardstick, g.dtype, precision)
         except BaseException as exc:
             if _device_fault(exc):  # the poisoned run's fault, met where the oracle first waits for the device
@@ -166,7 +224,7 @@ class CaseCheck:
         nonfinite = ~torch.isfinite(self.result64) & torch.isfinite(self.reference)
         # The garbage run's batch is built while the device still runs the poisoned run and the oracle.
         t0 = time.perf_counter()
-        garbage_batch = refill_dead_slots(self.host, garbage_seed=1).in_one_buffer(device)
+        garbage_batch = self._garbage_batch()
         built = time.perf_counter() - t0
         self.timings["materialize"] += built
         self._later_runs += built
@@ -180,12 +238,12 @@ class CaseCheck:
         # Its flag is read back from the device with the later verdicts' flags: one wait, not two.
         self.unstable = None
         if self.kernel.capabilities.deterministic:
-            self.repeat, crash = self._rerun(self.snapshot.clone, "on the repeated run")
+            self.repeat, crash = self._rerun(self._repeat_batch, "on the repeated run")
             if crash:
                 return crash
             self.unstable = differing(self.repeat, self.result)
 
-        self.other, crash = self._rerun(lambda: garbage_batch, "on the finite-garbage run")
+        self.other, crash = self._rerun(garbage_batch, "on the finite-garbage run")
         if crash:
             return self._nondeterministic() if self.unstable is not None and bool(self.unstable.any()) else crash
         self.differs = differing(self.other, self.result)
@@ -200,14 +258,10 @@ class CaseCheck:
             return self._nondeterministic()
         if leaks:
             return self._leak()
+        if guard_hit or inputs_hit:
+            return self._clobber(guard_hit, inputs_hit)
         if mismatches:
             return self._mismatch()
-        written = ["output guard rows past the last token"] if guard_hit else []
-        if inputs_hit:
-            written += written_regions(self.batch, self.snapshot) or ["the memory between its inputs' allocations"]
-        if written:
-            return Outcome(Verdict.CLOBBER, f"CLOBBER: the kernel wrote into {', '.join(written)}",
-                           {"written": written}, digest(self.result))
         return Outcome(Verdict.PASS, "PASS", {"max_abs_error": max_error, "max_error_ratio": max_ratio,
                                               "arithmetic": self.errors.arithmetic, "bound": self.errors.bound})
 
@@ -245,7 +299,7 @@ class CaseCheck:
         worst_ratio = errors.ratio.max() if errors.ratio.numel() else zero
         unstable_any = self.unstable.any() if self.unstable is not None else no
         read = torch.stack([worst_error, worst_ratio, *(f.double() for f in (
-            unstable_any, self.differs.any(), errors.off().any(), written_guard, any_written(self.batch, self.snapshot)))])
+            unstable_any, self.differs.any(), errors.off().any(), written_guard, self._inputs_written()))])
         crash = _await_runs(device, self.events, "on the repeated run or the finite-garbage run"
                             if self.unstable is not None else "on the finite-garbage run")
         if crash:
@@ -277,6 +331,16 @@ class CaseCheck:
                        f"LEAK: {ev['bad_rows']}/{ev['total_rows']} output rows change when only dead slots change "
                        f"(max change {ev['max_change']:.3g}; tokens {span(ev['tokens'])}, heads {span(ev['heads'])})",
                        ev, digest(self.result))
+
+    def _clobber(self, guard_hit: bool, inputs_hit: bool) -> Outcome:
+        written = ["output guard rows past the last token"] if guard_hit else []
+        where = {}
+        if inputs_hit:
+            regions = self._written_regions()
+            written += [region.label for region in regions] or ["the memory between its inputs' allocations"]
+            where = {region.tensor: region.places for region in regions if region.places}
+        return Outcome(Verdict.CLOBBER, f"CLOBBER: the kernel wrote into {'; '.join(written)}",
+                       {"written": written, "written_at": where}, digest(self.result))
 
     def _mismatch(self) -> Outcome:
         errors = self.errors
@@ -313,3 +377,105 @@ def _worst_row(errors, result64: torch.Tensor, reference: torch.Tensor) -> dict:
     return {"worst": [t, h, d], "ratio": float(ratio[t, h]), "bound": errors.bound, "arithmetic": errors.arithmetic,
             "max_abs_error": float(errors.kernel[t, h]), "reference_error": float(errors.reference[t, h]),
             "worst_value": float(result64[t, h, d]), "worst_expected": float(reference[t, h, d])}
+
+
+# -- large cases ----------------------------------------------------------------------------
+#
+# A production-size case's caches run to gigabytes, so nothing of them is built on the host,
+# copied per run or cloned: ``reference.device_build`` builds the blocks the case writes,
+# ``harness.judge.pool`` lays them into caches that stay allocated from case to case, and each
+# later run writes them again.  The judges read the compact build, never the caches a kernel
+# saw.  Writes are found in three parts: the small inputs against their pristine copy; the
+# case's cache blocks, after the poisoned run, against what was written; and everything else
+# of the caches, after the last run, against their background.
+
+class _Inputs:
+    """The small inputs alone, as ``written_regions`` reads a batch."""
+
+    def __init__(self, case, allocations):
+        self.case, self.allocations = case, allocations
+
+    def bases(self):
+        return {name: a.base for name, a in self.allocations.items()}
+
+
+
+class LargeCaseCheck(CaseCheck):
+    """``CaseCheck`` with a large case's batches (see the notes above)."""
+
+    def _refuse_if_too_large(self) -> None:
+        refuse_large_if_too_large(self.case, self.device)
+
+    def _build(self) -> None:
+        self.pool = process_pool()
+        self.build = build_on_device(self.case, self.device)
+        self.caches = self.pool.attach(self.build)
+        self.small = self.build.small
+        self.snapshot_small = clone_together(self.small)
+        self.batch = self._batch(self.small)
+        self.pristine = self._pristine_copy()
+        self._clean = False
+
+    def _batch(self, small) -> PagedBatch:
+        return PagedBatch.from_allocations(self.case, {**small, **self.caches})
+
+    def _pristine_copy(self) -> PagedBatch:
+        """The compact build, with the small inputs as they were before the launch."""
+        batch = self.build.oracle_batch()
+        for name, allocation in self.snapshot_small.items():
+            if name != "block_table":
+                setattr(batch, name, allocation.view)
+        return batch
+
+    def _repeat_batch(self):
+        self._changed = self.pool.changed(self.build, self.caches)  # what the poisoned run wrote there
+        self.pool.write(self.build, self.caches)
+        return self._batch(clone_together(self.snapshot_small))
+
+    def _garbage_batch(self):
+        garbage = refill(self.build, garbage_seed=1)
+
+        def make() -> PagedBatch:
+            if not hasattr(self, "_changed"):  # no repeated run (a nondeterministic kernel)
+                self._changed = self.pool.changed(self.build, self.caches)
+            self.pool.write(garbage, self.caches)
+            return self._batch(garbage.small)
+
+        return make
+
+    def _inputs_written(self) -> torch.Tensor:
+        small = (shared_buffer(self.snapshot_small) != shared_buffer(self.small)).any()
+        inside = torch.stack([c.any() for c in self._changed.values()]).any()
+        self._outside = self.pool.restore(self.build, self.caches)
+        return small | inside | torch.stack(list(self._outside.values())).any()
+
+
+    def _written_regions(self) -> list[Written]:
+        found = []
+        if bool((shared_buffer(self.snapshot_small) != shared_buffer(self.small)).any()):
+            found = written_regions(_Inputs(self.case, self.small), _Inputs(self.case, self.snapshot_small))
+        ids = self.build.ids
+        for name, changed in self._changed.items():
+            hits = changed.nonzero()
+            if hits.numel():
+                places = tuple((int(ids[t]), slot) for t, slot in hits.tolist())
+                found.append(Written(f"{name} at {where_written(name, places, self.case)}", name, places[:64]))
+        for name, dirty in self._outside.items():
+            if bool(dirty):
+                found.append(Written(f"{name} outside the blocks holding the case's live keys (or its redzones)", name))
+        return found
+
+    def _read_flags(self):
+        flags, crash = super()._read_flags()
+        if crash is None:
+            self._clean = not any(bool(dirty) for dirty in self._outside.values())
+        return flags, crash
+
+    def _release(self) -> None:
+        # a check that ended before the last run's flags (a crash, NONFINITE) leaves its caches
+        # unverified: the pool fills them with their background again before the next case
+        if hasattr(self, "pool"):
+            self.pool.release(self._clean)
+
+    def _explain(self, outcome) -> None:
+        """Redzone reads are measured by a launch per redzone on a host-built batch: not at this size."""

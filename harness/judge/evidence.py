@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
 import torch
 
 from nanfuzz.reference.case import Case
-from nanfuzz.reference.features import POISON_CLASS_FLAGS, poison_target, poisoned_slots
-from nanfuzz.reference.semantics import slot_reasons
+from nanfuzz.reference.features import POISON_CLASS_FLAGS, poison_target, poisoned_mask
+from nanfuzz.reference.semantics import reasons
 
 MAX_LISTED = 12
+# Runs of poisoned slots listed per class and sequence (a production case can reach thousands).
+MAX_RUNS = 32
 
 
 def sequence_of_tokens(case: Case, tokens: list[int]) -> list[int]:
@@ -20,21 +23,27 @@ def sequence_of_tokens(case: Case, tokens: list[int]) -> list[int]:
 def reachable_poison(case: Case, seq_index: int) -> dict[str, list[list[int]]]:
     """Poisoned slots in blocks that sequence's table points at, by dead-slot class.
 
-    Each class maps to ``[[block, first_offset, last_offset], ...]`` runs.
+    Each class maps to ``[[block, first_offset, last_offset], ...]`` runs, the first
+    ``MAX_RUNS`` of them.
     """
-    reasons = slot_reasons(case)
-    blocks = set(case.sequences[seq_index].block_table)
+    why = reasons(case)
+    blocks = np.unique(np.asarray(case.sequences[seq_index].block_table, dtype=np.int64))
+    poisoned = poisoned_mask(case)[blocks]
     found: dict[str, list[list[int]]] = {}
-    for block, offset in poisoned_slots(case):
-        if block not in blocks:
+    for name, flag in POISON_CLASS_FLAGS.items():
+        hit = poisoned & ((why[blocks] & int(flag)) != 0)
+        if not hit.any():
             continue
-        for name, flag in POISON_CLASS_FLAGS.items():
-            if reasons[block][offset] & flag:
-                runs = found.setdefault(name, [])
-                if runs and runs[-1][0] == block and runs[-1][2] == offset - 1:
-                    runs[-1][2] = offset
-                else:
-                    runs.append([block, offset, offset])
+        runs: list[list[int]] = []
+        for row, offset in np.argwhere(hit).tolist():
+            block = int(blocks[row])
+            if runs and runs[-1][0] == block and runs[-1][2] == offset - 1:
+                runs[-1][2] = offset
+            elif len(runs) < MAX_RUNS:
+                runs.append([block, offset, offset])
+            else:
+                break
+        found[name] = runs
     return found
 
 

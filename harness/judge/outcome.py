@@ -14,8 +14,8 @@ class Verdict(str, enum.Enum):
     NONFINITE = "NONFINITE"
     NONDETERMINISTIC = "NONDETERMINISTIC"
     LEAK = "LEAK"
+    CLOBBER = "CLOBBER"  # above MISMATCH: a kernel that writes its KV cache corrupts every later step
     MISMATCH = "MISMATCH"
-    CLOBBER = "CLOBBER"
     # only with --strict-reads: nothing above, but the kernel's loads addressed dead slots
     # (traced under Triton's interpreter, harness.judge.reads)
     DEAD_READ = "DEAD_READ"
@@ -35,6 +35,8 @@ class Outcome:
     compiled_seconds: float = 0.0
     # a CRASH that left the device context unusable (sticky CUDA/HIP error): the worker must be replaced
     fatal: bool = False
+    # the Triton kernels the poisoned run launched: name -> its specialisations (``judge.paths``)
+    paths: dict = field(default_factory=dict)
     # the dead slots the poisoned run's loads addressed (``harness.judge.reads.Reads.to_dict()``);
     # None where the run was not traced (a GPU, or a launch that raised)
     reads: dict | None = None

@@ -6,14 +6,18 @@ only a write found is located, input by input and redzone side by side.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from nanfuzz.harness.judge.evidence import span
 from nanfuzz.harness.judge.runs import launch, no_events
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.materialize import materialize
 from nanfuzz.reference.redzones import shared_buffer
+from nanfuzz.reference.semantics import liveness
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -37,13 +41,45 @@ def any_written(batch: PagedBatch, snapshot: PagedBatch) -> torch.Tensor:
     return (shared_buffer(batch.allocations) != shared_buffer(snapshot.allocations)).any()
 
 
-def written_regions(batch: PagedBatch, snapshot: PagedBatch) -> list[str]:
-    """The labels of the regions (inputs and their redzones' sides) whose bits changed."""
-    now, before = batch.bases(), snapshot.bases()
-    changed = {name: bits(before[name]) != bits(now[name]) for name in before}
-    hits = [(_rows(changed[name], inside.dim()) & inside).any() for name, inside in _regions(batch)]
-    flags = torch.stack(hits).tolist() if hits else []
-    return [label for (label, _), hit in zip(_region_labels(batch), flags) if hit]
+@dataclass(frozen=True)
+class Written:
+    """A region a kernel wrote into: an input (``places``: where in it) or a side of its redzone."""
+
+    label: str                      # "value_cache at block 3 slots 0-2 (live)", "the redzone past the end of q"
+    tensor: str                     # the input's name
+    places: tuple[tuple[int, ...], ...] = ()  # inside the input: (block, slot), (row,) or (sequence, column)
+
+
+# Where a write into an input is named by more than its first dimension: caches by block and slot,
+# the block table by sequence and column.
+_PLACE_DIMS = {"key_cache": 2, "value_cache": 2, "k_scale_cache": 2, "v_scale_cache": 2, "block_table": 2}
+_CACHES = ("key_cache", "value_cache", "k_scale_cache", "v_scale_cache")
+_ROWS = ("q", "k", "v")
+_PLACES_KEPT = 64  # places recorded per input in the evidence (a kernel may overwrite a whole cache)
+
+
+def written_regions(batch: PagedBatch, pristine: PagedBatch) -> list[Written]:
+    """The inputs, with where in each, and the redzone sides whose bits changed."""
+    now, before = batch.bases(), pristine.bases()
+    found = []
+    for name, allocation in batch.allocations.items():
+        changed = bits(before[name]) != bits(now[name])
+        index = allocation.index
+        dims = max(len(index), _PLACE_DIMS.get(name, 1))
+        inside = ~allocation.margin()
+        inside = inside.view(*inside.shape, *([1] * (dims - len(index)))).expand(changed.shape[:dims])
+        hits = (_rows(changed, dims) & inside).nonzero()
+        if hits.numel():
+            starts = torch.tensor([cut.indices(size)[0] for cut, size in zip(index, changed.shape)]
+                                  + [0] * (dims - len(index)), device=hits.device)
+            places = tuple(tuple(p) for p in (hits - starts).tolist())
+            found.append(Written(f"{name} at {where_written(name, places, batch.case)}", name, places[:_PLACES_KEPT]))
+        for side, where in allocation.sides():
+            mask = torch.zeros(changed.shape[: len(index)], dtype=torch.bool, device=changed.device)
+            mask[where] = True
+            if bool((_rows(changed, len(index)) & mask).any()):
+                found.append(Written(f"the redzone {side} of {name}", name))
+    return found
 
 
 def _rows(changed: torch.Tensor, dims: int) -> torch.Tensor:
@@ -51,28 +87,26 @@ def _rows(changed: torch.Tensor, dims: int) -> torch.Tensor:
     return changed.flatten(dims).any(-1) if changed.dim() > dims else changed
 
 
-def _region_labels(batch: PagedBatch) -> list[tuple[str, str]]:
-    """(label, input name) for every region a kernel must not write: each input, then each redzone side."""
-    labels = [(name, name) for name in batch.bases()]
-    for name, allocation in batch.allocations.items():
-        labels += [(f"the redzone {side} of {name}", name) for side, _ in allocation.sides()]
-    return labels
-
-
-def _regions(batch: PagedBatch) -> list[tuple[str, torch.Tensor]]:
-    """(input name, bool mask over the leading dims of its allocation) in ``_region_labels`` order."""
-    found = []
-    for name, base in batch.bases().items():
-        allocation = batch.allocations.get(name)
-        found.append((name, ~allocation.margin() if allocation else torch.ones(base.shape[:1], dtype=torch.bool,
-                                                                                 device=base.device)))
-    for name, allocation in batch.allocations.items():
-        for _, where in allocation.sides():
-            mask = torch.zeros(allocation.base.shape[: len(allocation.index)], dtype=torch.bool,
-                               device=allocation.base.device)
-            mask[where] = True
-            found.append((name, mask))
-    return found
+def where_written(name: str, places: tuple[tuple[int, ...], ...], case: Case) -> str:
+    """Where in an input the kernel wrote: "block 3 slots 0-2 (live)", "rows 0-2", "entries [0][1]"."""
+    if name in _CACHES:
+        live = liveness(case)
+        blocks: dict[int, list[int]] = {}
+        for block, slot in places:
+            blocks.setdefault(block, []).append(slot)
+        shown = []
+        for block, slots in list(blocks.items())[:3]:
+            alive = sum(bool(live[block, slot]) for slot in slots)
+            state = "live" if alive == len(slots) else "dead" if not alive else f"{alive} live"
+            shown.append(f"block {block} slot{'s' if len(slots) > 1 else ''} {span(slots)} ({state})")
+        more = len(blocks) - len(shown)
+        return ", ".join(shown) + (f" and {more} more block{'s' if more > 1 else ''}" if more > 0 else "")
+    if name == "block_table":
+        entries = ", ".join(f"[{s}][{c}]" for s, c in places[:6])
+        return f"entr{'ies' if len(places) > 1 else 'y'} {entries}" + (", ..." if len(places) > 6 else "")
+    first = [place[0] for place in places]
+    noun = ("row", "rows") if name in _ROWS else ("entry", "entries")
+    return f"{noun[len(first) > 1]} {span(first)}"
 
 
 def redzone_reads(kernel: Kernel, case: Case, device: str | torch.device, events=no_events) -> list[str]:

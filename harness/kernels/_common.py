@@ -102,10 +102,13 @@ def scale_arguments(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
     return batch.k_scale, batch.v_scale
 
 
-def family_kernels(family: str, launch: Callable, capabilities: Capabilities, expect: dict[str, str]) -> list[Kernel]:
+def family_kernels(family: str, launch: Callable, capabilities: Capabilities, expect: dict[str, str],
+                   size: str | None = None) -> list[Kernel]:
     """``family@variant`` for each variant in ``expect`` ("caught": an old, buggy
-    variant; "pass": a fixed one), each launching ``launch(batch, out, variant=...)``."""
-    return [Kernel(f"{family}@{variant}", functools.partial(launch, variant=variant), capabilities, expect=verdict)
+    variant; "pass": a fixed one), each launching ``launch(batch, out, variant=...)``;
+    ``size``: the size tier their campaigns draw (``Kernel.size``)."""
+    return [Kernel(f"{family}@{variant}", functools.partial(launch, variant=variant), capabilities, expect=verdict,
+                   size=size)
             for variant, verdict in expect.items()]
 
 

@@ -54,15 +54,15 @@ import importlib
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nanfuzz.harness.launch import shared_compiles
+from nanfuzz.harness.launch.isolation import end_group, isolate
 from nanfuzz.harness.launch.processes import interpret_if_cpu
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
@@ -94,6 +94,7 @@ class Plan:
     poison_classes: tuple[str, ...] | None
     entries: tuple[Specialisation, ...]
     upcoming: tuple[Case, ...] = ()  # the campaign's first cases, in order (``harness.campaign.upcoming``)
+    tier: str = "small"              # the campaign's size tier: with production cases, each entry gets one
 
 
 def entry_of(case: Case) -> Specialisation:
@@ -231,9 +232,9 @@ class Farm:
     """
 
     def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT,
-                 marks: BuiltMarks | None = None, after=None):
+                 marks: BuiltMarks | None = None, after=None, device_wait: float = DEVICE_WAIT):
         """``after``: an event (of the fork server's context) the farm processes wait for, up to
-        ``DEVICE_WAIT`` seconds, before their first device work: a worker's opened GPU context."""
+        ``device_wait`` seconds, before their first device work: a worker's opened GPU context."""
         from nanfuzz.harness.launch.processes import fork_server_context
 
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
@@ -279,7 +280,7 @@ class Farm:
         for slot in range(count):
             process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
                 slot, plans, self._tasks, self._queue, self._current, self._since, self.folder, self._marks, after,
-                self._turns))
+                self._turns, device_wait))
             process.start()
             self._processes.append(process)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
@@ -302,6 +303,7 @@ class Farm:
                 if process.exitcode is None:
                     alive += 1
                     if task >= 0 and time.monotonic() - self._since[slot] > self.task_timeout:
+                        end_group(process.pid)
                         process.kill()
                         self._give_up(task, f"no result in {self.task_timeout:g} s")
                 elif task >= 0:
@@ -352,6 +354,7 @@ class Farm:
             return
         self._stopping.set()
         for process in self._processes:
+            end_group(process.pid)  # and whatever a kernel's host code started there
             if process.exitcode is None:
                 process.kill()
         for process in self._processes:
@@ -399,8 +402,9 @@ def default_processes() -> int:
 
 # -- a farm process ------------------------------------------------------------------
 
-def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None, turns=None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when the farm stops
+def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None, turns=None,
+           device_wait: float = DEVICE_WAIT) -> None:
+    isolate()  # a kernel's host code runs here too: a session of its own, and death with its parent
     try:
         os.nice(NICENESS)
     except OSError:
@@ -409,22 +413,19 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None,
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    from nanfuzz.harness.launch.worker import _exit_with_parent
-
-    _exit_with_parent()
     _compile_only()
     from nanfuzz.harness.launch.backend import host_threads
 
     shared_compiles.install(skip_claimed=True)  # another process's binary: on to the next launch
 
     if plans[0].spec.device == "cuda" and turns is not None:
-        _open_device_in_turn(slot, turns, after)
+        _open_device_in_turn(slot, turns, after, device_wait)
         after = None
     with host_threads(plans[0].spec.device, own_process=True):  # sixteen of these share the cores
-        _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after)
+        _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after, device_wait)
 
 
-def _open_device_in_turn(slot: int, turns: list, after=None) -> None:
+def _open_device_in_turn(slot: int, turns: list, after=None, device_wait: float = DEVICE_WAIT) -> None:
     """Open this process's GPU context before taking a task: once the worker has opened its own
     (``after``), and the farm process before this one has opened its.  Sixteen contexts opened at
     once took 2.3 to 2.8 s each on an H200 host; one after another, 0.2 s each, so the first tasks,
@@ -432,9 +433,9 @@ def _open_device_in_turn(slot: int, turns: list, after=None) -> None:
     the task to meet."""
     try:
         if after is not None:
-            after.wait(DEVICE_WAIT)
+            after.wait(device_wait)
         if slot:
-            turns[slot - 1].wait(DEVICE_WAIT)
+            turns[slot - 1].wait(device_wait)
         import torch
 
         torch.zeros(1, device="cuda")
@@ -444,7 +445,8 @@ def _open_device_in_turn(slot: int, turns: list, after=None) -> None:
         turns[slot].set()
 
 
-def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after=None) -> None:
+def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after=None,
+                   device_wait: float = DEVICE_WAIT) -> None:
     kernels: dict = {}
     samples: dict = {}
     waited = after is None
@@ -469,7 +471,7 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, aft
             _LAUNCHED.clear()
             _SKIPPED[0] = 0
             if not waited:  # the kernel and its cases are ready; the device comes next
-                after.wait(DEVICE_WAIT)
+                after.wait(device_wait)
                 waited = True
                 since[slot] = time.monotonic()
             if number < len(cases):  # a small entry may have fewer distinct cases
@@ -528,20 +530,33 @@ def _build_launcher(binary) -> None:
 
 
 def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENTRY) -> list[Case]:
-    """``count`` cases of ``entry`` as the campaign draws them, the simplest first (same every time)."""
+    """``count`` cases of ``entry`` as the campaign draws them, the simplest first (same every time),
+    and where the campaign draws production cases, the last of them one at production size (the
+    launches real kernels switch to for long sequences; never a huge cache: farm processes share
+    the device).  That one is the last of a few derandomized draws, whose first are the smallest."""
     from hypothesis import HealthCheck, Phase, given, settings
 
     from nanfuzz.strategies import paged_cases
+    from nanfuzz.strategies.production import PRODUCTION_SIZE
 
     found: list[Case] = []
 
-    @settings(max_examples=count, phases=[Phase.generate], database=None, derandomize=True, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,)))
-    def collect(case):
-        found.append(case)
+    def draw(strategy, examples: int) -> None:
+        @settings(max_examples=examples, phases=[Phase.generate], database=None, derandomize=True, deadline=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(strategy)
+        def collect(case):
+            found.append(case)
 
-    collect()
+        collect()
+
+    production = plan.tier != "small" and count > 1
+    draw(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,)), count - production)
+    if production:
+        before = len(found)
+        draw(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,), tier="production",
+                         production=replace(PRODUCTION_SIZE, huge_cache_bytes=0, max_live_keys=1 << 17)), 8)
+        del found[before:-1]
     return found
 
 

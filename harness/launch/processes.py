@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
+
+from nanfuzz.harness.launch.isolation import interrupts_held
 
 
 def fork_server_context():
@@ -62,6 +65,53 @@ def restart_fork_server() -> None:
     else:
         stop()
     start_fork_server()
+
+
+def start(process, forked_by_server: bool = True) -> None:
+    """``process.start()``; for a process of ``fork_server_context()``, from a fresh fork server
+    where a kernel killed the last one (also where the server dies as it forks)."""
+    if forked_by_server and fork_server_died():
+        restart_fork_server()
+    with interrupts_held():
+        try:
+            process.start()
+        except (EOFError, OSError):
+            if not (forked_by_server and fork_server_died()):
+                raise
+            restart_fork_server()
+            process.start()
+
+
+def fork_server_died() -> bool:
+    """Whether the fork server this process started has ended (a kernel may kill it): looked at
+    without reaping it, so that multiprocessing still sees it gone and starts another."""
+    if fork_server_context().get_start_method() != "forkserver":
+        return False
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None or not hasattr(os, "waitid"):
+        return False
+    try:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+    except ChildProcessError:
+        return True
+    return _dying(pid)
+
+
+def _dying(pid: int) -> bool:
+    """Whether a fatal signal has been sent to ``pid`` that it has not yet died of (Linux marks such
+    a process with a pending SIGKILL at once): a kill is over when ``kill()`` returns, the death
+    comes when the process is next scheduled."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = f.read()
+    except OSError:
+        return False
+    kill = 1 << (signal.SIGKILL - 1)
+    return any(line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & kill
+               for line in status.splitlines())
 
 
 def likely_backend(device: str | None) -> str | None:

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from nanfuzz.harness.judge.check import Outcome, Verdict
-from nanfuzz.harness.launch.processes import fork_server_context, interpret_if_cpu, plain_fork_context
+from nanfuzz.harness.launch.isolation import end_group, isolate
+from nanfuzz.harness.launch.processes import (fork_server_context, fork_server_died, interpret_if_cpu,
+                                              plain_fork_context, start)
 from nanfuzz.harness.launch.shared_compiles import Skipped
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -35,6 +37,8 @@ _START_TIMEOUT = 600.0
 # the size guard accepted takes well under a minute even under the interpreter.
 _HOST_WORK_TIMEOUT = 900.0
 _LOG_TAIL_LINES = 12
+# What multiprocessing reports for a fork-server child whose status never came (the server died).
+_NO_STATUS = 255
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,22 @@ class Deferred:
     skipped: Skipped
 
 
+@dataclass(frozen=True)
+class Declined:
+    """No verdict: the case needs more device memory than is free (``judge.large.TooLargeForDevice``).
+    A search counts it and goes on; for any other caller it is a usage error (``judged``)."""
+
+    reason: str
+
+
+def judged(answer):
+    """A check's answer where only an outcome will do (a replay, a repro): a ``Declined`` is the
+    one-line usage error it stands for."""
+    if isinstance(answer, Declined):
+        raise NanfuzzError(answer.reason)
+    return answer
+
+
 class InProcess:
     """The checks in this process (``--no-isolation``): no CRASH survives a dying kernel here."""
 
@@ -131,10 +151,16 @@ class InProcess:
 
     defers = False  # this process compiles what it needs itself
 
-    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None) -> Outcome:
+    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None
+              ) -> Outcome | Declined:
         from nanfuzz.harness.judge.check import check
+        from nanfuzz.harness.judge.large import TooLargeForDevice
 
-        return check(self.kernel, case, self.device, digest_pass=digest, explain=explain, strict_reads=self.strict_reads)
+        try:
+            return check(self.kernel, case, self.device, digest_pass=digest, explain=explain,
+                         strict_reads=self.strict_reads)
+        except TooLargeForDevice as exc:
+            return Declined(str(exc))
 
     def close(self) -> None:
         self._stack.close()
@@ -161,22 +187,28 @@ class Supervised:
         self.defers = spec.device == "cuda"  # only there do workers share compiles (and can skip one)
         self.specialisations: int | None = 0  # kernel specialisations launched (GPU: compiles), all workers
         self._counted = 0
-        self._start()
+        try:
+            self._start()
+        except BaseException:  # a stop raised as the worker starts: no one else would end it
+            self._stop()
+            raise
 
     # -- lifecycle ---------------------------------------------------------------
     def _start(self) -> None:
         fd, self._log = tempfile.mkstemp(prefix="nanfuzz-worker-", suffix=".log")
         os.close(fd)
         context = (plain_fork_context() if self.prefer_fork else None) or self._context
+        self._forked_by_server = context is self._context and context.get_start_method() == "forkserver"
         parent, child = context.Pipe()
         self._clock = LaunchClock(context)
-        self._process = context.Process(target=_serve, args=(child, self.spec, self._log, self._clock,
-                                                             self.device_opened),
-                                              daemon=True, name="nanfuzz-worker")
-        self._process.start()
-        child.close()
-        self._conn = parent
+        process = context.Process(target=_serve, args=(child, self.spec, self._log, self._clock, self.device_opened),
+                                  daemon=True, name="nanfuzz-worker")
+        self._process, self._conn = process, parent  # a stop raised as it starts still finds it to end
         self._ready = False
+        try:
+            start(process, self._forked_by_server)
+        finally:
+            child.close()
 
     def _await_ready(self) -> None:
         if self._ready:
@@ -205,9 +237,11 @@ class Supervised:
         self._start()  # warms up while the campaign generates the next case
 
     def _stop(self) -> None:
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
-        if self._process is not None:
+        """End the worker and every process its kernel started (its process group)."""
+        if self._process is not None and self._process.pid is not None:  # None: it never started
+            end_group(self._process.pid)
+            if self._process.is_alive():  # not yet in a group of its own
+                self._process.kill()
             self._process.join(timeout=10)
         if self._conn is not None:
             self._conn.close()
@@ -220,9 +254,10 @@ class Supervised:
 
     # -- one case ------------------------------------------------------------------
     def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None
-              ) -> Outcome | Deferred:
+              ) -> Outcome | Deferred | Declined:
         """The case's outcome.  ``defer`` (``CLAIMED`` or ``UNBUILT``): where a launch needs such a
-        binary, ``Deferred`` at once rather than a wait or a compile (``harness.launch.shared_compiles``)."""
+        binary, ``Deferred`` at once rather than a wait or a compile (``harness.launch.shared_compiles``).
+        ``Declined``: the case needs more device memory than is free."""
         self._await_ready()
         try:
             return self._check(case, digest, explain, defer if self.defers else None)
@@ -249,9 +284,13 @@ class Supervised:
                     raise NanfuzzError(payload)
                 if kind == "deferred":
                     return Deferred(payload)
+                if kind == "declined":
+                    return Declined(payload)
                 assert kind == "outcome", kind
                 payload, count = payload
                 self.specialisations = self._counted + (count or 0) if count is not None else None
+                if self._forked_by_server and fork_server_died():
+                    return self._died(None)  # the kernel killed it, and so its own worker: this case's doing
                 if payload.fatal:
                     self._restart()
                 return payload
@@ -274,6 +313,8 @@ class Supervised:
         code = self._process.exitcode
         if code is None:
             return "the worker stopped answering"
+        if code == _NO_STATUS and fork_server_died():
+            return "the fork server it was forked from died, and the worker with it"
         if code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -294,6 +335,8 @@ class Supervised:
 
     def _died(self, in_launch: bool | None) -> Outcome:
         why = self._death()
+        if self._forked_by_server and fork_server_died():
+            in_launch = None  # the worker died when the server did, whatever it was doing then
         tail = self._log_tail()
         where = {True: "during a launch", False: "outside a launch", None: ""}[in_launch]
         detail = f": {tail[-1].strip()[:200]}" if tail else ""
@@ -318,7 +361,7 @@ class Supervised:
 
 def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_opened=None) -> None:
     """The worker's main: build the subject, then judge cases until the pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the campaign decides when its workers stop
+    isolate()  # a session of its own, and death with its parent
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -326,6 +369,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
     try:
         from nanfuzz.harness.launch.backend import host_threads
         from nanfuzz.harness.judge.check import check
+        from nanfuzz.harness.judge.large import TooLargeForDevice
 
         kernel = spec.load()
     except NanfuzzError as exc:
@@ -337,7 +381,6 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
 
     event = clock.event
     _report_compiles(event)
-    _exit_with_parent()
     from nanfuzz.harness.launch import shared_compiles
 
     if spec.device == "cuda":
@@ -364,6 +407,9 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
                 try:
                     outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain,
                                     strict_reads=spec.strict_reads)
+                except TooLargeForDevice as exc:
+                    conn.send(("declined", str(exc)))
+                    continue
                 except NanfuzzError as exc:
                     conn.send(("error", str(exc)))
                     continue
@@ -404,21 +450,6 @@ def _move_compile_waits(outcome: Outcome, seconds: float) -> None:
     if seconds > 0 and "kernel" in outcome.timings:
         outcome.timings["kernel"] = max(0.0, outcome.timings["kernel"] - seconds)
         outcome.timings["compile"] = outcome.timings.get("compile", 0.0) + seconds
-
-
-def _exit_with_parent() -> None:
-    """A worker whose campaign died (``kill -9``) must not run on, spinning in a hung launch."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(0)
-
-    threading.Thread(target=watch, daemon=True, name="nanfuzz-parent-watch").start()
 
 
 def _device_alive() -> bool:

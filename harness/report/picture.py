@@ -2,9 +2,11 @@
 tail, freed, reused or poisoned.  It goes into repros and failure messages."""
 from __future__ import annotations
 
+import numpy as np
+
 from nanfuzz.reference.case import CHUNKED_PREFILL, NULL_BLOCK, PADDING, Case, Sequence
-from nanfuzz.reference.features import poison_target, poisoned_slots
-from nanfuzz.reference.semantics import live_key_range, slot_liveness
+from nanfuzz.reference.features import poison_target, poisoned_mask
+from nanfuzz.reference.semantics import live_key_range, liveness
 
 LEGEND = ("slots: o live  x expired (out of window)  t tail past seq_len  p padding entry  "
           "r dead here, live for another sequence;  UPPER CASE = poisoned ({value} in {tensors})")
@@ -25,11 +27,31 @@ def _kv_cache(case: Case) -> str:
     return f", {kv.dtype} cache (k_scale {kv.k_scale:g}, v_scale {kv.v_scale:g})"
 
 
+# A production-size case has thousands of table entries: the picture shows the first
+# sequences, and of each the entries around its live range's ends, eliding the rest.
+MAX_SEQUENCES_SHOWN = 16
+ENTRIES_AT_EACH_END = 3
+
+
+def _shown_entries(seq: Sequence, lo: int, bs: int) -> list[int | None]:
+    """The logical entries of ``seq`` the picture draws, None where it elides a run."""
+    width = len(seq.block_table)
+    keep: set[int] = set()
+    for anchor in (0, lo // bs, seq.used_blocks(bs) - 1, width - 1):
+        keep.update(range(max(0, anchor - ENTRIES_AT_EACH_END + 1), min(width, anchor + ENTRIES_AT_EACH_END)))
+    shown: list[int | None] = []
+    for j in sorted(keep):
+        if shown and shown[-1] is not None and j > shown[-1] + 1:
+            shown.append(None)
+        shown.append(j)
+    return shown
+
+
 def picture(case: Case) -> str:
     g = case.geometry
     bs = g.block_size
-    poisoned = set(poisoned_slots(case))
-    live_any = slot_liveness(case)
+    poisoned = poisoned_mask(case)
+    live_any = liveness(case)
     window = f"window {case.sliding_window}" if case.sliding_window else "no window"
     lines = [
         f"{len(case.sequences)} sequence(s), block_size {bs}, {g.num_blocks} physical blocks, "
@@ -43,12 +65,18 @@ def picture(case: Case) -> str:
     for s, seq in enumerate(case.sequences):
         for j in live_blocks[s]:
             owners.setdefault(seq.block_table[j], []).append(s)
-    for s, seq in enumerate(case.sequences):
+    for s, seq in enumerate(case.sequences[:MAX_SEQUENCES_SHOWN]):
         lo, hi = live_key_range(case, seq)
         lines.append(f"seq {s}: {_kind(seq)}, query_len {seq.query_len}, seq_len {seq.seq_len}, "
                      f"context {seq.context_len}, live keys [{lo}, {hi})")
         used = seq.used_blocks(bs)
-        for j, block in enumerate(seq.block_table):
+        shown = _shown_entries(seq, lo, bs) if len(seq.block_table) > 4 * ENTRIES_AT_EACH_END else range(
+            len(seq.block_table))
+        for j in shown:
+            if j is None:
+                lines.append("  ...")
+                continue
+            block = seq.block_table[j]
             cells = []
             for offset in range(bs):
                 key = j * bs + offset
@@ -58,11 +86,11 @@ def picture(case: Case) -> str:
                     c = "t"
                 elif lo <= key < hi:
                     c = "o"
-                elif live_any[block][offset]:
+                elif live_any[block, offset]:
                     c = "r"
                 else:
                     c = "x"
-                if (block, offset) in poisoned:
+                if poisoned[block, offset]:
                     c = c.upper()
                 cells.append(c)
             notes = []
@@ -73,14 +101,21 @@ def picture(case: Case) -> str:
             others = [o for o in owners.get(block, []) if o != s]
             if others:
                 live_here = s in owners.get(block, [])
-                notes.append(("shared with" if live_here else "reused by") + " seq " + ",".join(map(str, others)))
+                notes.append(("shared with" if live_here else "reused by") + " seq " + ",".join(map(str, others[:8]))
+                             + (",..." if len(others) > 8 else ""))
             elif j < used and j not in live_blocks[s]:
                 if block != NULL_BLOCK:
                     notes.append("freed (expired)")
             lines.append(f"  logical {j:>2} -> block {block:>3} [{''.join(cells)}] {'; '.join(notes)}".rstrip())
-    referenced = {b for seq in case.sequences for b in seq.block_table}
-    loose = [b for b in range(g.num_blocks) if b not in referenced]
-    if loose:
-        counts = ", ".join(f"{b} ({sum((b, o) in poisoned for o in range(bs))}/{bs} poisoned)" for b in loose)
-        lines.append(f"blocks in no table: {counts}")
+    if len(case.sequences) > MAX_SEQUENCES_SHOWN:
+        lines.append(f"... {len(case.sequences) - MAX_SEQUENCES_SHOWN} more sequences")
+    referenced = np.zeros(g.num_blocks, dtype=bool)
+    for seq in case.sequences:
+        referenced[list(seq.block_table)] = True
+    loose = np.flatnonzero(~referenced)
+    if loose.size:
+        per_block = poisoned[loose].sum(axis=1)
+        counts = ", ".join(f"{b} ({n}/{bs} poisoned)" for b, n in zip(loose[:16].tolist(), per_block[:16].tolist()))
+        more = f", ... {loose.size - 16} more ({int(per_block[16:].sum())} slots poisoned)" if loose.size > 16 else ""
+        lines.append(f"blocks in no table: {counts}{more}")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Repro artifacts: JSON (the record), a standalone script, a block-table picture."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -10,11 +11,18 @@ from pathlib import Path
 
 from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.report.atomic import write_atomically
 from nanfuzz.harness.report.picture import picture
 from nanfuzz.reference.case import SCHEMA_VERSION, Case
 from nanfuzz.reference.errors import NanfuzzError
 
 SCHEMA = "nanfuzz-repro"
+# What a repro may be before it is even parsed.  The largest case the strategies draw at
+# production size (256 sequences of 128k keys in blocks of 16) writes 26 MB of JSON; the
+# deepest repro nanfuzz writes nests 6 levels (evidence, its per-sequence spans).
+MAX_REPRO_BYTES = 64 << 20
+MAX_REPRO_DEPTH = 32
+_JSON_NESTING = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # strings (skipped whole) and brackets
 
 
 def environment(device: str) -> dict:
@@ -90,24 +98,39 @@ def write_repro(kernel: Kernel | str, case: Case, outcome: Outcome, directory: s
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stem = repro_stem(name, case, outcome)
-    json_path = directory / f"{stem}.json"
-    json_path.write_text(json.dumps(repro_record(kernel, case, outcome, device), indent=1) + "\n", encoding="utf-8")
-    txt_path = directory / f"{stem}.txt"
-    # a kernel's error message may hold anything, lone surrogates included
-    txt_path.write_text(f"{name}: {outcome.summary}\n\n{picture(case)}\n", encoding="utf-8", errors="backslashreplace")
-    py_path = directory / f"{stem}.py"
-    py_path.write_text(standalone_script(kernel, case, outcome), encoding="utf-8")
-    return [json_path, py_path, txt_path]
+    files = [(directory / f"{stem}.json", json.dumps(repro_record(kernel, case, outcome, device), indent=1) + "\n"),
+             (directory / f"{stem}.py", standalone_script(kernel, case, outcome)),
+             # a kernel's error message may hold anything, lone surrogates included
+             (directory / f"{stem}.txt", f"{name}: {outcome.summary}\n\n{picture(case)}\n")]
+    written = []
+    try:
+        for path, text in files:
+            written.append(write_atomically(path, text, errors="backslashreplace"))
+    except BaseException:  # all three or none: a repro half written is no repro
+        for path in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise
+    return written
 
 
 def load_repro(path: str | Path) -> dict:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_REPRO_BYTES + 1)
     except OSError as exc:
         raise NanfuzzError(f"cannot read repro {str(path)!r}: {exc.strerror}") from None
+    if len(raw) > MAX_REPRO_BYTES:
+        raise NanfuzzError(f"{path}: over {MAX_REPRO_BYTES >> 20} MiB, more than any repro nanfuzz writes; "
+                           "a repro is the .json nanfuzz wrote")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise NanfuzzError(f"{path}: not UTF-8 text (byte {exc.start}); a repro is the .json nanfuzz wrote") from None
+    if _nested_deeper(text, MAX_REPRO_DEPTH):
+        raise NanfuzzError(f"{path}: nested more than {MAX_REPRO_DEPTH} levels deep, deeper than any repro nanfuzz "
+                           "writes; a repro is the .json nanfuzz wrote")
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -122,6 +145,21 @@ def load_repro(path: str | Path) -> dict:
     record.setdefault("verdict", Verdict.PASS.value)
     record.setdefault("kernel_name", record["kernel"])  # repros before kernel_name: one name for both
     return record
+
+
+def _nested_deeper(text: str, limit: int) -> bool:
+    """Do the brackets of JSON ``text`` nest deeper than ``limit``?  Counted before parsing:
+    Python's parser meets a deep enough nesting as a RecursionError."""
+    depth = 0
+    for token in _JSON_NESTING.finditer(text):
+        bracket = token.group()
+        if bracket in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif bracket in "]}":
+            depth -= 1
+    return False
 
 
 # What each verdict means, for the repro script's last line.

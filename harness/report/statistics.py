@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, POISON_TENSORS, POISON_VALUES, Case
-from nanfuzz.reference.features import case_features
+from nanfuzz.reference.features import SIZE_FEATURES, case_features
 
 READS_GROUP = "dead slots addressed (traced loads)"
 # (title, situations always listed, prefixes of situations listed when seen)
@@ -32,6 +32,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
                              "poison:unreferenced", "poison:single-slot"), ("poison:scale",)),
     ("blocks", ("expired-block", "expired-to-null", "reused-block", "shared-block"), ()),
     ("heads", ("gqa", "sinks"), ()),
+    ("sizes", SIZE_FEATURES, ()),
+    ("kernel paths", (), ("path:",)),
     ("dtypes", (), ("dtype:",)),
     ("kv caches", (), ("kv:",)),
     ("block sizes", (), ("block:",)),
@@ -63,35 +65,50 @@ def _sort_key(name: str) -> tuple:
 
 @dataclass
 class Statistics:
-    """Counts of situations over ``examples`` cases; ``seconds`` is the time ``add`` took."""
+    """Counts of situations over ``examples`` cases; ``seconds`` is the time ``add`` took.
+    ``specialisations`` counts the examples whose poisoned run launched each Triton kernel
+    specialisation (``judge.paths``); the kernels themselves are the situations ``path:NAME``."""
 
     examples: int = 0
     counts: Counter = field(default_factory=Counter)
     seconds: float = 0.0
+    specialisations: Counter = field(default_factory=Counter)
     declined: Counter = field(default_factory=Counter)  # drawn cases the kernel's supports() declined, by reason
 
-    def add(self, case: Case, observed: set[str] = frozenset()) -> None:
-        """Tally one example: its case's situations and ``observed``, what its check saw the kernel
-        do (``harness.report.coverage``: the dead slots its loads addressed)."""
+    def add(self, case: Case, paths: dict | None = None, observed: set[str] = frozenset()) -> None:
+        """Tally one example: its case's situations, the Triton kernels it launched (``paths``) and
+        ``observed``, what its check saw the kernel do (``harness.report.coverage``: the dead slots
+        its loads addressed)."""
         start = time.perf_counter()
         self.counts.update(features(case) | observed)
+        if paths:
+            self.counts.update(f"path:{name}" for name in paths)
+            self.specialisations.update(spec for specs in paths.values() for spec in specs)
         self.examples += 1
         self.seconds += time.perf_counter() - start
 
     def decline(self, reason: str) -> None:
         self.declined[reason] += 1
 
+    def paths(self) -> list[str]:
+        """The Triton kernels some example launched."""
+        return sorted(name[len("path:"):] for name in self.counts if name.startswith("path:"))
+
     def merge(self, other: "Statistics") -> "Statistics":
         """Add ``other``'s tallies to these (another job's); returns self."""
         self.examples += other.examples
         self.counts.update(other.counts)
         self.seconds += other.seconds
+        self.specialisations.update(other.specialisations)
         self.declined.update(other.declined)
         return self
 
     def share(self, name: str) -> float:
         """The fraction of examples in situation ``name`` (0.0 before any example)."""
-        return self.counts[name] / self.examples if self.examples else 0.0
+        return self._of(self.counts[name])
+
+    def _of(self, count: int) -> float:
+        return count / self.examples if self.examples else 0.0
 
     def groups(self) -> list[tuple[str, list[tuple[str, int]]]]:
         """``[(title, [(situation, count), ...]), ...]`` in reporting order.
@@ -108,27 +125,45 @@ class Statistics:
             placed.update(names)
             if names:
                 out.append((title, [(n, self.counts[n]) for n in names]))
+        switches = self.switches()
+        if switches:
+            out.append(("kernel switches", sorted(switches.items())))
         other = sorted(n for n in self.counts if n not in placed)
         if other:
             out.append((OTHER, [(n, self.counts[n]) for n in other]))
         return out
+
+    def switches(self) -> dict[str, int]:
+        """Each boolean constexpr that took both values over the campaign's launches, by kernel
+        (``NAME IS_3D=True``): which side of a kernel's own switch the examples reached."""
+        seen: dict[tuple[str, str], Counter] = {}
+        for spec, count in self.specialisations.items():
+            name, _, rest = spec.partition("[")
+            for item in rest.rstrip("]").split(","):
+                flag, _, value = item.partition("=")
+                if value in ("True", "False"):
+                    seen.setdefault((name, flag), Counter())[value] += count
+        return {f"{name} {flag}={value}": n for (name, flag), values in seen.items() if len(values) == 2
+                for value, n in values.items()}
 
     def to_dict(self) -> dict:
         """JSON-ready: ``{"examples", "seconds", "groups": {title: {situation: {"count", "share"}}}}``."""
         return {
             "examples": self.examples,
             "seconds": round(self.seconds, 6),
-            "groups": {title: {name: {"count": count, "share": round(self.share(name), 6)} for name, count in rows}
+            "groups": {title: {name: {"count": count, "share": round(self._of(count), 6)} for name, count in rows}
                        for title, rows in self.groups()},
+            "specialisations": dict(self.specialisations.most_common()),
             "declined": dict(self.declined.most_common()),
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "Statistics":
         """The inverse of ``to_dict`` (situations with a count of 0 are dropped)."""
-        counts = Counter({name: entry["count"] for rows in data["groups"].values()
+        counts = Counter({name: entry["count"] for title, rows in data["groups"].items() if title != "kernel switches"
                           for name, entry in rows.items() if entry["count"]})
         return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0),
+                   specialisations=Counter(data.get("specialisations", {})),
                    declined=Counter(data.get("declined", {})))
 
     def table(self) -> str:
@@ -139,11 +174,14 @@ class Statistics:
                        + ", ".join(f"{reason}: {n}" for reason, n in self.declined.most_common(3)) + ")")
         if not self.examples:
             return header
-        rows = [(title if i == 0 else "", name, str(count), f"{100 * self.share(name):.1f}%")
+        rows = [(title if i == 0 else "", name, str(count), f"{100 * self._of(count):.1f}%")
                 for title, entries in self.groups() if title != READS_GROUP for i, (name, count) in enumerate(entries)]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [header]
         for row in rows:
             lines.append(f"  {row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  "
                          f"{row[3]:>{widths[3]}}".rstrip())
+        if self.specialisations:
+            lines.append(f"  {len(self.specialisations)} distinct kernel specialisations launched "
+                         "(each with its examples in --summary-json)")
         return "\n".join(lines)

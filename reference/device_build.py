@@ -1,0 +1,275 @@
+"""Build a large case on its device: only the cache blocks it uses.
+
+A production-size case (``Case.large``) has caches of gigabytes and queries
+of millions of elements: built on the host and copied, it would cost seconds
+and the whole cache each time.  Built here, on the device it runs on, it
+costs what its live keys cost:
+
+- the queries, the new tokens' k/v, the table and the lengths, inside their
+  redzones, in one buffer (``small``), as the host build makes them;
+- of each cache, only its *written blocks* (``written_blocks``): the blocks
+  holding a live key, and the blocks its poison sites name, as a compact
+  ``[len(ids), block_size, ...]`` tensor whose slots hold exactly what the
+  host build puts there (``reference.values`` hashes on the device to the
+  same bits): live values, and in their dead slots the poison or the finite
+  garbage of the case's specification.
+
+Every other block of a large case's caches, and their redzones, hold the
+encoding's NaN (``background``) in every run, poisoned or not: a block
+without a live key is dead through and through.  ``harness.judge.pool``
+keeps a process's caches in that state and writes only ``ids``.
+
+``oracle_batch`` views the compact build as a batch whose table points at
+the compact blocks: what the oracle reads, never the caches a kernel saw.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from nanfuzz.reference import quantization, redzones, values
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.features import poisoned_mask
+from nanfuzz.reference.materialize import (_Q_SPREAD, TORCH_DTYPES, _code_margin, _derive, _garbage, _margin_fill,
+                                           _poison_values, _surround_small, token_layout)
+from nanfuzz.reference.semantics import liveness
+
+# Elements generated per step: bounds the int64 temporaries of the hash (2^24 x 8 bytes each).
+_CHUNK_ELEMENTS = 1 << 24
+# The background of a cache, by what it holds: NaN's bits, or the encoding's first NaN code
+# (int8 has none: its largest code).
+_FLOAT_NAN_BITS = {"float16": (0x7E00, 2), "bfloat16": (0x7FC0, 2), "float32": (0x7FC00000, 4)}
+
+
+def background(case: Case, name: str) -> tuple[int, int]:
+    """(bit pattern, bytes) every unwritten element of cache ``name`` holds."""
+    if name in ("k_scale_cache", "v_scale_cache"):
+        return _FLOAT_NAN_BITS["float32"]
+    kv = case.kv_cache
+    if not kv.quantized:
+        return _FLOAT_NAN_BITS[case.geometry.dtype]
+    enc = quantization.ENCODINGS[kv.dtype]
+    return (enc.nan_codes or (enc.max_code,))[0], 1
+
+
+def written_blocks(case: Case) -> np.ndarray:
+    """Sorted physical ids of the blocks a large case writes: those holding a live key, and
+    those its poison sites name."""
+    held = liveness(case).any(axis=1)
+    if case.poison.sites:
+        held = held.copy()
+        held[[site.block for site in case.poison.sites]] = True
+    return np.flatnonzero(held)
+
+
+@dataclass
+class DeviceBuild:
+    """A large case's tensors on its device (see the module notes)."""
+
+    case: Case
+    ids: torch.Tensor                     # int64 [T]: the written blocks, sorted
+    small: dict[str, redzones.Allocation]  # q, k, v, table, lengths, sinks, scales: one buffer
+    caches: dict[str, torch.Tensor]       # key_cache, value_cache [T, bs, hkv, d] (codes if quantized),
+                                          # k_scale_cache, v_scale_cache [T, bs, hkv] (per-token-head)
+    compact_table: torch.Tensor           # int32 [S, W]: each entry's index in ``ids`` (0 where none)
+    dead: torch.Tensor = field(repr=False)  # bool [T * bs]: the dead slots of the written blocks
+
+    def oracle_batch(self) -> PagedBatch:
+        """The build as a batch over its compact blocks: pristine inputs for the oracle."""
+        views = {name: a.view for name, a in self.small.items()}
+        views["block_table"] = self.compact_table
+        views.update(self.caches)
+        views.setdefault("sinks", None)
+        return PagedBatch(case=self.case, **views)
+
+
+def build_on_device(case: Case, device: torch.device | str, *, garbage_seed: int = 0,
+                    poisoned: bool = True) -> DeviceBuild:
+    """A large case's tensors on ``device`` (see ``materialize.materialize`` for the arguments)."""
+    device = torch.device(device)
+    g = case.geometry
+    bs = g.block_size
+    ids_h = written_blocks(case)
+    ids = torch.from_numpy(ids_h).to(device)
+    live = torch.from_numpy(liveness(case)[ids_h].reshape(-1).copy()).to(device)
+    poison = torch.from_numpy(poisoned_mask(case)[ids_h].reshape(-1).copy()).to(device) if poisoned else None
+    physical = (ids[:, None] * bs + torch.arange(bs, device=device)).reshape(-1)  # each compact slot's own
+    caches = _caches(case, physical, live, poison, garbage_seed)
+    compact_table = _compact_table(case, ids_h, device)
+    small = _small_inputs(case, device, caches, compact_table, garbage_seed, poisoned)
+    return DeviceBuild(case, ids, small, caches, compact_table, ~live)
+
+
+def refill(build: DeviceBuild, garbage_seed: int) -> DeviceBuild:
+    """``build_on_device(case, garbage_seed=garbage_seed, poisoned=False)`` from ``build``: live
+    slots and the new tokens copied, the dead slots of the written blocks and the redzones of the
+    small inputs refilled with that seed's finite garbage."""
+    case = build.case
+    g = case.geometry
+    dead = torch.nonzero(build.dead).flatten()
+    bs = g.block_size
+    physical = build.ids[dead // bs] * bs + dead % bs
+    caches = {name: t.clone() for name, t in build.caches.items()}
+    _write_dead(case, caches, dead, physical, None, garbage_seed)
+    small = redzones.clone_together(build.small)
+    margin = _margin_fill(case, garbage_seed, poisoned=False)
+    for name, allocation in small.items():
+        if allocation.base.is_floating_point():
+            for _, where in allocation.sides():
+                redzones._fill_rows(allocation.base, where[0] if len(where) == 1 else where, margin(f"redzone_{name}"))
+    return DeviceBuild(case, build.ids, small, caches, build.compact_table, build.dead)
+
+
+# -- the caches' written blocks ----------------------------------------------------------
+
+def _element_index(slots: torch.Tensor, width: int) -> torch.Tensor:
+    return slots[:, None] * width + torch.arange(width, device=slots.device, dtype=torch.int64)
+
+
+def _chunks(rows: torch.Tensor, width: int):
+    step = max(1, _CHUNK_ELEMENTS // width)
+    for start in range(0, rows.numel(), step):
+        yield slice(start, start + step)
+
+
+def _caches(case: Case, physical: torch.Tensor, live: torch.Tensor, poison: torch.Tensor | None,
+            garbage_seed: int) -> dict[str, torch.Tensor]:
+    g = case.geometry
+    kv = case.kv_cache
+    device = physical.device
+    width = g.num_kv_heads * g.head_size
+    rows = physical.numel()
+    dtype = torch.uint8 if kv.quantized else TORCH_DTYPES[g.dtype]
+    caches = {name: torch.empty(rows, width, dtype=dtype, device=device) for name in ("key_cache", "value_cache")}
+    if kv.token_head:
+        for name in ("k_scale_cache", "v_scale_cache"):
+            caches[name] = torch.empty(rows, g.num_kv_heads, dtype=torch.float32, device=device)
+    live_rows = torch.nonzero(live).flatten()
+    for part in _chunks(live_rows, width):
+        rows_here = live_rows[part]
+        for which, name in (("k", "key_cache"), ("v", "value_cache")):
+            x = values.uniform(case.data_seed, f"cache_{which}", _element_index(physical[rows_here], width))
+            if not kv.quantized:
+                caches[name][rows_here] = x.to(caches[name].dtype)
+            elif kv.token_head:
+                x = x.view(-1, g.num_kv_heads, g.head_size)
+                scale = quantization.token_head_scales(x, kv.dtype)
+                caches[name][rows_here] = quantization.quantize(x, scale.double()[..., None], kv.dtype).view(-1, width)
+                caches[f"{which}_scale_cache"][rows_here] = scale
+            else:
+                caches[name][rows_here] = quantization.quantize(x, kv.k_scale if which == "k" else kv.v_scale, kv.dtype)
+    dead_rows = torch.nonzero(~live).flatten()
+    _write_dead(case, caches, dead_rows, physical[dead_rows], None if poison is None else poison[dead_rows],
+                garbage_seed)
+    shape = (rows // g.block_size, g.block_size, g.num_kv_heads, g.head_size)
+    for name in ("key_cache", "value_cache"):
+        caches[name] = (quantization.as_encoding(caches[name], kv.dtype) if kv.quantized else caches[name]).view(shape)
+    for name in ("k_scale_cache", "v_scale_cache"):
+        if name in caches:
+            caches[name] = caches[name].view(shape[:3])
+    return caches
+
+
+def _write_dead(case: Case, caches: dict[str, torch.Tensor], rows: torch.Tensor, physical: torch.Tensor,
+                poisoned: torch.Tensor | None, garbage_seed: int) -> None:
+    """The dead slots ``rows`` of the compact caches (whose own slots are ``physical``): the poison
+    where ``poisoned`` says and the case poisons that tensor or part, else finite garbage."""
+    g = case.geometry
+    kv = case.kv_cache
+    p = case.poison
+    width = g.num_kv_heads * g.head_size
+    flat = {name: (quantization.codes_of(t) if kv.quantized and name in ("key_cache", "value_cache") else t)
+            .reshape(-1, width if name in ("key_cache", "value_cache") else g.num_kv_heads)
+            for name, t in caches.items()}
+    garbage = _derive(case.data_seed, 2, garbage_seed)
+    hostile = _derive(case.data_seed, 1)
+    for which, name, hit in (("k", "key_cache", p.hits_k), ("v", "value_cache", p.hits_v)):
+        codes_hit = poisoned if (poisoned is not None and hit and p.hits_data) else None
+        scales_hit = poisoned if (poisoned is not None and hit and p.hits_scales and kv.token_head) else None
+        _fill_dead(case, which, flat[name], rows, physical, codes_hit, width, garbage, hostile)
+        if kv.token_head:
+            _fill_dead_scales(case, which, flat[f"{which}_scale_cache"], rows, physical, scales_hit, garbage, hostile)
+
+
+def _fill_dead(case, which, cache, rows, physical, poisoned, width, garbage_seed, hostile_seed) -> None:
+    kv = case.kv_cache
+    for part in _chunks(rows, width):
+        here, index = rows[part], _element_index(physical[part], width)
+        if kv.quantized:
+            fill = quantization.finite_codes(values.random_bits(garbage_seed, f"garbage_{which}", index), kv.dtype)
+        else:
+            fill = _garbage(garbage_seed, f"garbage_{which}", index).to(cache.dtype)
+        if poisoned is not None:
+            hit = poisoned[part]
+            if kv.quantized:
+                bad = quantization.hostile_codes(case.poison.value,
+                                                 values.random_bits(hostile_seed, f"poison_{which}", index),
+                                                 values.uniform(hostile_seed, f"poison_{which}", index), kv.dtype)
+            else:
+                bad = _poison_values(case, f"poison_{which}", index).to(cache.dtype)
+            fill = torch.where(hit[:, None], bad, fill)
+        cache[here] = fill
+
+
+def _fill_dead_scales(case, which, scales, rows, physical, poisoned, garbage_seed, hostile_seed) -> None:
+    kv = case.kv_cache
+    heads = scales.shape[1]
+    for part in _chunks(rows, heads):
+        here, index = rows[part], _element_index(physical[part], heads)
+        fill = quantization.garbage_scales(values.uniform(garbage_seed, f"garbage_scale_{which}", index), kv.dtype)
+        if poisoned is not None:
+            stream = f"poison_scale_{which}"
+            bad = quantization.hostile_scales(case.poison.value, values.random_bits(hostile_seed, stream, index),
+                                              values.uniform(hostile_seed, stream, index))
+            fill = torch.where(poisoned[part][:, None], bad, fill)
+        scales[here] = fill
+
+
+# -- the small inputs --------------------------------------------------------------------
+
+def _compact_table(case: Case, ids: np.ndarray, device: torch.device) -> torch.Tensor:
+    table = np.array([s.block_table for s in case.sequences], dtype=np.int64)
+    index = np.searchsorted(ids, table)
+    found = (index < len(ids)) & (ids[np.minimum(index, len(ids) - 1)] == table)
+    return torch.from_numpy(np.where(found, index, 0).astype(np.int32)).to(device)
+
+
+def _small_inputs(case: Case, device: torch.device, caches: dict[str, torch.Tensor], compact_table: torch.Tensor,
+                  garbage_seed: int, poisoned: bool) -> dict[str, redzones.Allocation]:
+    """q (hashed on the device), the new tokens' k/v (gathered from the compact caches), and the
+    host-made table, lengths, sinks and scales, in their redzones, in one device buffer."""
+    g = case.geometry
+    kv = case.kv_cache
+    seq_of, pos_of = token_layout(case)
+    seq_t = torch.tensor(seq_of, dtype=torch.int64, device=device)
+    pos_t = torch.tensor(pos_of, dtype=torch.int64, device=device)
+    width = g.num_q_heads * g.head_size
+    q = torch.empty(len(seq_of), width, dtype=TORCH_DTYPES[g.dtype], device=device)
+    heads = torch.arange(width, device=device, dtype=torch.int64)
+    rows = torch.arange(len(seq_of), device=device)
+    for part in _chunks(rows, width):
+        index = ((seq_t[part] << 24) + pos_t[part])[:, None] * width + heads[None, :]
+        q[part] = (values.uniform(case.data_seed, "q", index) * _Q_SPREAD).to(q.dtype)
+    q = q.view(len(seq_of), g.num_q_heads, g.head_size)
+    compact = compact_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t
+    slots = compact * g.block_size + pos_t % g.block_size
+    k = quantization.values_at(case, caches["key_cache"], kv.k_scale, caches.get("k_scale_cache"), slots).to(q.dtype)
+    v = quantization.values_at(case, caches["value_cache"], kv.v_scale, caches.get("v_scale_cache"), slots).to(q.dtype)
+    sinks = None
+    if case.sinks:
+        index = torch.arange(g.num_q_heads, dtype=torch.int64)
+        sinks = (values.uniform(case.data_seed, "sinks", index) * 2.0).to(torch.float32)
+    scales = {}
+    if kv.quantized and not kv.token_head:
+        scales = {"k_scale": torch.tensor([kv.k_scale], dtype=torch.float32),
+                  "v_scale": torch.tensor([kv.v_scale], dtype=torch.float32)}
+    table = torch.tensor([list(s.block_table) for s in case.sequences], dtype=torch.int32)
+    margin = _margin_fill(case, garbage_seed, poisoned)
+    allocations = _surround_small(
+        case, margin, q=q, k=k, v=v, block_table=table,
+        seq_lens=torch.tensor([s.seq_len for s in case.sequences], dtype=torch.int32),
+        query_start_loc=torch.tensor(case.query_start_loc(), dtype=torch.int32), sinks=sinks, **scales)
+    return redzones.pack_together(allocations, device)

@@ -1,0 +1,2 @@
+"""An adapter module that raises KeyboardInterrupt as it is imported."""
+raise KeyboardInterrupt

@@ -1,0 +1,85 @@
+"""Kernels that attack their campaign: one that signals its process group, one that kills the
+fork server its worker came from, one that leaves processes behind.  Each is a verdict of the
+case that did it, or nothing at all; none reaches the campaign."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.launch.subjects import worker_spec
+from nanfuzz.harness.launch.worker import Supervised
+from tests import subjects
+from tests.cases import consecutive_case
+from tests.process_table import running
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table in /proc")
+
+WINDOWED, PLAIN = consecutive_case([(1, 20)], window=4), consecutive_case([(1, 20)])
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings(device="cpu", state_dir=tmp_path / "state", repro_dir=tmp_path / "repros", use_database=False,
+                    seed=0, max_examples=100, launch_timeout=2.0)
+
+
+def test_a_kernel_that_kills_its_process_group_is_a_crash_shrunk_like_any_death(settings):
+    # the worker leads a group of its own: were it the campaign's, this test's process would die here
+    campaign = fuzz(subjects.kills_its_process_group, settings)
+    assert campaign.failed and campaign.failure.verdict is Verdict.CRASH, campaign.failure
+    assert "killed by SIGKILL during a launch" in campaign.failure.summary
+    assert len(campaign.failing_case.sequences) == 1 and campaign.failing_case.sliding_window > 0
+    assert campaign.failure.evidence["repeated"] == "3/3"
+
+
+def _fork_server_pid():
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid
+
+
+def test_a_kernel_that_kills_the_fork_server_is_a_crash_of_that_case_and_a_new_server_carries_on():
+    subject = Supervised(worker_spec(subjects.kills_the_fork_server, Settings(device="cpu")), launch_timeout=5.0)
+    try:
+        assert subject.check(PLAIN).verdict is Verdict.PASS
+        server = _fork_server_pid()
+        crashed = subject.check(WINDOWED)  # the kernel kills the server: its worker dies with it, now
+        assert crashed.verdict is Verdict.CRASH, crashed.summary
+        assert "the fork server it was forked from died" in crashed.summary
+        assert subject.check(PLAIN).verdict is Verdict.PASS  # a fresh worker, from a fresh server
+        assert _fork_server_pid() != server and not running(server) and subject.restarts == 1
+    finally:
+        subject.close()
+
+
+def test_a_campaign_against_a_fork_server_killer_reports_the_crash(settings):
+    campaign = fuzz(subjects.kills_the_fork_server, settings.replace(shrink=False, replays=1))
+    assert campaign.failed and campaign.failure.verdict is Verdict.CRASH, campaign.failure
+    assert campaign.failing_case.sliding_window > 0 and campaign.failure.evidence["repeated"] == "1/1"
+
+
+def _children(folder: Path) -> list[int]:
+    path = folder / "children.txt"
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_processes_a_kernel_starts_end_with_its_worker(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where the kernel notes its children
+    subject = Supervised(worker_spec(subjects.starts_a_child_then_exits, Settings(device="cpu")), launch_timeout=5.0)
+    try:
+        assert subject.check(PLAIN).verdict is Verdict.PASS
+        (first,) = _children(tmp_path)
+        assert running(first)  # sensitivity: the child outlives its launch
+        assert subject.check(WINDOWED).verdict is Verdict.CRASH  # the worker exits: its child goes with it
+        assert not running(first)
+        assert subject.check(PLAIN).verdict is Verdict.PASS
+        second = _children(tmp_path)[-1]
+        assert second != first and running(second)
+    finally:
+        subject.close()
+    assert not running(second)  # a worker stopped by its campaign takes its children too

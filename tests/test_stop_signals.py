@@ -1,0 +1,109 @@
+"""SIGTERM and SIGHUP stop a campaign as Ctrl-C does: every job stops, the smallest failure found
+so far is written (exit 1), else the exit status is 128 + the signal, and no process the campaign
+or its kernel started outlives it (the process table says so)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.judge.check import Verdict
+from tests.process_table import marked, marked_environment
+from tests.test_check import WINDOWED
+from tests.torch_kernels import torch_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+# How long a test waits for the campaign to reach the state it signals it in, and for its processes
+# to be gone after it exits: bounds on a hang, not on speed.
+_PATIENCE = 240.0
+
+
+def _campaign(tmp_path: Path, kernel: str, jobs: int):
+    env, mark = marked_environment({**os.environ, "PYTHONPATH": str(ROOT)})
+    env.pop("CI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "nanfuzz", "fuzz", "--kernel", kernel, "--device", "cpu",
+                             "--seed", "0", "--max-examples", "100000", "--jobs", str(jobs),
+                             "--state-dir", str(tmp_path / "state")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    return proc, mark
+
+
+def _lines(path: Path) -> set[str]:
+    return set(path.read_text().splitlines()) if path.exists() else set()
+
+
+def _when(proc, ready) -> None:
+    """Wait until ``ready()`` (the campaign reached the state to signal it in), or fail."""
+    deadline = time.monotonic() + _PATIENCE
+    while not ready():
+        if proc.poll() is not None:
+            pytest.fail(f"the campaign ended first (exit {proc.returncode}): {proc.stderr.read()[-2000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the campaign never reached the state to signal it in")
+        time.sleep(0.05)
+
+
+def _nothing_left(mark: str) -> None:
+    deadline = time.monotonic() + _PATIENCE
+    while marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(mark) == [], "processes outlived their campaign"
+
+
+def _stop(proc, signum: int, group: bool) -> tuple[str, str]:
+    (os.killpg if group else os.kill)(proc.pid, signum)  # timeout(1) and CI signal the group, kill(1) the pid
+    out, err = proc.communicate(timeout=_PATIENCE)
+    assert "Traceback" not in err, err
+    return out, err
+
+
+@pytest.mark.parametrize("jobs, signum, group", [(1, signal.SIGTERM, True), (2, signal.SIGTERM, False),
+                                                 (1, signal.SIGHUP, False), (2, signal.SIGINT, True)],
+                         ids=["1-job-SIGTERM-group", "2-jobs-SIGTERM-pid", "1-job-SIGHUP-pid", "2-jobs-Ctrl-C-group"])
+def test_a_stop_signal_during_the_search_ends_every_process_with_128_plus_the_signal(tmp_path, jobs, signum, group):
+    proc, mark = _campaign(tmp_path, "tests.subjects:starts_a_child", jobs)
+    _when(proc, lambda: len(_lines(tmp_path / "children.txt")) >= jobs)  # every job's kernel has a child running
+    out, err = _stop(proc, signum, group)
+    assert proc.returncode == 128 + signum, out + err
+    assert err.strip().splitlines()[-1] == ("nanfuzz: interrupted" if signum == signal.SIGINT else
+                                            f"nanfuzz: stopped by {signal.Signals(signum).name}")
+    _nothing_left(mark)
+    assert not list((tmp_path / "state" / "journal").glob("*.json"))
+    assert not (tmp_path / "state" / "repros").exists()
+
+
+@pytest.mark.parametrize("jobs, group", [(1, False), (2, True)], ids=["1-job-pid", "2-jobs-group"])
+def test_sigterm_while_shrinking_writes_the_smallest_failure_so_far_and_ends_every_process(tmp_path, jobs, group):
+    proc, mark = _campaign(tmp_path, "tests.subjects:starts_a_child_then_exits", jobs)
+    # three failing cases met: at least one job has met two, so it is shrinking
+    _when(proc, lambda: len(_lines(tmp_path / "failures.txt")) >= 3)
+    out, err = _stop(proc, signal.SIGTERM, group)
+    assert proc.returncode == 1, out + err
+    assert "nanfuzz: stopped by SIGTERM; the failure found before it is reported above" in err
+    (repro,) = (tmp_path / "state" / "repros").glob("*.json")
+    record = json.loads(repro.read_text())
+    assert record["verdict"] == "CRASH" and record["case"]["sliding_window"] > 0
+    assert json.dumps(record["case"], separators=(",", ":")) in {json.dumps(json.loads(line), separators=(",", ":"))
+                                                                 for line in _lines(tmp_path / "failures.txt")}
+    _nothing_left(mark)
+
+
+def test_a_journalled_case_of_any_verdict_is_judged_again_by_the_next_run(tmp_path, monkeypatch):
+    # a campaign killed outright (kill -9) while it shrank a MISMATCH leaves that case in its journal
+    from tests.test_fuzz import _leave_in_journal
+
+    monkeypatch.chdir(tmp_path)
+    kernel = torch_kernel("window-off-by-one")
+    path = _leave_in_journal(kernel.name, WINDOWED)
+    campaign = fuzz(kernel, device="cpu", max_examples=5, use_database=False)
+    assert campaign.failed and campaign.failure.verdict is Verdict.MISMATCH and campaign.failing_case == WINDOWED
+    assert campaign.recovered_crash and not path.exists()
