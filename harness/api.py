@@ -1,4 +1,4 @@
-"""The functions users call from Python: ``nanfuzz.fuzz``, ``nanfuzz.check``, ``nanfuzz.replay``.
+"""The functions users call from Python: ``nanfuzz.fuzz``, ``nanfuzz.check``, ``nanfuzz.check_repro``, ``nanfuzz.replay``.
 
 Each takes a kernel as a :class:`Kernel` or a name (``family@variant``,
 ``vllm:...``, ``package.module:attr``) and decides the backend first, so a
@@ -46,3 +46,32 @@ def replay(path, *, kernel: str | None = None, device: str | None = None):
     from nanfuzz.harness.replay import replay as rerun
 
     return rerun(str(path), kernel_name=kernel, settings=_settings(device))
+
+
+def check_repro(repro, *, kernel: Kernel | str | None = None, device: str | None = None):
+    """Pin a found case in a test: judge the case of a repro (a path, its JSON text, or the record as a
+    dict) on its kernel, or on ``kernel`` (the fixed one); raise :class:`nanfuzz.Finding` while it
+    fails, return the Outcome once it passes."""
+    import json
+    from pathlib import Path
+
+    from nanfuzz.harness.report.finding import Finding
+    from nanfuzz.harness.report.repro import load_repro, repro_from_json
+
+    path = None
+    if isinstance(repro, dict):
+        record = repro_from_json(json.dumps(repro))
+    elif isinstance(repro, str) and repro.lstrip().startswith("{"):
+        record = repro_from_json(repro)
+    else:
+        path = str(repro)
+        record = load_repro(Path(path))
+    settings = _settings(device)
+    chosen = _kernel(kernel or record["kernel"], settings)
+    from nanfuzz.harness.judge.check import check as judge
+
+    outcome = judge(chosen, record["case"], settings.device)
+    if outcome.failed:
+        __tracebackhide__ = True
+        raise Finding(f"{chosen.name}: {outcome.summary}", outcome=outcome, repro=path, kernel=chosen.name)
+    return outcome

@@ -1,4 +1,4 @@
-"""The ``nanfuzz`` command: list, fuzz, replay, bench, perf.  Exit 0 / 1 (a failure) / 2 (usage)."""
+"""The ``nanfuzz`` command: list, fuzz, replay, export, gate, bench, perf.  Exit 0 / 1 (a failure) / 2 (usage)."""
 from __future__ import annotations
 
 import argparse
@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="nanfuzz", description="NaN-poisoning fuzzer for paged-attention Triton kernels")
     parser.add_argument("--version", action="version", version=f"nanfuzz {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,fuzz,replay,bench,perf}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{list,fuzz,replay,export,gate,bench,perf}",
                                 parser_class=_Parser)
 
     def common(p):
@@ -94,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=("dev", "ci", "pr-gate", "nightly"), help="default: ci under CI=true, else dev")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="wall-time bound per kernel")
     p.add_argument("--no-shrink", action="store_true", help="report the first failing case without shrinking it")
+    p.add_argument("--min-examples", type=int, metavar="N",
+                   help="a kernel that passes on fewer than N examples is INCOMPLETE, not a pass (exit 3)")
     focus_options(p)
     p.add_argument("--strict-reads", action="store_true",
                    help="a case whose traced loads address a dead slot is a finding (DEAD_READ) even when its value "
@@ -119,6 +121,21 @@ def _parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("file", metavar="FILE.json")
     p.add_argument("--kernel", help="replay against another kernel (e.g. the fixed variant)")
+
+    p = sub.add_parser("export", help="a script (or a pytest file, or a bug report) that reproduces a repro's "
+                                      "finding with torch and the kernel's library alone, without nanfuzz")
+    common(p)
+    p.add_argument("file", metavar="REPRO.json")
+    p.add_argument("--pytest", action="store_true", help="a regression test for the kernel's own test suite instead")
+    p.add_argument("--markdown", action="store_true", help="a bug report for the kernel's author instead")
+    p.add_argument("--kernel", help="the kernel to export the call of (default: the repro's)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="where to write it (default: beside the repro: NAME_standalone.py, test_NAME.py, NAME.md)")
+
+    # parsed by the gate's own parser (harness.gate.run, harness.gate.merge): this entry is for --help
+    sub.add_parser("gate", add_help=False,
+                   help="the PR gate: fuzz kernels on every GPU of this runner (nanfuzz gate --help); "
+                        "nanfuzz gate merge DIR... merges the reports of a fleet of runners")
 
     p = sub.add_parser("bench", help="examples per second of the fuzz loop, and time to catch each known-bad kernel")
     common(p)
@@ -157,6 +174,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["gate"]:
+        return _gate(argv[1:])
     from nanfuzz.harness.campaign.stop_signals import stopping_on_signals
 
     args = _parser().parse_args(argv)
@@ -182,7 +202,8 @@ def _main(args) -> int:
         # The interpreter evaluates poisoned lanes in numpy; its NaN warnings are the point, not news.
         warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.interpreter")
         settings = _settings(args, device)
-        return {"list": _list, "fuzz": _fuzz, "replay": _replay, "bench": _bench, "perf": _perf}[args.command](args, settings)
+        return {"list": _list, "fuzz": _fuzz, "replay": _replay, "export": _export, "bench": _bench,
+                "perf": _perf}[args.command](args, settings)
     except NanfuzzError as exc:
         print(f"nanfuzz: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         return 2
@@ -198,7 +219,7 @@ def _main(args) -> int:
 _LEAST = {"--launch-timeout": (0.0, False), "--time-budget": (0.0, False), "--seconds": (0.0, False),
           "--threshold": (0.0, True), "--max-examples": (1, True), "--jobs": (1, True), "--pool": (0, True),
           "--compile-jobs": (0, True), "--examples": (0, True), "--seeds": (0, True), "--warmup": (0, True),
-          "--detect-examples": (1, True), "--runs": (1, True)}
+          "--detect-examples": (1, True), "--runs": (1, True), "--min-examples": (0, True)}
 
 
 def _check_numbers(args) -> None:
@@ -208,6 +229,17 @@ def _check_numbers(args) -> None:
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is not None:
             check_number(flag, value, least, allowed)
+
+
+def _gate(argv: list[str]) -> int:
+    """``nanfuzz gate ...`` and ``nanfuzz gate merge ...``: the gate parses its own options."""
+    if argv[:1] == ["merge"]:
+        from nanfuzz.harness.gate.merge import main as merge
+
+        return merge(argv[1:])
+    from nanfuzz.harness.gate.run import main as gate
+
+    return gate(argv)
 
 
 def _settings(args, device: str):
@@ -257,7 +289,7 @@ def _list(args, settings) -> int:
             rows.append((name, "-", "gpu, cpu-interpreter", caps.describe()))
         except NanfuzzError as exc:
             unavailable.add(name)
-            rows.append((name, "-", "unavailable", str(exc)[:100]))
+            rows.append((name, "-", "unavailable", str(exc)))
     _table(rows)
     print(f"\nbackend now: {'GPU' if device == 'cuda' else 'CPU under Triton interpreter'}; "
           "user kernels: --kernel package.module:callable")
@@ -265,10 +297,24 @@ def _list(args, settings) -> int:
     return 0
 
 
+# On a terminal the last column of a table wraps at its width, never narrower than this; a log or a
+# pipe gets every cell whole, on one line.
+_LAST_COLUMN_MIN = 30
+
+
 def _table(rows) -> None:
+    import shutil
+    import textwrap
+
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lead = sum(widths[:-1]) + 2 * (len(widths) - 1)
+    if sys.stdout.isatty():
+        widths[-1] = min(widths[-1], max(_LAST_COLUMN_MIN, shutil.get_terminal_size().columns - lead - 1))
     for n, row in enumerate(rows):
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        last = textwrap.wrap(str(row[-1]), widths[-1], break_on_hyphens=False, break_long_words=False) or [""]
+        print("  ".join([*(str(c).ljust(w) for c, w in zip(row[:-1], widths)), last[0]]).rstrip())
+        for more in last[1:]:
+            print(" " * lead + more)
         if n == 0:
             print("  ".join("-" * w for w in widths))
 
@@ -299,12 +345,28 @@ def _fuzz(args, settings) -> int:
     rows = [("kernel", "expect", "verdict", "examples", "first failure", "shrink", "time", "result")]
     # The self-check's kernels are known up front: one farm compiles all their pools,
     # in the order the campaigns run, while the first campaign starts.
-    farm = start_farm([compile_plan(k, settings) for k in kernels], settings) if self_check else None
+    farm = (start_farm([compile_plan(k, _self_check_settings(k, settings, profile)) for k in kernels], settings)
+            if self_check else None)
     try:
         return _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm)
     finally:
         if farm is not None:
             farm.close()
+
+
+def _self_check_settings(kernel, settings, profile):
+    """What the self-check runs a built-in at: a family whose bug and fix live at production size
+    draws that size only, with a few dozen examples (each costs ten to a hundred small ones); the
+    masking families, whose bugs every size shows, draw small cases, so that their pools compile
+    in the time a self-check has."""
+    from nanfuzz.harness.campaign.scope import campaign_tier
+
+    if settings.size is not None:
+        return settings
+    if campaign_tier(kernel, settings) == "production":
+        examples = settings.max_examples or min(profile.max_examples, SELF_CHECK_PRODUCTION_EXAMPLES)
+        return settings.replace(max_examples=examples)
+    return settings.replace(size="small")
 
 
 def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> int:
@@ -321,13 +383,13 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     summary = []
     all_good = True
     any_failure = False
+    any_incomplete = False
     interrupted = False
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
         kernel_settings = settings
-        if self_check and campaign_tier(kernel, settings) == "production" and settings.max_examples is None:
-            # a production-size example costs ten to a hundred small ones: a few dozen say enough here
-            kernel_settings = settings.replace(max_examples=min(profile.max_examples, SELF_CHECK_PRODUCTION_EXAMPLES))
+        if self_check:
+            kernel_settings = _self_check_settings(kernel, settings, profile)
         if settings.jobs > 1:
             campaign = fuzz_parallel(kernel, kernel_settings, farm=handle)
         else:
@@ -339,8 +401,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                 progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
 
             try:
-                campaign = fuzz(kernel, settings, hooks=Hooks(on_example=show, interrupted=stop_requested), farm=handle)
-                campaign = fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show), farm=handle)
+                campaign = fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show, interrupted=stop_requested),
+                                farm=handle)
             finally:
                 progress.finish()
         print_notes(campaign)
@@ -351,17 +413,26 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
             print(f"{kernel.name}: {coverage.table(campaign.statistics)}", flush=True)
             print(f"{kernel.name}: {campaign.accuracy.table()}", flush=True)
         verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
+        incomplete = not campaign.failed and campaign.examples < (args.min_examples or 0)
+        if incomplete:
+            verdict, any_incomplete = "INCOMPLETE", True
+            print(f"nanfuzz: {kernel.name} passed on {campaign.examples} examples, fewer than --min-examples "
+                  f"{args.min_examples}: INCOMPLETE, not a pass", file=sys.stderr, flush=True)
         if campaign.failed:
             any_failure = True
             report_failure(kernel, campaign, settings)
-        expected = (kernel.expect == "caught") == campaign.failed
+        expected = (kernel.expect == "caught") == campaign.failed and not incomplete
         all_good &= expected
-        result = ("ok" if expected else "UNEXPECTED") if self_check else ("FAIL" if campaign.failed else "ok")
+        result = ("ok" if expected else "UNEXPECTED") if self_check else (
+            "FAIL" if campaign.failed else "INCOMPLETE" if incomplete else "ok")
         first = f"{campaign.examples_to_first_failure} ex/{campaign.time_to_first_failure:.1f}s" if campaign.failed and campaign.time_to_first_failure is not None else "-"
         shrink = f"{campaign.shrink_time:.1f}s" if campaign.shrink_time is not None else "-"
         rows.append((kernel.name, kernel.expect if self_check else "-", verdict, campaign.examples, first, shrink,
                      f"{campaign.elapsed:.1f}s", result))
+        if campaign.seed is not None:
+            print(f"{kernel.name}: seed {campaign.seed} (--seed {campaign.seed} runs the same search)", flush=True)
         summary.append({"kernel": kernel.name, "import_path": import_path(kernel), "expect": kernel.expect,
+                        "seed": campaign.seed,
                         "verdict": verdict, "examples": campaign.examples,
                         "elapsed_s": round(campaign.elapsed, 3), "time_to_first_failure_s": campaign.time_to_first_failure,
                         "examples_to_first_failure": campaign.examples_to_first_failure,
@@ -409,8 +480,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     if self_check:
         print("\nself-check: " + ("every old variant caught, every fixed variant passed" if all_good
                                   else "UNEXPECTED results above"))
-        return 0 if all_good else 1
-    return 1 if any_failure else 0
+        return 0 if all_good else 1 if any_failure or not any_incomplete else 3
+    return 1 if any_failure else 3 if any_incomplete else 0
 
 
 def _replay(args, settings) -> int:
@@ -424,6 +495,35 @@ def _replay(args, settings) -> int:
 
         print(picture(load_repro(args.file)["case"]))
     return 1 if result.still_fails else 0
+
+
+def _export(args, settings) -> int:
+    from nanfuzz.harness.registry import import_path, resolve
+    from nanfuzz.harness.report.export.bug_report import bug_report
+    from nanfuzz.harness.report.export.script import pytest_file, standalone_script
+    from nanfuzz.harness.report.repro import load_repro
+
+    if args.pytest and args.markdown:
+        raise NanfuzzError("--pytest and --markdown each choose what to write; give one of them")
+    record = load_repro(args.file)
+    kernel = resolve(args.kernel or record["kernel"], **settings.sources)
+    source = Path(args.file)
+    stem = source.stem.replace("-", "_").replace(".", "_")
+    script_name = f"{stem}_standalone.py"
+    if args.pytest:
+        target, write = f"test_{stem}.py", pytest_file
+    elif args.markdown:
+        target, write = f"{stem}.md", lambda r, k, p, name: bug_report(r, k, p, script_name)
+    else:
+        target, write = script_name, standalone_script
+    output = Path(args.output) if args.output else source.with_name(target)
+    text = write(record, kernel, import_path(kernel), output.name)
+    try:
+        output.write_text(text, encoding="utf-8", errors="backslashreplace")
+    except OSError as exc:
+        raise NanfuzzError(f"cannot write {str(output)!r}: {exc.strerror}") from None
+    print(f"nanfuzz export: {output}")
+    return 0
 
 
 def _bench(args, settings) -> int:

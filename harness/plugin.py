@@ -23,6 +23,7 @@ import os
 import pytest
 
 from nanfuzz.reference.case import KV_CACHE_DTYPES, SCALE_MODES  # plain data: imports no torch
+from nanfuzz.harness.report.finding import Finding  # plain Python: imports no torch
 from nanfuzz.reference.errors import NanfuzzError
 
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
@@ -71,9 +72,19 @@ def pytest_addoption(parser):
                          "under the interpreter)")
 
 
+MARKERS = (
+    "nanfuzz(**options): default options (max_examples=, time_budget=, seed=, profile=, ...) of every "
+    "nanfuzz.fuzz() call in this test",
+    "nanfuzz_shards(count=None): run this test's campaign as COUNT shards (default: one per xdist worker), each a "
+    "test of its own with its share of the examples, its own seed and its own specialisation pool",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before Hypothesis's own plugin loads --hypothesis-profile
 def pytest_configure(config):
     config.stash[_USE] = _Use()
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
     profile = config.getoption("--hypothesis-profile", default=None)
     if isinstance(profile, str) and profile.startswith("nanfuzz-"):
         from nanfuzz.harness.campaign.profiles import register_hypothesis_profiles
@@ -154,7 +165,20 @@ def _activate(config, *, early: bool) -> str:
     return device
 
 
+def _worker_count(config) -> int:
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    return int(workers) if workers else 1
+
+
 def pytest_generate_tests(metafunc):
+    shards = metafunc.definition.get_closest_marker("nanfuzz_shards")
+    if shards is not None and "nanfuzz_shard" in metafunc.fixturenames:
+        count = (shards.args[0] if shards.args else shards.kwargs.get("count")) or _worker_count(metafunc.config)
+        if not isinstance(count, int) or count < 1:
+            raise pytest.UsageError(f"nanfuzz_shards({count!r}): give a whole number of shards >= 1, or none for "
+                                    "one per xdist worker")
+        metafunc.parametrize("nanfuzz_shard", [(i, count) for i in range(count)], indirect=True,
+                             ids=[f"shard{i}of{count}" for i in range(count)])
     if "nanfuzz_kernel" in metafunc.fixturenames:
         names = metafunc.config.getoption("nanfuzz_kernel")
         if names:
@@ -197,12 +221,21 @@ def _hypothesis_seed(config) -> int | None:
         return int.from_bytes(hashlib.sha256(str(seed).encode()).digest()[:4], "big")
 
 
-class Nanfuzz:
-    """What the ``nanfuzz`` fixture offers a kernel test."""
+@pytest.fixture
+def nanfuzz_shard(request) -> tuple[int, int]:
+    """(this shard, shards): (0, 1) unless the test is marked ``nanfuzz_shards``."""
+    return getattr(request, "param", (0, 1))
 
-    def __init__(self, request, device: str):
+
+class NanfuzzFixture:
+    """What the ``nanfuzz`` fixture offers a kernel test: ``fuzz(kernel, **options)`` returns the
+    ``nanfuzz.Campaign``, ``check(kernel, case)`` the ``nanfuzz.Outcome``; on a finding both write the
+    repro and raise ``nanfuzz.Finding``.  ``device`` is "cuda" or "cpu"; ``shard`` is (index, count)."""
+
+    def __init__(self, request, device: str, shard: tuple[int, int] = (0, 1)):
         self._request = request
         self.device = device
+        self.shard = shard
         self.repro_dir = request.config.getoption("nanfuzz_repro_dir") or DEFAULT_REPRO_DIR
 
     def _kernel(self, kernel):
@@ -226,9 +259,23 @@ class Nanfuzz:
         from nanfuzz.harness.report.failures import report_failure
         from nanfuzz.harness.campaign.settings import Settings
 
+        __tracebackhide__ = True
+        marker = self._request.node.get_closest_marker("nanfuzz")
+        options = {**(marker.kwargs if marker else {}), **options}
+        max_examples = max_examples or options.pop("max_examples", None)
         kernel = self._kernel(kernel)
         config = self._request.config
         seed = options.pop("seed", None)
+        index, count = self.shard
+        if count > 1:
+            # this shard's share of the examples, its own seed and pool; the example database is shared
+            from nanfuzz.harness.campaign.profiles import get_profile
+
+            total = max_examples or config.getoption("nanfuzz_examples") or get_profile(
+                options.get("profile") or config.getoption("nanfuzz_profile")).max_examples
+            max_examples = max(1, -(-total // count))
+            seed = None if seed is None else seed * count + index
+            options.setdefault("pool_seed", index)
         kv = {"kv_cache_dtype": config.getoption("nanfuzz_kv_cache_dtype"),
               "kv_scales": config.getoption("nanfuzz_kv_scales")}
         if any(kv.values()):
@@ -255,7 +302,8 @@ class Nanfuzz:
             paths = report_failure(kernel, campaign, settings, stream=shown)
             if paths:
                 self._request.node.user_properties.append(("nanfuzz_repro", paths[0]))
-            pytest.fail(shown.getvalue().strip(), pytrace=False)
+            raise Finding(shown.getvalue().strip(), outcome=campaign.failure, repro=paths[0] if paths else None,
+                          kernel=kernel.name)
         return campaign
 
     def check(self, kernel, case):
@@ -264,19 +312,24 @@ class Nanfuzz:
         from nanfuzz.harness.report.picture import picture
         from nanfuzz.harness.report.repro import write_repro
 
+        __tracebackhide__ = True
         kernel = self._kernel(kernel)
         outcome = check(kernel, case, self.device)
         if outcome.failed:
             paths = write_repro(kernel, case, outcome, self.repro_dir, self.device)
             self._request.node.user_properties.append(("nanfuzz_repro", str(paths[0])))
-            pytest.fail(f"{kernel.name}: {outcome.summary}\n{picture(case)}\nrepro: {paths[0]}", pytrace=False)
+            raise Finding(f"{kernel.name}: {outcome.summary}\n{picture(case)}\nrepro: {paths[0]}", outcome=outcome,
+                          repro=str(paths[0]), kernel=kernel.name)
         return outcome
 
 
+Nanfuzz = NanfuzzFixture  # the name it had
+
+
 @pytest.fixture
-def nanfuzz(request, nanfuzz_device) -> Nanfuzz:
-    """``nanfuzz.fuzz(kernel)`` and ``nanfuzz.check(kernel, case)`` for kernel tests."""
-    return Nanfuzz(request, nanfuzz_device)
+def nanfuzz(request, nanfuzz_device, nanfuzz_shard) -> NanfuzzFixture:
+    """``nanfuzz.fuzz(kernel)`` and ``nanfuzz.check(kernel, case)`` for kernel tests (a ``NanfuzzFixture``)."""
+    return NanfuzzFixture(request, nanfuzz_device, nanfuzz_shard)
 
 
 def _campaign_record(campaign) -> dict:

@@ -26,8 +26,12 @@ class Replay:
         return self.outcome.failed
 
     def line(self) -> str:
+        if not self.outcome.failed:
+            return f"{self.kernel}: PASS (recorded {self.recorded_verdict}): the finding no longer reproduces"
         bits = ""
-        if self.identical_output is True:
+        if self.outcome.verdict.value != self.recorded_verdict:
+            pass  # another verdict: its bits say nothing about the recording's
+        elif self.identical_output is True:
             bits = "; output bits identical to the recording"
         elif self.identical_output is False:
             bits = "; output bits DIFFER from the recording on the same device and versions"

@@ -93,11 +93,11 @@ class Sequence:
 
     @property
     def kind(self) -> str:
-        """DECODE: one new token after earlier keys; PREFILL: every key new;
-        CHUNKED_PREFILL: new tokens after a context; PADDING: no query."""
+        """DECODE: one new token (a sequence's first one too, with no key before it); PREFILL: every
+        key new, more than one; CHUNKED_PREFILL: new tokens after a context; PADDING: no query."""
         if self.query_len == 0:
             return PADDING
-        if self.query_len == 1 and self.seq_len > 1:
+        if self.query_len == 1:
             return DECODE
         return PREFILL if self.context_len == 0 else CHUNKED_PREFILL
 

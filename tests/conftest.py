@@ -17,6 +17,7 @@ SLOW_TESTS = {
                          "test_a_kernel_that_kills_its_worker_is_a_crash_and_the_jobs_carry_on"),
     "test_specialisations.py": ("test_a_campaign_with_a_pool_stays_inside_it_and_still_catches_a_bug",),
     "test_ci_gate.py": ("test_two_worker_gate_with_an_old_and_a_dying_kernel",),
+    "test_ci_user_repository.py": ("test_the_workflow_s_steps_gate_a_user_repository_on_the_cpu",),
 }
 
 

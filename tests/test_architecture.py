@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = (
     ("front doors", ("harness.cli", "harness.api", "harness.plugin", "harness.bench", "harness.perf",
-                     "harness.replay", "harness.scaling")),
+                     "harness.replay", "harness.scaling", "harness.gate")),
     ("campaign", ("harness.campaign",)),
     ("report", ("harness.report",)),
     ("launch", ("harness.launch",)),

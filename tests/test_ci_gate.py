@@ -1,4 +1,4 @@
-"""The GPU-runner gate (ci/gate.py) run for real on the CPU, under Triton's interpreter.
+"""The GPU-runner gate (nanfuzz gate) run for real on the CPU, under Triton's interpreter.
 
 Two gate runs, kept short: one with two xdist workers over a fixed kernel, an
 old (buggy) kernel and a kernel that kills its worker, and one with the fixed
@@ -8,7 +8,6 @@ example database, and a dead worker's case recovered as a CRASH.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +18,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GATE = ROOT / "ci" / "gate.py"
 FIXED, OLD, DYING = "paged_decode@masked", "paged_decode@unmasked", "dying_kernel:KERNEL"
 
 # A user's own kernel (package.module:callable, importable from the directory
@@ -45,7 +43,7 @@ def run_gate(cwd: Path, *args: str, timeout: float = 300, **extra_env: str) -> s
     env["PYTHONPATH"] = str(ROOT)
     env["GITHUB_STEP_SUMMARY"] = str(cwd / "step-summary.md")
     env.update(extra_env)
-    return subprocess.run([sys.executable, str(GATE), "--device", "cpu", "--out", "out", "--state-dir", "state", *args],
+    return subprocess.run([sys.executable, "-m", "nanfuzz", "gate", "--device", "cpu", "--out", "out", "--state-dir", "state", *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -56,7 +54,7 @@ def _shards(summary, kernel):
 def test_two_worker_gate_with_an_old_and_a_dying_kernel(tmp_path):
     """One gate run (start-up is most of its cost) checked from four sides."""
     (tmp_path / "dying_kernel.py").write_text(DYING_KERNEL)
-    proc = run_gate(tmp_path, "--workers", "2", "--time-budget", "12", "--kernel", FIXED, "--kernel", OLD,
+    proc = run_gate(tmp_path, "--workers", "2", "--time-budget", "12", "--min-examples", "1", "--kernel", FIXED, "--kernel", OLD,
                     "--kernel", DYING)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = (tmp_path, proc, json.loads((tmp_path / "out" / "summary.json").read_text()))
@@ -184,16 +182,8 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, args, message):
     assert err.startswith("nanfuzz gate: ") and message in err and "\n" not in err, err
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"nanfuzz_ci_{name}", ROOT / "ci" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gpu_ids_come_from_the_runner_s_visibility_variables():
-    devices = _load("gate_devices")
+    from nanfuzz.harness.gate import devices
     assert devices.visible_ids({}, 4, rocm=True) == ["0", "1", "2", "3"]
     assert devices.visible_ids({"HIP_VISIBLE_DEVICES": "4,5,6,7"}, 4, rocm=True) == ["4", "5", "6", "7"]
     assert devices.visible_ids({"CUDA_VISIBLE_DEVICES": "GPU-a1, GPU-b2"}, 2, rocm=True) == ["GPU-a1", "GPU-b2"]
@@ -203,7 +193,7 @@ def test_gpu_ids_come_from_the_runner_s_visibility_variables():
 
 
 def test_several_workers_share_a_gpu_when_asked():
-    devices = _load("gate_devices")
+    from nanfuzz.harness.gate import devices
     workers = devices.gpu_workers(["4", "5"], None, "ROCm 7.0", per_gpu=2)
     assert [s.name for s in workers.slots] == ["gpu0-0", "gpu0-1", "gpu1-0", "gpu1-1"]
     assert [s.env["HIP_VISIBLE_DEVICES"] for s in workers.slots] == ["4", "4", "5", "5"]
@@ -215,9 +205,9 @@ def test_several_workers_share_a_gpu_when_asked():
 def test_each_gpu_worker_is_pinned_to_its_gpu_through_its_environment(tmp_path):
     import execnet
 
-    devices, gate = _load("gate_devices"), _load("gate")
+    from nanfuzz.harness.gate import devices, plan as gate_plan, run as gate
     workers = devices.gpu_workers(["4", "5"], None, "ROCm 7.0")
-    plan = gate.Plan(device="cuda", profile="pr-gate", kernels=[FIXED], slots=["gpu0", "gpu1"], deadline=0.0,
+    plan = gate_plan.Plan(device="cuda", profile="pr-gate", kernels=[FIXED], slots=["gpu0", "gpu1"], deadline=0.0,
                      max_examples=None, state_dir=str(tmp_path / "state"), work_dir=str(tmp_path / "work"))
     command = gate.pytest_command(plan, workers, tmp_path / "junit.xml", restarts=2)
     assert command[command.index("--dist") + 1] == "each"

@@ -1,11 +1,12 @@
-"""The GitHub Actions workflow of the GPU gate (ci/workflows/nanfuzz-gate.yml).
+"""The GitHub Actions workflow template of the GPU gate (ci/workflows/nanfuzz-gate.yml).
 
 check-jsonschema (a test dependency) validates it against the GitHub
 workflow schema on every run; actionlint checks it too where it is
 installed.  The tests also run the workflow's plan and gate steps under bash
 for each trigger and parse the command they build with the gate's own
 argument parser, so a renamed option or a wrong budget shows here rather
-than on a GPU runner.
+than on a GPU runner; and one test runs every step's commands on the CPU in
+a scratch repository holding tests/example_repo/'s kernel.
 """
 from __future__ import annotations
 
@@ -77,10 +78,9 @@ def _job_env(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def gate_parser():
-    spec = importlib.util.spec_from_file_location("nanfuzz_ci_gate", ROOT / "ci" / "gate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.parse_args
+    from nanfuzz.harness.gate.run import parse_args
+
+    return parse_args
 
 
 def _bash(script: str, env: dict[str, str], **kwargs) -> subprocess.CompletedProcess:
@@ -91,7 +91,10 @@ def _bash(script: str, env: dict[str, str], **kwargs) -> subprocess.CompletedPro
                           env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True, **kwargs)
 
 
-PLAN_INPUTS = ("EVENT", "INPUT_PROFILE", "INPUT_BUDGET")
+PLAN_INPUTS = ("EVENT", "INPUT_PROFILE", "INPUT_BUDGET", "HEAD_REPO", "AUTHOR_ASSOCIATION", "FORK_PRS")
+# What a plan needs set: nanfuzz pinned, the image by digest, a pull request from the repository itself.
+PINNED = {"REQUIREMENT": "nanfuzz==0.2.0", "IMAGE": "rocm/pytorch@sha256:" + "0" * 64, "FORK_PRS": "skip",
+          "HEAD_REPO": "team/kernels", "BASE_REPO": "team/kernels", "AUTHOR_ASSOCIATION": "MEMBER"}
 
 
 def _plan(tmp_path, **env) -> dict[str, str]:
@@ -100,7 +103,7 @@ def _plan(tmp_path, **env) -> dict[str, str]:
     output = tmp_path / "plan-output"
     output.write_text("")
     base = {"PR_BUDGET": "900", "NIGHTLY_BUDGET": "7200", "SETUP_MINUTES": "20", "RUNNERS": "1",
-            "GITHUB_OUTPUT": str(output), **dict.fromkeys(PLAN_INPUTS, "")}
+            "GITHUB_OUTPUT": str(output), **dict.fromkeys(PLAN_INPUTS, ""), **PINNED}
     proc = _bash(_run_script("Plan the gate"), {**base, **env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return dict(line.split("=", 1) for line in output.read_text().splitlines())
@@ -111,16 +114,16 @@ def _gate_argv(tmp_path, **env) -> list[str]:
     of its arguments."""
     plan = _plan(tmp_path, **{k: v for k, v in env.items() if k in PLAN_INPUTS})
     captured = tmp_path / "argv"
-    script = f'python() {{ printf "%s\\0" "$@" > "{captured}"; }}\n' + _run_script("Run the gate")
-    base = {"NANFUZZ_HOME": ".", "GATE_OUT": _job_env("GATE_OUT"), "GATE_STATE": _job_env("GATE_STATE"),
+    script = f'nanfuzz() {{ printf "%s\\0" "$@" > "{captured}"; }}\n' + _run_script("Run the gate")
+    base = {"GATE_OUT": _job_env("GATE_OUT"), "GATE_STATE": _job_env("GATE_STATE"),
             "PROFILE": plan["profile"], "BUDGET": plan["budget"], "GRACE": plan["grace"], "PER_GPU": "1",
-            "EVENT": env.get("EVENT", ""), "RUNNERS": plan["runners"], "SHARD": "1",
-            **dict.fromkeys(("INPUT_KERNELS", "KERNELS", "VLLM_SRC", "AITER_SRC", "EXAMPLE_DB"), "")}
+            "EVENT": env.get("EVENT", ""), "RUNNERS": plan["runners"], "SHARD": "1", "DEVICE": "cuda",
+            **dict.fromkeys(("INPUT_KERNELS", "KERNELS", "VLLM_SRC", "AITER_SRC", "EXAMPLE_DB", "MIN_EXAMPLES"), "")}
     gate_env = {k: v for k, v in env.items() if k not in PLAN_INPUTS}
     proc = _bash(script, {**base, **gate_env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     argv = captured.read_text().split("\0")[:-1]
-    assert argv[0] == "./ci/gate.py"
+    assert argv[0] == "gate"
     return argv[1:]
 
 
@@ -168,10 +171,9 @@ def test_workflow_has_the_gate_s_moving_parts():
 
 @pytest.fixture(scope="module")
 def gate_module():
-    spec = importlib.util.spec_from_file_location("nanfuzz_ci_gate_module", ROOT / "ci" / "gate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from nanfuzz.harness.gate import run
+
+    return run
 
 
 @pytest.mark.parametrize("env, budget", [
@@ -228,14 +230,14 @@ def _run_script_line(name: str) -> str:
 
 def test_every_action_is_pinned_to_a_commit_with_its_tag_beside_it():
     uses = re.findall(r"^\s+uses: (.+)$", TEXT, re.MULTILINE)
-    assert len(uses) == 11
+    assert len(uses) == 8
     for line in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40} # v\d+\.\d+\.\d+", line), line
 
 
 def test_checkouts_leave_no_credentials_behind():
     checkouts = [block for block in TEXT.split("      - name: ")[1:] if "uses: actions/checkout@" in block]
-    assert len(checkouts) == 4
+    assert len(checkouts) == 1
     for block in checkouts:
         assert re.search(r"^\s+persist-credentials: false$", block, re.MULTILINE), block
 
@@ -293,6 +295,49 @@ def test_the_merge_job_gathers_every_runner_s_output(tmp_path):
     merge_job = TEXT[TEXT.index("\n  merge:\n"):]
     assert "needs: [plan, gate]" in merge_job and "if: always() && needs.plan.result == 'success'" in merge_job
     script = _run_script("Merge the runners' reports")
-    proc = _bash(script, {"NANFUZZ_HOME": str(ROOT), "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")},
-                 cwd=tmp_path)
+    bin_dir = str(Path(sys.executable).parent)  # the nanfuzz command
+    proc = _bash(script, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                          "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}, cwd=tmp_path)
     assert proc.returncode == 2 and "nanfuzz merge: no summary.json in runners" in proc.stderr  # no runner left output
+
+
+def _job(name: str) -> str:
+    start = TEXT.index(f"\n  {name}:\n")
+    end = min([i for i in (TEXT.find(f"\n  {other}:\n", start + 1) for other in ("plan", "gate", "merge")) if i > 0]
+              + [len(TEXT)])
+    return TEXT[start:end]
+
+
+def test_plan_and_merge_run_on_hosted_runners_and_only_the_gate_takes_a_gpu():
+    assert "runs-on: ubuntu-latest" in _job("plan") and "runs-on: ubuntu-latest" in _job("merge")
+    assert "container:" not in _job("merge") and "mi355x" in _job("gate")
+    assert "image: ${{ vars.NANFUZZ_IMAGE }}" in _job("gate") and ":latest" not in TEXT
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("REQUIREMENT", "nanfuzz", "NANFUZZ_REQUIREMENT='nanfuzz' is not pinned"),
+    ("REQUIREMENT", "nanfuzz @ git+https://example.org/nanfuzz@main", "is not pinned"),
+    ("IMAGE", "rocm/pytorch:latest", "NANFUZZ_IMAGE='rocm/pytorch:latest' is not pinned by digest"),
+    ("IMAGE", "", "is not pinned by digest"),
+])
+def test_the_plan_refuses_a_gate_that_is_not_pinned(tmp_path, name, value, message):
+    env = {"EVENT": "pull_request", "INPUT_PROFILE": "", "INPUT_BUDGET": "", "PR_BUDGET": "900",
+           "NIGHTLY_BUDGET": "7200", "SETUP_MINUTES": "20", "RUNNERS": "1", "GITHUB_OUTPUT": str(tmp_path / "out"),
+           **PINNED, name: value}
+    proc = _bash(_run_script("Plan the gate"), env)
+    assert proc.returncode == 1 and message in proc.stdout, proc.stdout
+    commit = "nanfuzz @ git+https://example.org/nanfuzz@" + "a" * 40
+    assert _plan(tmp_path, EVENT="pull_request", REQUIREMENT=commit)["run"] == "true"
+
+
+@pytest.mark.parametrize("head, association, fork_prs, run, environment", [
+    ("team/kernels", "CONTRIBUTOR", "skip", "true", ""),        # a branch of the repository itself
+    ("someone/kernels", "MEMBER", "skip", "true", ""),          # a fork, by someone with write access
+    ("someone/kernels", "CONTRIBUTOR", "skip", "false", ""),     # a fork by anyone else: skipped
+    ("someone/kernels", "FIRST_TIME_CONTRIBUTOR", "gpu-approval", "true", "gpu-approval"),  # held for reviewers
+])
+def test_fork_pull_requests_are_guarded_in_the_workflow(tmp_path, head, association, fork_prs, run, environment):
+    plan = _plan(tmp_path, EVENT="pull_request", HEAD_REPO=head, AUTHOR_ASSOCIATION=association, FORK_PRS=fork_prs)
+    assert (plan["run"], plan["environment"]) == (run, environment)
+    assert "    if: needs.plan.outputs.run == 'true'\n" in _job("gate")
+    assert "    environment: ${{ needs.plan.outputs.environment }}\n" in _job("gate")

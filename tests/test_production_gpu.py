@@ -44,14 +44,15 @@ def test_pooled_caches_are_reused_and_stay_clean_across_cases():
 @pytest.mark.parametrize("variant, caught", [("drops-last-partition", True), ("masked", False)])
 def test_split_decode_at_production_size(tmp_path, variant, caught):
     kernel = builtin_kernels()[f"split_decode@{variant}"]
-    campaign = fuzz(kernel, device="cuda", max_examples=40, seed=2, use_database=False, state_dir=tmp_path)
+    campaign = fuzz(kernel, device="cuda", max_examples=30, seed=2, use_database=False, state_dir=tmp_path,
+                    pool_size=2, compile_jobs=0)
     assert campaign.failed is caught, campaign.failure and campaign.failure.summary
     assert "path:_partition_kernel" in campaign.statistics.counts or caught
 
 
 def test_a_production_campaign_of_a_built_in_reaches_long_sequences(tmp_path):
     kernel = builtin_kernels()["paged_decode@masked"]
-    campaign = fuzz(kernel, device="cuda", max_examples=40, seed=4, use_database=False, state_dir=tmp_path,
-                    size="production")
+    campaign = fuzz(kernel, device="cuda", max_examples=30, seed=4, use_database=False, state_dir=tmp_path,
+                    size="production", pool_size=2, compile_jobs=0)
     assert not campaign.failed, campaign.failure and campaign.failure.summary
     assert campaign.statistics.share("seq-len>=1024") > 0.2 and campaign.statistics.share("large") > 0

@@ -24,7 +24,17 @@ class Terminal(io.StringIO):
 def _progress(stream=None, **options):
     clock = Clock()
     stream = stream if stream is not None else io.StringIO()
+    options.setdefault("every", 2.0)
     return Progress("k@v", stream=stream, clock=clock, **options), clock, stream
+
+
+def test_a_log_gets_a_line_every_half_minute_and_a_terminal_every_two_seconds():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert Progress("k@v", stream=io.StringIO()).every == 30.0
+    assert Progress("k@v", stream=Terminal()).every == 2.0
 
 
 def test_at_most_one_line_every_period():

@@ -102,3 +102,22 @@ def test_every_generated_situation_has_a_group_and_costs_little():
     # what it costs is counted (about 0.2 ms a case, GPU-sized batches, on a loaded 2-core machine;
     # the summary JSON carries it), within the time its calls took
     assert 0 < stats.seconds <= time.perf_counter() - start
+
+
+def test_statistics_list_only_the_situations_the_kernel_takes():
+    from nanfuzz.harness.report.statistics import Statistics
+    from nanfuzz.reference.capabilities import Capabilities
+    from nanfuzz.reference.case import Geometry, Sequence, Case
+
+    decode_only = Capabilities(max_query_len=1, sliding_window=False, sinks=False)
+    stats = Statistics.for_capabilities(decode_only)
+    first_token = Case(Geometry(1, 1, 32, 16, 2, "float16"), (Sequence(1, 1, (1,)),))
+    stats.add(first_token)
+    listed = {name for _, rows in stats.groups() for name, _ in rows}
+    assert "decode" in listed and stats.counts["decode"] == 1  # a first token is a decode, not a prefill
+    assert not listed & {"prefill", "chunked-prefill", "window", "sinks", "non-causal"}
+    again = Statistics.from_dict(stats.to_dict())
+    assert again.excluded == stats.excluded and Statistics().merge(again).excluded == stats.excluded
+    plain = Statistics()  # a kernel that takes everything: every situation listed, the unseen at 0
+    plain.add(first_token)
+    assert {"prefill", "window", "sinks"} <= {name for _, rows in plain.groups() for name, _ in rows}

@@ -25,6 +25,7 @@ EARLY_EXAMPLES = UPCOMING_CASES
 class Campaign:
     kernel: str
     device: str
+    seed: int | None = None  # the search's seed, so that any run can be repeated (``--seed``)
     examples: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
     failure: Outcome | None = None

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from nanfuzz.harness.campaign import known_failures, paths_seen
+from nanfuzz.harness.campaign.capability_hint import name_the_capability
+from nanfuzz.harness.campaign.hypothesis_home import hypothesis_files_in
 from nanfuzz.harness.campaign.journal import Journal
 from nanfuzz.harness.campaign.leftovers import recover_leftovers
 from nanfuzz.harness.campaign.profiles import Profile, get_profile
@@ -33,6 +35,7 @@ from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
 from nanfuzz.harness.judge import reads
 from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import FarmHandle
 from nanfuzz.harness.launch.processes import fork_server_context
@@ -113,7 +116,8 @@ class CampaignRunner:
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
         self.search_seed = search_seed(settings, self.profile)
-        self.campaign = Campaign(kernel=kernel.name, device=settings.device)
+        self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed,
+                                 statistics=Statistics.for_capabilities(self.caps))
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
         self._check_read_tracing()
         self.start, self._cpu_start = time.perf_counter(), time.process_time()
@@ -130,13 +134,16 @@ class CampaignRunner:
             if leftover is not None:
                 return leftover
             self.database = self._open_database()
-            with Journal(self.settings.state_dir, self.kernel.name) as self.journal:
+            with Journal(self.settings.state_dir, self.kernel.name) as self.journal, \
+                    hypothesis_files_in(self.settings.state_dir):
                 if self.journal.note:
                     self.campaign.notes.append(self.journal.note)
                 if not self.replay_known_failures():
                     Search(self)()
             self.remember_failure()
             self.confirm()
+            if not self.campaign.interrupted:
+                name_the_capability(self.campaign, self.caps, self.subject, self.settings.device == "cpu")
         except KeyboardInterrupt:  # Ctrl-C or a stop signal outside the search (which keeps its own)
             if not self.campaign.failed:
                 raise

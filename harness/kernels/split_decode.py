@@ -220,7 +220,9 @@ def split_decode(batch: PagedBatch, out: torch.Tensor, *, variant: str = "masked
     return out
 
 
-CAPABILITIES = single_pass.CAPABILITIES
+# Its split kernels compile per block size, head size, group, window flag and cache: half
+# paged_decode's pool covers them, and its short batches reuse paged_decode's binaries.
+CAPABILITIES = single_pass.CAPABILITIES.restrict(specialisation_pool=8)
 
 # Its split path is all it adds to paged_decode, and only production-size batches take it.
 KERNELS = family_kernels("split_decode", split_decode, CAPABILITIES,

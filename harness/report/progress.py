@@ -5,8 +5,8 @@
         progress.update(examples, "searching")
     progress.finish()
 
-At most one line every ``every`` seconds, none for a campaign shorter than
-that.  On a terminal each line overwrites the last; to a file or a pipe (CI
+At most one line every ``every`` seconds (2 on a terminal, 30 in a log), none
+for a campaign shorter than that.  On a terminal each line overwrites the last; to a file or a pipe (CI
 logs) every line is plain text ending in a newline, with no control codes.
 """
 from __future__ import annotations
@@ -16,6 +16,10 @@ import time
 from typing import Callable, TextIO
 
 STATES = ("searching", "shrinking")
+# Seconds between progress lines: a terminal rewrites one line in place; a CI log keeps every line,
+# so there a line every half minute (a 15-minute gate leaves 30 lines, not 450).
+TTY_EVERY = 2.0
+LOG_EVERY = 30.0
 
 
 def duration(seconds: float) -> str:
@@ -40,12 +44,14 @@ class Progress:
     """
 
     def __init__(self, kernel_name: str, target_examples: int | None = None, time_budget: float | None = None,
-                 stream: TextIO | None = None, every: float = 2.0, *, clock: Callable[[], float] = time.monotonic):
+                 stream: TextIO | None = None, every: float | None = None, *,
+                 clock: Callable[[], float] = time.monotonic):
         self.kernel_name = kernel_name
         self.target_examples = target_examples
         self.time_budget = time_budget
         self.stream = stream if stream is not None else sys.stderr
-        self.every = every
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.every = every if every is not None else (TTY_EVERY if self._tty else LOG_EVERY)
         self._clock = clock
         self._start = clock()
         self._first: tuple[float, int] | None = None  # (time, examples) at the first update
@@ -54,7 +60,6 @@ class Progress:
         self._examples = 0
         self._state = "searching"
         self._printed = False
-        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
 
     def update(self, examples: int, state: str = "searching") -> None:
         """Record ``examples`` done so far; print a line if ``every`` seconds passed since the last."""

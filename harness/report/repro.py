@@ -128,6 +128,14 @@ def load_repro(path: str | Path) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise NanfuzzError(f"{path}: not UTF-8 text (byte {exc.start}); a repro is the .json nanfuzz wrote") from None
+    return repro_from_json(text, str(path))
+
+
+def repro_from_json(text: str, path: str = "repro") -> dict:
+    """A repro's record from its JSON text (``path`` names it in messages)."""
+    if len(text) > MAX_REPRO_BYTES:
+        raise NanfuzzError(f"{path}: over {MAX_REPRO_BYTES >> 20} MiB, more than any repro nanfuzz writes; "
+                           "a repro is the .json nanfuzz wrote")
     if _nested_deeper(text, MAX_REPRO_DEPTH):
         raise NanfuzzError(f"{path}: nested more than {MAX_REPRO_DEPTH} levels deep, deeper than any repro nanfuzz "
                            "writes; a repro is the .json nanfuzz wrote")

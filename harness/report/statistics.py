@@ -63,9 +63,34 @@ def _sort_key(name: str) -> tuple:
     return (_ORDER.get(name, 1000), int(tail) if tail.isdigit() else 0, name)
 
 
+def excluded_by(caps) -> frozenset[str]:
+    """The always-listed situations a kernel with capabilities ``caps`` never takes: a decode-only
+    kernel's statistics list no prefill, a kernel without windows no window."""
+    out = set()
+    if caps.max_query_len == 1:
+        out |= {"prefill", "chunked-prefill", "mixed"}
+    if caps.min_query_len > 1:
+        out |= {"decode", "mixed"}
+    if not caps.causal:
+        out.add("causal")
+    if not caps.non_causal:
+        out |= {"non-causal", "non-causal+window"}
+    if not caps.sliding_window:
+        out |= {"window", "window:1", "non-causal+window", "straddling-window", "expired-block", "expired-to-null",
+                "poison:out-of-window"}
+    if not caps.non_causal_window:
+        out.add("non-causal+window")
+    if caps.min_window > 1:
+        out.add("window:1")
+    if not caps.sinks:
+        out.add("sinks")
+    return frozenset(out)
+
+
 @dataclass
 class Statistics:
-    """Counts of situations over ``examples`` cases; ``seconds`` is the time ``add`` took.
+    """Counts of situations over ``examples`` cases; ``seconds`` is the time ``add`` took;
+    ``excluded``: situations the kernel does not take, left out of the listing (``excluded_by``).
     ``specialisations`` counts the examples whose poisoned run launched each Triton kernel
     specialisation (``judge.paths``); the kernels themselves are the situations ``path:NAME``."""
 
@@ -74,6 +99,11 @@ class Statistics:
     seconds: float = 0.0
     specialisations: Counter = field(default_factory=Counter)
     declined: Counter = field(default_factory=Counter)  # drawn cases the kernel's supports() declined, by reason
+    excluded: frozenset = frozenset()
+
+    @classmethod
+    def for_capabilities(cls, caps) -> "Statistics":
+        return cls(excluded=excluded_by(caps))
 
     def add(self, case: Case, paths: dict | None = None, observed: set[str] = frozenset()) -> None:
         """Tally one example: its case's situations, the Triton kernels it launched (``paths``) and
@@ -96,6 +126,7 @@ class Statistics:
 
     def merge(self, other: "Statistics") -> "Statistics":
         """Add ``other``'s tallies to these (another job's); returns self."""
+        self.excluded = other.excluded if not self.examples else self.excluded & other.excluded
         self.examples += other.examples
         self.counts.update(other.counts)
         self.seconds += other.seconds
@@ -121,7 +152,7 @@ class Statistics:
         placed: set[str] = set()
         for title, listed, prefixes in GROUPS:
             seen = [n for n in self.counts if n not in listed and any(n.startswith(p) for p in prefixes)]
-            names = [*listed, *sorted(seen, key=_sort_key)]
+            names = [*(n for n in listed if n not in self.excluded or self.counts[n]), *sorted(seen, key=_sort_key)]
             placed.update(names)
             if names:
                 out.append((title, [(n, self.counts[n]) for n in names]))
@@ -151,6 +182,7 @@ class Statistics:
         return {
             "examples": self.examples,
             "seconds": round(self.seconds, 6),
+            "excluded": sorted(self.excluded),
             "groups": {title: {name: {"count": count, "share": round(self._of(count), 6)} for name, count in rows}
                        for title, rows in self.groups()},
             "specialisations": dict(self.specialisations.most_common()),
@@ -164,7 +196,8 @@ class Statistics:
                           for name, entry in rows.items() if entry["count"]})
         return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0),
                    specialisations=Counter(data.get("specialisations", {})),
-                   declined=Counter(data.get("declined", {})))
+                   declined=Counter(data.get("declined", {})),
+                   excluded=frozenset(data.get("excluded", ())))
 
     def table(self) -> str:
         """An aligned text table: group, situation, examples, share."""

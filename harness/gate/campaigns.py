@@ -1,6 +1,6 @@
 """The gate's campaigns as pytest tests: one test per kernel, run by every worker.
 
-``ci/gate.py`` writes the plan and runs this file under pytest-xdist with
+``nanfuzz gate`` (``harness.gate.run``) writes the plan and runs this file under pytest-xdist with
 ``--dist each``, so worker slot i runs shard i of every kernel.  Run alone
 (no plan in ``NANFUZZ_GATE_PLAN``) the module skips itself; the project's
 own ``pytest`` never collects it (``testpaths = ["tests"]``).
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gate_plan import PLAN_ENV, SLOT_ENV, Plan
+from nanfuzz.harness.gate.plan import PLAN_ENV, SLOT_ENV, Plan
 
 if not os.environ.get(PLAN_ENV):
-    pytest.skip(f"run by ci/gate.py, which sets {PLAN_ENV}", allow_module_level=True)
+    pytest.skip(f"run by nanfuzz gate, which sets {PLAN_ENV}", allow_module_level=True)
 
 PLAN = Plan.read(os.environ[PLAN_ENV])
 
@@ -24,13 +24,13 @@ PLAN = Plan.read(os.environ[PLAN_ENV])
 def _slot() -> str:
     slot = os.environ.get(SLOT_ENV)
     if slot not in PLAN.slots:
-        pytest.fail(f"{SLOT_ENV}={slot!r} is not one of the plan's slots {PLAN.slots}; run ci/gate.py", pytrace=False)
+        pytest.fail(f"{SLOT_ENV}={slot!r} is not one of the plan's slots {PLAN.slots}; run nanfuzz gate", pytrace=False)
     return slot
 
 
 @pytest.mark.parametrize("kernel_name", PLAN.kernels)
 def test_shard(kernel_name, nanfuzz_device, record_property):
-    from gate_shard import previous_record, record_error, run_shard
+    from nanfuzz.harness.gate.shard import previous_record, record_error, run_shard
     from nanfuzz.reference.errors import NanfuzzError
 
     slot = _slot()

@@ -91,6 +91,7 @@ class ShardRecord:
     verdict: str = ""              # PASS, a failure verdict, ERROR
     summary: str = ""
     examples: int = 0
+    seed: int | None = None        # the campaign's search seed (--seed repeats it)
     elapsed: float = 0.0
     rounds: int = 0                # fuzz() calls the shard made
     verdicts: dict[str, int] = field(default_factory=dict)

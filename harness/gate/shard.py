@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from gate_plan import Plan, ShardRecord
+from nanfuzz.harness.gate.plan import Plan, ShardRecord
 
 
 def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardRecord:
@@ -49,6 +49,7 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
                     pool_seed=plan.pool_seed(slot))
     record.rounds = 1
     record.examples = campaign.examples
+    record.seed = campaign.seed
     record.verdicts = dict(campaign.verdicts)
     record.time_to_first_failure = campaign.time_to_first_failure
     record.examples_to_first_failure = campaign.examples_to_first_failure

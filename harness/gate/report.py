@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from gate_plan import Plan, ShardRecord
+from nanfuzz.harness.gate.plan import Plan, ShardRecord
 
 PICTURE_LINES = 120   # longer pictures are cut in the Markdown summary (the .txt keeps all)
 
@@ -73,6 +73,12 @@ class GateResult:
     @property
     def passed(self) -> bool:
         return not self.failures and not self.problems and all(not r.failed for r in self.rows)
+
+    @property
+    def exit_code(self) -> int:
+        """0: every shard passed; 1: a finding; 3: no finding, and not a pass either (a shard that did
+        not finish, a problem of the run, a kernel under its floor of examples): not green."""
+        return 0 if self.passed else 1 if self.failures else 3
 
 
 # -- recovering shards whose worker died ---------------------------------------------
@@ -222,6 +228,8 @@ def headline(result: GateResult, title: str, kernels: int, *, runners: int | Non
         counts = ", ".join(filter(None, (fleet, f"{kernels} kernel(s)", f"{examples} examples")))
         return f"## nanfuzz {title}: PASS ({counts})"
     if not result.failures:
+        if any(r.verdict == "INCOMPLETE" for r in result.rows):
+            return f"## nanfuzz {title}: INCOMPLETE (no failure found, but too few examples to call it a pass)"
         ran = "every shard" if runners is None else "every runner or shard"
         return f"## nanfuzz {title}: INCOMPLETE (no failure found, but not {ran} ran)"
     failed_kernels = len({f.kernel for f in result.failures})
@@ -233,7 +241,7 @@ def headline(result: GateResult, title: str, kernels: int, *, runners: int | Non
 def table_row(row: Row) -> str:
     """A shard's row of the summary's table: kernel, shard (slot), worker, examples, time, verdict."""
     verdict = row.verdict if row.failure is None else f"**{row.verdict}** (failure {row.failure})"
-    if row.verdict in ("NOT RUN", "ERROR"):
+    if row.verdict in ("NOT RUN", "ERROR", "INCOMPLETE"):
         verdict = f"**{row.verdict}**: {row.summary}".replace("|", "\\|")  # a table cell
     examples = "-" if row.examples is None else str(row.examples)
     return (f"| `{row.kernel}` | {row.shard} ({row.slot}) | {row.worker} | {examples} | "
@@ -344,6 +352,9 @@ def junit_xml(result: GateResult, properties: dict, *, replay_prefix: str, name:
             continue
         if row.verdict in ("NOT RUN", "ERROR"):
             ET.SubElement(case, "error", message=row.summary, type=row.verdict).text = row.summary
+            continue
+        if row.failure is None:  # INCOMPLETE: a pass on too few examples
+            ET.SubElement(case, "failure", message=row.summary, type=row.verdict).text = row.summary
             continue
         failure = by_number[row.failure]
         text = [failure.summary]

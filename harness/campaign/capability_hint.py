@@ -1,0 +1,57 @@
+"""Which declared capability a finding hangs on: the same case without a window, sinks or non-causal attention.
+
+An adapter that leaves ``Capabilities(sliding_window=True)`` (the default) for
+a kernel without windows gets windowed cases and a MISMATCH on each, which
+looks like a bug of the kernel.  When the shrunk failing case has one of
+these features and the same case without it passes, the evidence names the
+capability field, so that its author can tell a wrong declaration from a bug.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from nanfuzz.harness.campaign.result import Campaign
+from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.semantics import slot_liveness
+
+# (capability field, does the case use it, the case without it, what it is)
+FEATURES = (
+    ("sliding_window", lambda case: case.sliding_window > 0, lambda case: replace(case, sliding_window=0),
+     "sliding windows"),
+    ("sinks", lambda case: case.sinks, lambda case: replace(case, sinks=False), "attention sinks"),
+    ("non_causal", lambda case: not case.causal, lambda case: replace(case, causal=True), "non-causal attention"),
+)
+
+
+def name_the_capability(campaign: Campaign, caps: Capabilities, subject, interpreter: bool) -> None:
+    """Judge the failing case once without each declared feature it has; note the first whose absence passes."""
+    failure, case = campaign.failure, campaign.failing_case
+    if failure is None or failure.verdict is Verdict.HANG:  # a HANG's check costs a whole timeout
+        return
+    for field, uses, without, what in FEATURES:
+        if not (uses(case) and getattr(caps, field)):
+            continue
+        try:
+            other = _poison_dead_slots_only(without(case))
+            other.validate()
+        except NanfuzzError:
+            continue  # the feature is what makes the case a valid batch (a live key in the null block without it)
+        if caps.unsupported(other, interpreter=interpreter) or subject.check(other).failed:
+            continue
+        note = (f"fails only with {what}: the same case without them passes; if the kernel does not take {what}, "
+                f"declare Capabilities({field}=False)")
+        failure.evidence = {**failure.evidence, "capability": field, "capability_note": note}
+        campaign.notes.append(f"{campaign.kernel}: {note}")
+        return
+
+
+def _poison_dead_slots_only(case):
+    """``case`` with the poison sites that its change made live left out (all dead slots if none is left)."""
+    sites = case.poison.sites
+    if sites is None:
+        return case
+    live = slot_liveness(case)
+    dead = tuple(s for s in sites if not (any(live[s.block]) if s.offset is None else live[s.block][s.offset]))
+    return replace(case, poison=replace(case.poison, sites=dead or None))

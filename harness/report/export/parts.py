@@ -1,0 +1,160 @@
+"""What an exported repro carries: nanfuzz's judging code, and the kernel with the call the adapter makes.
+
+Every script holds the case model, the float64 oracle, the MISMATCH bound
+and ``export/runtime.py``.  The kernel part depends on where the kernel
+lives: a built-in carries its family's Triton source; a vLLM kernel carries
+the stand-ins for vLLM's runtime, the loader of its kernel files and the
+adapter's own function that calls the library; a user's adapter is imported
+from the repository the script runs in.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field
+
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.registry import builtin_kernels, library_of
+from nanfuzz.harness.report.export.inline import extract
+from nanfuzz.reference.errors import NanfuzzError
+
+# (module, the names it gives, or None for all of it, names left out), in an order in which
+# every statement run at import finds what it needs.
+JUDGING = (
+    ("reference.errors", None, ()),
+    ("reference.case", None, ()),
+    ("reference.quantization", ("Encoding", "ENCODINGS", "_TOKEN_HEAD_RANGE", "_SMALLEST_SCALE", "torch_dtype",
+                                "codes_of", "as_encoding", "quantize", "decode", "token_head_scales", "_pick",
+                                "finite_codes", "hostile_codes", "garbage_scales", "hostile_scales", "live_values",
+                                "values_at"), ()),
+    ("reference.semantics", ("live_key_range",), ()),
+    ("reference.materialize", ("TORCH_DTYPES", "host_to_device", "token_layout"), ()),
+    ("reference.precision", None, ()),
+    ("reference.oracle", None, ()),
+    ("reference.redzones", None, ()),
+    ("reference.batch", None, ()),
+    ("harness.judge.tolerance", None, ()),
+    ("harness.judge.encodings", ("TRITON_TYPES", "_every_code", "_correct_interpreter_decode"), ()),
+    ("harness.report.export.runtime", None, ()),
+)
+
+# What a library kernel's script needs besides the adapter's call: the stand-ins and the loader.
+LIBRARY_PARTS = {
+    "vllm": (
+        ("harness.adapters.standins", None, ()),
+        ("harness.adapters.vllm_standins", None, ()),
+        ("harness.adapters.loader", ("KernelModule",), ()),
+        ("harness.adapters.vllm_loader", ("GROUPS", "_native_call_modules"), ()),
+        ("harness.report.export.library_files", None, ()),
+    ),
+}
+# The names each adapter call needs from its module, the call itself last.
+ADAPTER_CALLS = {
+    "run_rocm_attn": ("rocm_key_cache", "rocm_value_cache", "run_rocm_attn"),
+    "run_triton_attn": ("SOFTMAX_SEGMENTS", "SCALE_ELEMENTS", "offers_split_k", "unified_window",
+                        "packed_token_head_caches", "token_head_views", "run_triton_attn"),
+}
+# How the script names the library's loader and where a source tree comes from.
+LIBRARY_GLUE = {
+    "vllm": '''import types
+
+vllm_standins = types.SimpleNamespace(build=build, rocm_platform_module=rocm_platform_module)
+vllm_loader = LibraryFiles("vllm", "vllm.v1.attention.ops", GROUPS, build, _native_call_modules,
+                           env_var="VLLM_SRC", option="--vllm-src")
+''',
+}
+LIBRARY_NEEDS = {"vllm": "vLLM's kernel files: a folder that holds vllm/ (a checkout or an unpacked wheel) "
+                         "given as --vllm-src DIR or VLLM_SRC=DIR, or an installed vllm"}
+
+
+@dataclass
+class KernelPart:
+    """The kernel's code for the script, the body of ``run_kernel(batch, out)``, and what it needs."""
+
+    source: str
+    call: str
+    needs: str
+    constants: list[tuple[str, str, str]] = field(default_factory=list)  # (name, literal, comment)
+    options: list[Option] = field(default_factory=list)  # the script's options beside --device
+    library: str | None = None
+    setup_errors: str = "()"  # exceptions that mean the kernel could not be loaded (exit 2, not a CRASH)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of the script: its flag, its default (a Python expression), its choices, its help."""
+
+    flag: str
+    default: str
+    help: str
+    choices: tuple[str, ...] | None = None
+    metavar: str = "DIR"
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def argparse_line(self) -> str:
+        choices = f", choices={self.choices!r}" if self.choices else f", metavar={self.metavar!r}"
+        return f"_parser.add_argument({self.flag!r}{choices}, default={self.default},\n                     help={self.help!r})"
+
+
+def _part(entries) -> str:
+    return "\n\n".join(extract(module, names, drop) for module, names, drop in entries)
+
+
+def kernel_part(kernel: Kernel, import_path: str) -> KernelPart:
+    library = library_of(import_path)
+    if import_path in builtin_kernels():
+        return _builtin(kernel, import_path)
+    if library in LIBRARY_PARTS:
+        return _library(kernel, library)
+    if library is not None:
+        raise NanfuzzError(f"nanfuzz export writes no standalone script for {import_path} yet (vllm:* and the "
+                           "built-in kernels only); `nanfuzz replay` and the repro's own .py run it")
+    return _user(import_path)
+
+
+def _builtin(kernel: Kernel, name: str) -> KernelPart:
+    run = kernel.run
+    assert isinstance(run, functools.partial) and "variant" in run.keywords, name
+    family, variant = name.split("@")
+    fixed = next(k.name.split("@")[1] for k in builtin_kernels().values()
+                 if k.name.startswith(family + "@") and k.expect == "pass")
+    source = _part((("harness.kernels._common", None, ("family_kernels",)),
+                    (f"harness.kernels.{family}", None, ("CAPABILITIES", "KERNELS"))))
+    return KernelPart(
+        source=source, call=f"return {run.func.__name__}(batch, out, variant=ARGS.variant)",
+        needs="torch and Triton",
+        options=[Option("--variant", repr(variant), f"the kernel's variant (recorded: {variant}; the fixed one: {fixed})",
+                        choices=tuple(_variants(family)))])
+
+
+def _variants(family: str) -> list[str]:
+    return [k.name.split("@")[1] for k in builtin_kernels().values() if k.name.startswith(family + "@")]
+
+
+def _library(kernel: Kernel, library: str) -> KernelPart:
+    run = kernel.run
+    assert isinstance(run, functools.partial), kernel.name
+    name = run.func.__name__
+    module = inspect.getmodule(run.func).__name__.removeprefix("nanfuzz.")
+    source = _part(LIBRARY_PARTS[library]) + "\n\n" + LIBRARY_GLUE[library] + "\n\n" + \
+        extract(module, ADAPTER_CALLS[name])
+    keywords = ", ".join(f"{k}={v!r}" for k, v in run.keywords.items() if k != "source")
+    call = f"return {name}(batch, out, {keywords + ', ' if keywords else ''}source=ARGS.{library}_src)"
+    option = Option(f"--{library}-src", f"os.environ.get({library.upper() + '_SRC'!r})",
+                    f"the folder that holds {library}/ (default ${library.upper()}_SRC; none: the installed {library})")
+    return KernelPart(source=source, call=call, needs="torch, Triton and " + LIBRARY_NEEDS[library],
+                      options=[option], library=library, setup_errors="(LibraryMissing,)")
+
+
+def _user(spec: str) -> KernelPart:
+    module, _, attr = spec.partition(":")
+    call = (f"sys.path.insert(0, os.getcwd())  # the adapter imports from the repository root, as under python -m\n"
+            f"    kernel = importlib.import_module({module!r})\n"
+            f"    for part in {attr.split('.')!r}:\n"
+            f"        kernel = getattr(kernel, part)\n"
+            f"    return (kernel.run if hasattr(kernel, 'run') else kernel)(batch, out)")
+    return KernelPart(source="import importlib\n", call=call,
+                      needs=f"torch, Triton and your adapter {spec} (which imports nanfuzz for its Kernel object)")

@@ -1,0 +1,32 @@
+"""A finding that hangs on one declared capability names the field: a wrong declaration is told from a bug."""
+from __future__ import annotations
+
+import dataclasses
+
+import nanfuzz
+from nanfuzz.harness.kernel import Kernel
+from tests.torch_kernels import CAPS, attention
+
+
+def _ignores_windows(batch, out):
+    """A kernel without windows, declared as if it had them (the default)."""
+    unwindowed = dataclasses.replace(batch, case=dataclasses.replace(batch.case, sliding_window=0))
+    return attention(unwindowed, out)
+
+
+IGNORES_WINDOWS = Kernel("torch@ignores-windows", _ignores_windows, CAPS)
+MASK_MULTIPLY = Kernel("torch@mask-multiply", lambda b, o: attention(b, o, bug="mask-multiply"), CAPS)
+
+
+def test_a_kernel_that_ignores_windows_is_told_to_declare_none():
+    campaign = nanfuzz.fuzz(IGNORES_WINDOWS, device="cpu", max_examples=200, seed=2, isolation=False,
+                            use_database=False)
+    # it reads the expired slots (NONFINITE) or weighs them (MISMATCH, LEAK): windowed cases only
+    assert campaign.failed and campaign.failure.evidence["capability"] == "sliding_window"
+    assert any("declare Capabilities(sliding_window=False)" in note for note in campaign.notes)
+
+
+def test_a_bug_that_is_no_capability_s_names_none():
+    campaign = nanfuzz.fuzz(MASK_MULTIPLY, device="cpu", max_examples=200, seed=2, isolation=False,
+                            use_database=False)
+    assert campaign.failed and "capability" not in campaign.failure.evidence

@@ -1,0 +1,151 @@
+"""``nanfuzz export``: repros a kernel's author runs without nanfuzz.
+
+Each exported script and pytest file runs in a process where ``import
+nanfuzz`` fails (a package of that name that raises, first on the path, and
+no plugin autoload), under Triton's interpreter: it must fail on the
+recorded kernel and pass on the fixed one, the built-in's fixed variant or a
+vLLM tree with the V loads masked by the window.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nanfuzz.harness.cli import main as cli
+from nanfuzz.harness.report.export.inline import missing_names
+
+ROOT = Path(__file__).resolve().parents[1]
+REGRESSIONS = ROOT / "tests" / "regressions"
+# (repro, the fixed variant): every old built-in variant, and quantized caches of each family
+BUILTIN = [
+    ("paged_decode-tail-past-seq-len", "masked"),               # paged_decode@unmasked
+    ("paged_decode-freed-block-below-window", "masked"),        # paged_decode@tail-masked
+    ("prefix_prefill-expired-and-live-in-one-block", "masked"),  # prefix_prefill@unmasked
+    ("unified-non-causal-overshoot", "masked"),                  # unified@overshoot
+]
+QUANTIZED = [
+    ("paged_decode-fnuz-nan-code-0x80-in-tail", "masked"),      # fp8 e4m3fnuz, per-tensor scales
+    ("unified-overshoot-nan-scale-in-tail", "masked"),          # per-token-head scale caches
+]
+
+
+def _imports_nanfuzz(text: str) -> bool:
+    nodes = ast.walk(ast.parse(text))
+    return any(isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "nanfuzz" or
+               isinstance(n, ast.Import) and any(a.name.split(".")[0] == "nanfuzz" for a in n.names) for n in nodes)
+
+
+def _without_nanfuzz(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    shadow = tmp_path / "shadow" / "nanfuzz"
+    shadow.mkdir(parents=True, exist_ok=True)
+    (shadow / "__init__.py").write_text('raise ImportError("nanfuzz is not importable here")\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NANFUZZ_", "PYTEST_"))}
+    env.update(PYTHONPATH=str(shadow.parent), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", TRITON_INTERPRET="1")
+    return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _export(tmp_path: Path, repro: str, *options: str) -> Path:
+    copy = tmp_path / f"{repro}.json"
+    shutil.copyfile(REGRESSIONS / f"{repro}.json", copy)
+    assert cli(["export", str(copy), *options]) == 0
+    stem = repro.replace("-", "_")
+    kind = {"--pytest": f"test_{stem}.py", "--markdown": f"{stem}.md"}
+    return tmp_path / next((kind[o] for o in options if o in kind), f"{stem}_standalone.py")
+
+
+def _pytest_both(tmp_path: Path, test_file: Path, fix) -> None:
+    """The exported test file as recorded (every NONFINITE test fails) and fixed (all pass), in one run."""
+    fixed = test_file.with_name(test_file.stem + "_fixed.py")
+    fixed.write_text(fix(test_file.read_text()))
+    proc = _without_nanfuzz(tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", test_file.name,
+                            fixed.name)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    failed = [line for line in lines if line.startswith("FAILED")]
+    assert any("::test_output_is_finite_where_the_reference_is" in line for line in failed), proc.stdout[-3000:]
+    assert all(line.startswith(f"FAILED {test_file.name}::") for line in failed), proc.stdout[-3000:]
+    assert "error" not in lines[-1], proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("repro, fixed", BUILTIN + QUANTIZED)
+def test_a_builtin_repro_exports_a_script_that_fails_until_the_fix(tmp_path, repro, fixed):
+    script = _export(tmp_path, repro)
+    text = script.read_text()
+    assert not _imports_nanfuzz(text) and not missing_names(text)
+    assert "@triton.jit" in text  # the kernel's own source travels with it
+    bug = _without_nanfuzz(tmp_path, script.name)
+    assert bug.returncode == 1, bug.stdout + bug.stderr[-3000:]
+    assert "NONFINITE:" in bug.stdout and "token 0 (sequence 0) head 0: kernel [nan" in bug.stdout
+    fix = _without_nanfuzz(tmp_path, script.name, "--variant", fixed)
+    assert fix.returncode == 0, fix.stdout + fix.stderr[-3000:]
+    assert fix.stdout.splitlines()[-1].startswith("PASS")
+
+
+@pytest.mark.parametrize("repro, fixed", BUILTIN)
+def test_a_builtin_repro_exports_a_pytest_file_that_fails_until_the_fix(tmp_path, repro, fixed):
+    test_file = _export(tmp_path, repro, "--pytest")
+    assert test_file.name.startswith("test_") and not _imports_nanfuzz(test_file.read_text())
+    _pytest_both(tmp_path, test_file, lambda text: text.replace("ARGS.variant = ", f"ARGS.variant = {fixed!r}  # ", 1))
+
+
+# The fix of vLLM 0.33.0's decode kernel: its K/V loads masked by the window as well as by seq_len.
+VLLM_FIX = (
+    "        if j == num_blocks - 1:\n            kv_load_mask = abs_token_idx < seq_len\n",
+    "        if True:\n            kv_load_mask = (abs_token_idx < seq_len) & ((SLIDING_WINDOW <= 0) | "
+    "(seq_len - 1 - abs_token_idx < SLIDING_WINDOW))\n",
+)
+
+
+@pytest.fixture
+def fixed_vllm(tmp_path, vllm_source):
+    tree = tmp_path / "vllm-fixed"
+    shutil.copytree(vllm_source, tree)
+    kernel = tree / "vllm" / "v1" / "attention" / "ops" / "chunked_prefill_paged_decode.py"
+    text = kernel.read_text()
+    assert text.count(VLLM_FIX[0]) == 1
+    kernel.write_text(text.replace(*VLLM_FIX))
+    return tree
+
+
+def test_a_vllm_rocm_attn_repro_exports_a_script_and_a_test_that_fail_until_the_fix(tmp_path, vllm_source,
+                                                                                     fixed_vllm):
+    repro = "vllm_rocm_attn-window-freed-v"
+    script = _export(tmp_path, repro, "--vllm-src", str(vllm_source))
+    text = script.read_text()
+    assert not _imports_nanfuzz(text) and "def run_rocm_attn(" in text and "chunked_prefill_paged_decode" in text
+    bug = _without_nanfuzz(tmp_path, script.name, "--vllm-src", str(vllm_source))
+    assert bug.returncode == 1 and "NONFINITE:" in bug.stdout, bug.stdout + bug.stderr[-3000:]
+    fix = _without_nanfuzz(tmp_path, script.name, "--vllm-src", str(fixed_vllm))
+    assert fix.returncode == 0 and fix.stdout.splitlines()[-1].startswith("PASS"), fix.stdout + fix.stderr[-3000:]
+
+    missing = _without_nanfuzz(tmp_path, script.name, "--vllm-src", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "cannot load the kernel" in missing.stderr, missing.stderr[-2000:]
+
+    test_file = _export(tmp_path, repro, "--pytest", "--vllm-src", str(vllm_source))
+    default = "ARGS.vllm_src = os.environ.get('VLLM_SRC')"
+    test_file.write_text(test_file.read_text().replace(default, f"ARGS.vllm_src = {str(vllm_source)!r}"))
+    _pytest_both(tmp_path, test_file, lambda text: text.replace(str(vllm_source), str(fixed_vllm)))
+
+
+def test_the_markdown_report_holds_the_verdict_the_picture_and_the_call(tmp_path):
+    report = _export(tmp_path, "paged_decode-tail-past-seq-len", "--markdown").read_text()
+    assert report.startswith("# paged_decode@unmasked: NONFINITE")
+    assert "logical  0 -> block   1 [oTtttttttttttttt]" in report  # the picture
+    assert "return paged_decode(batch, out, variant=ARGS.variant)" in report  # the call
+    assert "torch 2." in report and "paged_decode_tail_past_seq_len_standalone.py" in report
+
+
+def test_export_usage_errors_are_one_line(tmp_path, capsys):
+    assert cli(["export", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read repro" in capsys.readouterr().err
+    copy = tmp_path / "r.json"
+    shutil.copyfile(REGRESSIONS / "paged_decode-tail-past-seq-len.json", copy)
+    assert cli(["export", str(copy), "--pytest", "--markdown"]) == 2
+    assert "give one of them" in capsys.readouterr().err
