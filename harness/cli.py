@@ -86,8 +86,10 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("fuzz", help="fuzz one kernel, or self-check every built-in kernel")
     common(p)
-    p.add_argument("--kernel", help="family@variant, vllm:rocm_attn, aiter:unified_attention (see nanfuzz list) or "
-                                    "package.module:callable; omit to self-check every built-in kernel")
+    p.add_argument("--kernel", action="append", metavar="KERNEL",
+                   help="family@variant, vllm:rocm_attn, aiter:unified_attention (see nanfuzz list) or "
+                        "package.module:callable (repeatable: one campaign each, in turn); omit to self-check every "
+                        "built-in kernel")
     p.add_argument("--max-examples", type=int, metavar="N", help="examples per kernel (default: from the profile)")
     p.add_argument("--seed", type=int, metavar="S", help="fix Hypothesis's seed")
     p.add_argument("--repro-dir", metavar="D", help=f"where repros go (default STATE/repros: {DEFAULT_REPRO_DIR})")
@@ -336,7 +338,7 @@ def _fuzz(args, settings) -> int:
     from nanfuzz.harness.registry import builtin_kernels
 
     profile = get_profile(settings.profile)
-    kernels = [load_kernel(args.kernel, settings)] if args.kernel else list(builtin_kernels().values())
+    kernels = [load_kernel(name, settings) for name in args.kernel] if args.kernel else list(builtin_kernels().values())
     self_check = args.kernel is None
     mode = "GPU" if settings.device == "cuda" else "CPU, Triton interpreter"
     isolation = "supervised worker" if settings.isolation else "in-process launches"

@@ -60,7 +60,8 @@ class Row:
                 "keys_per_second": round(self.keys / self.seconds) if self.seconds else None}
 
 
-def _draw(strategy, count: int) -> list[Case]:
+def drawn(strategy, count: int) -> list[Case]:
+    """The first ``count`` examples ``strategy`` generates, the same on every run."""
     found: list[Case] = []
 
     @hypothesis_settings(max_examples=count, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
@@ -83,7 +84,7 @@ def scaling(kernel: Kernel, settings: Settings, progress=print) -> list[dict]:
     for tier in ("small", "production"):
         pool, _ = campaign_pool_of(caps, settings, tier=tier)
         by_bucket: dict[int, list[Case]] = {}
-        for case in _draw(campaign_strategy(caps, settings, pool, tier), DRAWN):
+        for case in drawn(campaign_strategy(caps, settings, pool, tier), DRAWN):
             bucket = max(b for b in BUCKETS if b <= live_keys(case))
             chosen = by_bucket.setdefault(bucket, [])
             if len(chosen) < CASES_PER_BUCKET:

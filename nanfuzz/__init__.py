@@ -21,7 +21,7 @@ import os
 # from its root, this package is found first and must reach them too.
 _checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if all(os.path.isfile(os.path.join(_checkout, *parts)) for parts in
-       (("reference", "oracle.py"), ("strategies", "cases.py"), ("harness", "fuzz.py"))):
+       (("reference", "oracle.py"), ("strategies", "cases.py"), ("harness", "cli.py"))):
     __path__.append(_checkout)
 
 __version__ = "0.2.0"

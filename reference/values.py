@@ -67,15 +67,18 @@ def _mix_tensor(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shift_right(x, 31)
 
 
+def _stream_base(seed: int, stream: str) -> int:
+    return _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
+
+
 def _bits_tensor(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
     """``_bits`` as int64 on ``index``'s device: the same 64 bits."""
-    base = _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
-    return _mix_tensor(index * _signed(_GOLDEN) + _signed(base))
+    return _mix_tensor(index * _signed(_GOLDEN) + _signed(_stream_base(seed, stream)))
 
 
 def _bits(seed: int, stream: str, index: torch.Tensor) -> np.ndarray:
     """uint64 hashes of the host int64 ``index`` in ``stream`` under ``seed``."""
-    base = _mix_int(_mix_int(seed & _MASK64) ^ STREAMS[stream])
+    base = _stream_base(seed, stream)
     x = index.numpy().astype(np.uint64)
     with np.errstate(over="ignore"):
         x *= np.uint64(_GOLDEN)
@@ -90,8 +93,19 @@ def random_bits(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(_bits(seed, stream, index).view(np.int64))
 
 
+_kernel_works = True  # until the GPU kernel fails to build once (``values_gpu``)
+
+
 def uniform(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
     """float64 uniform on [-1, 1), 53 bits, exactly reproducible (``index``: int64, on its device)."""
+    global _kernel_works
+    if index.device.type == "cuda" and _kernel_works:
+        try:
+            from nanfuzz.reference import values_gpu
+
+            return values_gpu.uniform(_stream_base(seed, stream), index, _GOLDEN, _MUL1, _MUL2)
+        except Exception:  # a Triton that cannot build the kernel: torch's operations give the same bits
+            _kernel_works = False
     if index.device.type != "cpu":
         top53 = _shift_right(_bits_tensor(seed, stream, index), 11).to(torch.float64)
         return top53 * (2.0 ** -52) - 1.0

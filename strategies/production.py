@@ -187,12 +187,17 @@ class _Budget:
 
     def fit(self, query_len: int, seq_len: int) -> tuple[int, int]:
         """(query_len, seq_len) cut down, context first, until the batch's budgets hold them."""
-        query_len = min(query_len, self.tokens, max(1, self.attention // (self.q_heads * max(1, seq_len))))
-        context = seq_len - query_len if seq_len > query_len else 0
-        while context and (self.live(query_len, context + query_len) > self.keys
-                           or query_len * self.live(query_len, context + query_len) * self.q_heads > self.attention):
+        context = max(0, seq_len - query_len)
+        query_len = min(query_len, self.tokens)
+        while context and self._over(query_len, context + query_len):
             context //= 2
+        while query_len > 1 and self._over(query_len, context + query_len):
+            query_len //= 2
         return query_len, context + query_len
+
+    def _over(self, query_len: int, seq_len: int) -> bool:
+        live = self.live(query_len, seq_len)
+        return live > self.keys or query_len * live * self.q_heads > self.attention
 
     def take(self, query_len: int, seq_len: int) -> None:
         live = self.live(query_len, seq_len) if query_len else 0
@@ -235,7 +240,8 @@ def _request(choose, caps: Capabilities, size: ProductionSize, window: int, bloc
     if kind == DECODE:
         query_len, seq_len = 1, _long(choose, 1, longest)
     else:
-        query_len = _log_int(choose, q_lo, max(q_lo, min(q_hi, longest)))
+        # chunked prefill fills a step's token budget: long chunks weigh four times the others
+        query_len = _log_int(choose, q_lo, max(q_lo, min(q_hi, longest)), top_weight=4)
         context = 0 if kind == PREFILL else _long(choose, 1, max(1, min(size.max_context, longest - query_len)))
         seq_len = context + query_len
     return kind, Lengths(query_len, min(longest, _aim(choose, seq_len, window, query_len, block_size)))

@@ -9,6 +9,8 @@ excepted: they never run).
 """
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,14 @@ def test_the_architecture_page_names_only_modules_that_exist():
                                     "harness/kernels", "harness/adapters", "reference", "strategies"])
 def test_the_architecture_page_has_a_paragraph_for_every_folder(folder):
     assert f"`{folder}/`" in ARCHITECTURE.read_text()
+
+
+def test_a_checkout_runs_uninstalled(tmp_path):
+    """``python -m nanfuzz`` from a source checkout on sys.path, with no install mapping the folders."""
+    hide_install = ("import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f)]; "
+                    f"sys.path.insert(0, {str(ROOT)!r}); import runpy; sys.argv = ['nanfuzz', 'list']; "
+                    "runpy.run_module('nanfuzz', run_name='__main__')")
+    run = subprocess.run([sys.executable, "-c", hide_install], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "paged_decode" in run.stdout

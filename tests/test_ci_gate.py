@@ -215,7 +215,7 @@ def test_each_gpu_worker_is_pinned_to_its_gpu_through_its_environment(tmp_path):
     assert [s.popen for s in specs] == [True, True]
     assert [s.env for s in specs] == [
         {"NANFUZZ_GATE_SLOT": f"gpu{i}", "NANFUZZ_STATE_DIR": str(tmp_path / "state" / "workers" / f"gpu{i}"),
-         "HIP_VISIBLE_DEVICES": gpu, "CUDA_VISIBLE_DEVICES": gpu,
+         "HIP_VISIBLE_DEVICES": gpu, "CUDA_VISIBLE_DEVICES": gpu, "NANFUZZ_CAMPAIGNS_PER_DEVICE": "1",
          # each worker's compile farm gets its share of the cores
          "NANFUZZ_COMPILE_JOBS": str(max(1, len(os.sched_getaffinity(0)) // 2))}
         for i, gpu in enumerate(["4", "5"])]

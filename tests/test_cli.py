@@ -107,3 +107,13 @@ def test_a_usage_error_from_argparse_is_one_line_and_exit_2():
     proc = subprocess.run([sys.executable, "-m", "nanfuzz", "fuzz", "--no-such-flag"], capture_output=True, text=True)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "unrecognized arguments: --no-such-flag" in proc.stderr
+
+
+def test_fuzz_takes_several_kernels_and_fails_if_any_fails(capsys):
+    argv = ["fuzz", "--kernel", "paged_decode@masked", "--kernel", "paged_decode@unmasked", "--max-examples", "20",
+            "--seed", "1", "--device", "cpu", "--no-shrink"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "2 kernel(s)" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("paged_decode@") and ":" not in line]
+    assert [(row[0], row[2]) for row in rows] == [("paged_decode@masked", "PASS"), ("paged_decode@unmasked", "NONFINITE")]

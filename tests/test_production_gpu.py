@@ -56,3 +56,14 @@ def test_a_production_campaign_of_a_built_in_reaches_long_sequences(tmp_path):
                     size="production", pool_size=2, compile_jobs=0)
     assert not campaign.failed, campaign.failure and campaign.failure.summary
     assert campaign.statistics.share("seq-len>=1024") > 0.2 and campaign.statistics.share("large") > 0
+
+
+def test_hashing_on_the_gpu_gives_the_host_bits():
+    import torch
+
+    from nanfuzz.reference import values
+
+    index = torch.cat([torch.randint(-2**62, 2**62, (100_000,)), torch.arange(5000), torch.tensor([2**63 - 1, -2**63])])
+    for seed, stream in ((0, "cache_k"), (2**64 - 1, "q"), (123456789, "cache_v")):
+        assert torch.equal(values.uniform(seed, stream, index.cuda()).cpu(), values.uniform(seed, stream, index))
+        assert torch.equal(values.random_bits(seed, stream, index.cuda()).cpu(), values.random_bits(seed, stream, index))

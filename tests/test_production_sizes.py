@@ -5,12 +5,13 @@ import json
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import HealthCheck, find, settings
 
 import nanfuzz.reference.case as case_module
 from nanfuzz.harness.campaign.runner import fuzz
 from nanfuzz.harness.judge.check import Verdict, check
 from nanfuzz.harness.judge.pool import process_pool
+from nanfuzz.harness.scaling import drawn
 from nanfuzz.reference import values
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
@@ -25,22 +26,9 @@ from tests.torch_kernels import BUGS, torch_kernel
 WIDE = Capabilities(non_causal=True, sinks=True, head_sizes=(64, 128, 256), kv_cache_dtypes=("auto", "fp8_e4m3fn"))
 
 
-def _draw(strategy, examples: int) -> list[Case]:
-    found = []
-
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(case):
-        found.append(case)
-
-    collect()
-    return found
-
-
 @pytest.fixture(scope="module")
 def production_cases():
-    return _draw(paged_cases(WIDE, tier="production", production=PRODUCTION_SIZE), 150)
+    return drawn(paged_cases(WIDE, tier="production", production=PRODUCTION_SIZE), 150)
 
 
 @pytest.mark.parametrize("size", ["seq-len>=32768", "sequences>=128", "q-heads>=64", "gqa-group>16",
@@ -80,7 +68,7 @@ def test_huge_caches_place_live_blocks_past_the_2_31_element_boundary(production
 
 def test_production_cases_respect_the_kernels_limits():
     caps = WIDE.restrict(max_seq_len=5000, max_group=4, max_sequences=3, max_blocks=3000, max_q_heads=32)
-    for case in _draw(paged_cases(caps, tier="production"), 60):
+    for case in drawn(paged_cases(caps, tier="production"), 60):
         assert caps.unsupported(case) is None
         assert case.max_seq_len <= 5000 and len(case.sequences) <= 3 and case.geometry.queries_per_kv <= 4
 
@@ -230,3 +218,16 @@ def test_background_is_the_encodings_nan():
     case = WINDOWED.replace(kv_cache=case_module.KVCache("fp8_e4m3fnuz", "tensor", 1.0, 1.0))
     assert background(case, "key_cache") == (0x80, 1) and background(WINDOWED, "value_cache") == (0x7FC00000, 4)
     assert np.isnan(np.array([0x7FC00000], dtype=np.uint32).view(np.float32))[0]
+
+
+def test_only_a_campaign_alone_on_its_device_draws_huge_caches():
+    from nanfuzz.harness.campaign.scope import campaign_production_size
+    from nanfuzz.harness.campaign.settings import Settings
+    from nanfuzz.harness.gate.devices import gpu_workers
+
+    assert campaign_production_size(Settings(device="cuda")).huge_cache_bytes > 0
+    assert campaign_production_size(Settings(device="cuda", jobs=2)).huge_cache_bytes == 0
+    shared = gpu_workers(["0"], None, "CUDA 12", per_gpu=3).slots[0].env
+    assert campaign_production_size(Settings.from_environment(shared, device="cuda")).huge_cache_bytes == 0
+    alone = gpu_workers(["0"], None, "CUDA 12").slots[0].env
+    assert campaign_production_size(Settings.from_environment(alone, device="cuda")).huge_cache_bytes > 0

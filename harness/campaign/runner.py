@@ -150,7 +150,7 @@ class CampaignRunner:
             self.campaign.interrupted = True  # the failure found stands, unconfirmed
         finally:
             self.close()
-        if self._own_subject:  # a job's paths are remembered by the run that merges them
+        if self._own_subject and self.settings.remember_paths:  # jobs' paths: the run that merges them
             note_paths(self.campaign, self.settings.state_dir)
         return self.summarise()
 

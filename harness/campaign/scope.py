@@ -47,9 +47,10 @@ def campaign_tier(kernel: Kernel, settings: Settings) -> str:
 
 def campaign_production_size(settings: Settings):
     """The production size a campaign draws at: a huge cache (block ids past 2^31 elements, 8+ GiB)
-    only for a campaign that has its device to itself (one job)."""
+    only for a campaign that has its device to itself (one job, no other campaign on the device)."""
     size = production_size(settings.device == "cpu")
-    return size if settings.jobs <= 1 else replace(size, huge_cache_bytes=0)
+    alone = settings.jobs <= 1 and settings.campaigns_per_device <= 1
+    return size if alone else replace(size, huge_cache_bytes=0)
 
 
 def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | None = None,

@@ -46,10 +46,14 @@ class Settings:
     compile_jobs: int | None = None          # compile-farm processes on a GPU; None: one per core, 0: no farm
                                              # (NANFUZZ_COMPILE_JOBS; the gate gives each GPU worker its share)
     jobs: int = 1
+    campaigns_per_device: int = 1            # campaigns sharing this device (NANFUZZ_CAMPAIGNS_PER_DEVICE: the
+                                             # gate's --workers-per-gpu); only one alone draws a huge cache
     isolation: bool = True                   # launches in a supervised worker process
     launch_timeout: float | None = None      # None: DEFAULT_LAUNCH_TIMEOUT for the device
     replays: int = 3                         # how often a found failure is replayed in a fresh worker
     shrink_budget: float = DEFAULT_SHRINK_BUDGET  # seconds of shrinking before the smallest failure so far stands
+    remember_paths: bool = True              # compare the kernel paths reached with earlier campaigns'
+                                             # (a gate's shards leave it to the gate, which merges them)
     check_leftovers: bool = True             # replay cases a dead campaign left in the journal first
                                              # (jobs leave it to the run that started them)
     cuda_index: int | None = None            # pin workers to this GPU
@@ -91,6 +95,8 @@ class Settings:
             "aiter_src": env.get("NANFUZZ_AITER_SRC") or None,
             "profile": env.get("NANFUZZ_PROFILE") or ("ci" if env.get("CI") else "dev"),
         }
+        if (env.get("NANFUZZ_CAMPAIGNS_PER_DEVICE") or "").strip():
+            values["campaigns_per_device"] = _count("NANFUZZ_CAMPAIGNS_PER_DEVICE", env["NANFUZZ_CAMPAIGNS_PER_DEVICE"])
         if (env.get("NANFUZZ_COMPILE_JOBS") or "").strip():
             values["compile_jobs"] = _count("NANFUZZ_COMPILE_JOBS", env["NANFUZZ_COMPILE_JOBS"])
         values.update({k: v for k, v in options.items() if v is not None})
@@ -106,7 +112,7 @@ class Settings:
 # The least value of each numeric field an edge may set, and whether that value itself is allowed:
 # a launch timeout of 0 s (or NaN) would switch the watchdog off, a budget of 0 s would run no example.
 _LEAST = {"launch_timeout": (0.0, False), "time_budget": (0.0, False), "shrink_budget": (0.0, False),
-          "max_examples": (1, True), "jobs": (1, True), "pool_size": (0, True), "compile_jobs": (0, True),
+          "max_examples": (1, True), "jobs": (1, True), "campaigns_per_device": (1, True), "pool_size": (0, True), "compile_jobs": (0, True),
           "replays": (0, True)}
 
 

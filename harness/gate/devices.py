@@ -62,7 +62,10 @@ def gpu_workers(ids: list[str], limit: int | None, platform: str, per_gpu: int =
     its GPU idles, so several per GPU multiply the examples per second."""
     if limit is not None:
         ids = ids[:limit]
-    slots = tuple(Slot(f"gpu{i}" if per_gpu == 1 else f"gpu{i}-{j}", {"HIP_VISIBLE_DEVICES": gid, "CUDA_VISIBLE_DEVICES": gid})
+    # NANFUZZ_CAMPAIGNS_PER_DEVICE: campaigns sharing a GPU leave the huge caches (8+ GiB each) alone
+    slots = tuple(Slot(f"gpu{i}" if per_gpu == 1 else f"gpu{i}-{j}",
+                       {"HIP_VISIBLE_DEVICES": gid, "CUDA_VISIBLE_DEVICES": gid,
+                        "NANFUZZ_CAMPAIGNS_PER_DEVICE": str(per_gpu)})
                   for i, gid in enumerate(ids) for j in range(per_gpu))
     each = "" if per_gpu == 1 else f", {per_gpu} per GPU"
     return Workers("cuda", slots, f"{len(slots)} GPU worker(s) ({platform}; GPU ids {', '.join(ids)}{each})")

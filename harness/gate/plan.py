@@ -17,7 +17,7 @@ from pathlib import Path
 
 PLAN_ENV = "NANFUZZ_GATE_PLAN"
 SLOT_ENV = "NANFUZZ_GATE_SLOT"
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 
 
 def file_stem(kernel: str) -> str:
@@ -38,6 +38,7 @@ class Plan:
     shard: int = 1                 # this runner is shard `shard` of `shards` (--shard I/N), counted from 1
     shards: int = 1
     runner: str = ""               # this runner's name in a fleet's merged report
+    size: str | None = None        # --size: the size tier every shard draws (None: each kernel's default)
     version: int = PLAN_VERSION
 
     # -- paths -------------------------------------------------------------------

@@ -69,6 +69,8 @@ class GateResult:
     failures: list[Failure]
     problems: list[str]          # things that make the run itself incomplete
     notes: list[str] = field(default_factory=list)  # the campaigns' notes, each once
+    paths_missed: dict[str, list[str]] = field(default_factory=dict)  # kernel -> Triton kernels earlier runs
+                                                                     # launched and this one did not
 
     @property
     def passed(self) -> bool:
@@ -216,8 +218,31 @@ def markdown(result: GateResult, plan: Plan, *, workers: str, budget: float, wal
              ""]
     lines += ["| kernel | shard | worker | examples | time | verdict |", "|---|---|---|---:|---:|---|"]
     lines += [table_row(row) for row in result.rows]
+    lines += reach_lines(result)
     lines += closing_lines(result, lambda failure: f"Found by shard {', '.join(failure.shards)}.", replay_prefix)
     return "\n".join(lines) + "\n"
+
+
+def reach_lines(result: GateResult) -> list[str]:
+    """Per kernel, what its shards together reached: the Triton kernels launched (with each switch
+    that took both values), the production sizes drawn, and the kernels earlier runs launched and
+    this one did not (``GateResult.paths_missed``)."""
+    lines = []
+    for kernel, stats in kernel_statistics(result).items():
+        groups = stats["groups"]
+        launched = [f"`{name[len('path:'):]}` {entry['share']:.0%}" for name, entry in
+                    groups.get("kernel paths", {}).items()]
+        switches = [f"{name} {entry['share']:.0%}" for name, entry in groups.get("kernel switches", {}).items()]
+        sizes = [f"{name} {entry['share']:.0%}" for name, entry in groups.get("sizes", {}).items() if entry["count"]]
+        missed = result.paths_missed.get(kernel, [])
+        parts = [f"kernels launched: {', '.join(launched) or 'none recorded'}"]
+        if switches:
+            parts.append(f"switches: {', '.join(switches)}")
+        parts.append(f"sizes reached: {', '.join(sizes) or 'small only'}")
+        if missed:
+            parts.append(f"**never launched this run, launched by earlier runs**: {', '.join(f'`{m}`' for m in missed)}")
+        lines.append(f"- `{kernel}`: " + "; ".join(parts))
+    return ["", "What each kernel's examples reached:", "", *lines] if lines else []
 
 
 def headline(result: GateResult, title: str, kernels: int, *, runners: int | None = None) -> str:
@@ -278,6 +303,18 @@ def failure_lines(failure: Failure, found_by: str, replay_prefix: str) -> list[s
     return lines
 
 
+def remember_paths(result: GateResult, state_dir: Path) -> None:
+    """Each kernel's Triton kernels, this run's and earlier runs' (``STATE/paths``): what earlier
+    runs launched and this one did not goes into ``result.paths_missed``."""
+    from nanfuzz.harness.campaign import paths_seen
+    from nanfuzz.harness.report.statistics import Statistics
+
+    for kernel, stats in kernel_statistics(result).items():
+        missed = paths_seen.remember(state_dir, kernel, Statistics.from_dict(stats).paths())
+        if missed:
+            result.paths_missed[kernel] = missed
+
+
 def kernel_statistics(result: GateResult) -> dict:
     """What each kernel's shards exercised together: shares of examples by situation."""
     from nanfuzz.harness.report.statistics import Statistics
@@ -322,6 +359,7 @@ def summary_json(result: GateResult, plan: Plan, *, exit_code: int, wall: float)
                      for f in result.failures],
         "problems": result.problems,
         "notes": result.notes,
+        "paths_missed": result.paths_missed,
     }
 
 

@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
                    help="wall time for the whole gate (default: the profile's, 900 s for pr-gate)")
     p.add_argument("--max-examples", type=int, metavar="N", help="also stop a shard after N examples")
+    p.add_argument("--size", choices=("small", "production", "mixed"),
+                   help="the size tier every shard draws (default: each kernel's own, else mixed on a GPU and small "
+                        "under the interpreter)")
     p.add_argument("--min-examples", type=int, metavar="N",
                    help="examples each kernel must reach, over its shards, for a PASS; fewer is INCOMPLETE, not green "
                         "(default: 300 on a GPU, 10 under the interpreter, at most what --max-examples allows)")
@@ -292,7 +295,7 @@ def _gate(args) -> int:
 
     from nanfuzz.harness.gate.floor import apply_floor, floor
     from nanfuzz.harness.gate.outputs import append_step_summary, write_junit, write_summary, write_summary_json
-    from nanfuzz.harness.gate.report import consolidate, junit_xml, markdown, summary_json
+    from nanfuzz.harness.gate.report import consolidate, junit_xml, markdown, remember_paths, summary_json
     from nanfuzz.harness.campaign.profiles import get_profile
 
     from nanfuzz.harness.campaign.example_db import check as check_example_db
@@ -322,7 +325,7 @@ def _gate(args) -> int:
     plan = Plan(device=workers.device, profile=profile.name, kernels=kernels, slots=slots,
                 deadline=started + budget - finish_reserve(budget), max_examples=args.max_examples,
                 state_dir=str(state_dir), work_dir=str(work), example_db=example_db, shard=shard, shards=shards,
-                runner=runner)
+                runner=runner, size=args.size)
     plan_path = work / "plan.json"
     plan.write(plan_path)
     database = (f"{store.shown}, with {plan.examples_dir} in front" if store is not None and store.layered
@@ -350,6 +353,7 @@ def _gate(args) -> int:
     result = consolidate(plan, repro_dir, stopped_at_deadline=stopped, stop_time=ended, pytest_junit=pytest_junit,
                          sources=library_sources())
     apply_floor(result, floor(args.min_examples, plan.device, args.max_examples, len(slots)))
+    remember_paths(result, state_dir)
     if stopped:
         result.problems.append(f"the gate stopped pytest {grace:.0f} s past its time budget")
     elif rc not in (0, 1):

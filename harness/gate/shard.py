@@ -45,7 +45,8 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
     record.write(path)  # "running": if this process dies, the gate knows where
     start = time.perf_counter()
     budget = max(0.0, plan.shard_budget(kernel_name, time.time()))
-    campaign = fuzz(kernel, settings.replace(time_budget=budget, max_examples=plan.max_examples or 10**9),
+    campaign = fuzz(kernel, settings.replace(time_budget=budget, max_examples=plan.max_examples or 10**9,
+                                             remember_paths=False, size=plan.size),
                     pool_seed=plan.pool_seed(slot))
     record.rounds = 1
     record.examples = campaign.examples

@@ -76,6 +76,44 @@ def _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len,
     return softmax_step(acc, l_i, m_i, qk, v)
 
 
+@device_function
+def _query_heads(Q, token, kv_head, head_size, queries_per_kv, stride_qt, stride_qh,
+                 HEAD_PAD: tl.constexpr, QUERY_ROWS: tl.constexpr):
+    """The query rows of ``kv_head``'s query heads, ``(QUERY_ROWS, HEAD_PAD)``, padding rows 0."""
+    rows = tl.arange(0, QUERY_ROWS)
+    offs_d = tl.arange(0, HEAD_PAD)
+    row_ok = rows < queries_per_kv
+    dim_ok = offs_d < head_size
+    heads = kv_head * queries_per_kv + rows
+    q = tl.load(Q + token * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    return q, rows, heads, row_ok, offs_d, dim_ok
+
+
+@device_function
+def _attend_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, lo, seq_len, scale, k_scale, v_scale,
+                  table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb, stride_vs,
+                  first, full_lo, full_hi, tail, num_tiles,
+                  TILE_SIZE: tl.constexpr, BLOCK_SIZE: tl.constexpr, EDGE_MASK: tl.constexpr,
+                  LAST_MASK: tl.constexpr, KV_QUANT: tl.constexpr):
+    """Fold tiles ``[first, num_tiles)`` in three loops: ``[first, full_lo)`` and
+    ``[tail, num_tiles)`` masked as ``EDGE_MASK`` / ``LAST_MASK`` (see ``_attend_tile``),
+    ``[full_lo, full_hi)`` loaded whole, so that loop pipelines like an unmasked one."""
+    for tile in range(first, full_lo):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
+                                     k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks,
+                                     stride_vb, stride_vs, TILE_SIZE, BLOCK_SIZE, EDGE_MASK, KV_QUANT)
+    for tile in range(full_lo, full_hi):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
+                                     k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks,
+                                     stride_vb, stride_vs, TILE_SIZE, BLOCK_SIZE, 0, KV_QUANT)
+    for tile in range(tail, num_tiles):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
+                                     k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks,
+                                     stride_vb, stride_vs, TILE_SIZE, BLOCK_SIZE, LAST_MASK, KV_QUANT)
+    return acc, l_i, m_i
+
+
 # Integers that vary from batch to batch with no bearing on alignment: Triton
 # would otherwise compile once more for each being 1 or a multiple of 16.
 # The head size and the strides stay specialised: unspecialised, the head
@@ -115,14 +153,9 @@ def _paged_decode_kernel(
         lo = tl.maximum(seq_len - window, 0)
 
     # -- the query heads of this KV head: q : (QUERY_ROWS, HEAD_PAD) -----------
-    rows = tl.arange(0, QUERY_ROWS)
-    offs_d = tl.arange(0, HEAD_PAD)
+    q, rows, heads, row_ok, offs_d, dim_ok = _query_heads(Q, token, kv_head, head_size, queries_per_kv,
+                                                         stride_qt, stride_qh, HEAD_PAD, QUERY_ROWS)
     offs_t = tl.arange(0, TILE_SIZE)
-    row_ok = rows < queries_per_kv
-    dim_ok = offs_d < head_size
-    heads = kv_head * queries_per_kv + rows
-    q = tl.load(Q + token * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
 
     # -- softmax state; a sink starts as the running maximum with weight 1 ----
     acc = tl.zeros([QUERY_ROWS, HEAD_PAD], dtype=tl.float32)
@@ -156,18 +189,10 @@ def _paged_decode_kernel(
     table_row = BlockTable + seq.to(tl.int64) * stride_bt
     k_head = KCache + kv_head * stride_kh
     v_head = VCache + kv_head * stride_vh
-    for tile in range(first, full_lo):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
-                                     k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
-                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2, KV_QUANT)
-    for tile in range(full_lo, full_hi):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
-                                     k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
-                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 0, KV_QUANT)
-    for tile in range(tail, num_tiles):
-        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, lo, seq_len, scale,
-                                     k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb,
-                                     stride_vs, TILE_SIZE, BLOCK_SIZE, 2 if MASK_WINDOW else 1, KV_QUANT)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, lo, seq_len, scale, k_scale, v_scale,
+                                  table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks, stride_vb, stride_vs,
+                                  first, full_lo, full_hi, tail, num_tiles, TILE_SIZE, BLOCK_SIZE, 2,
+                                  2 if MASK_WINDOW else 1, KV_QUANT)
 
     # -- epilogue: normalise, write the real heads ----------------------------
     acc = acc / l_i[:, None]

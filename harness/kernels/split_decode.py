@@ -65,14 +65,9 @@ def _partition_kernel(
         lo = tl.maximum(seq_len - window, 0)
 
     # -- the query heads of this KV head: q : (QUERY_ROWS, HEAD_PAD) -----------
-    rows = tl.arange(0, QUERY_ROWS)
-    offs_d = tl.arange(0, HEAD_PAD)
+    q, rows, heads, row_ok, offs_d, dim_ok = single_pass._query_heads(Q, token, kv_head, head_size, queries_per_kv,
+                                                                     stride_qt, stride_qh, HEAD_PAD, QUERY_ROWS)
     offs_t = tl.arange(0, TILE_SIZE)
-    row_ok = rows < queries_per_kv
-    dim_ok = offs_d < head_size
-    heads = kv_head * queries_per_kv + rows
-    q = tl.load(Q + token * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
     k_scale = 1.0
     v_scale = 1.0
     if KV_QUANT == 1:  # PER_TENSOR
@@ -93,18 +88,10 @@ def _partition_kernel(
     table_row = BlockTable + seq.to(tl.int64) * stride_bt
     k_head = KCache + kv_head * stride_kh
     v_head = VCache + kv_head * stride_vh
-    for tile in range(first, full_lo):
-        acc, l_i, m_i = single_pass._attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, start, end, scale,
-                                                 k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb,
-                                                 stride_ks, stride_vb, stride_vs, TILE_SIZE, BLOCK_SIZE, 2, KV_QUANT)
-    for tile in range(full_lo, full_hi):
-        acc, l_i, m_i = single_pass._attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, start, end, scale,
-                                                 k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb,
-                                                 stride_ks, stride_vb, stride_vs, TILE_SIZE, BLOCK_SIZE, 0, KV_QUANT)
-    for tile in range(tail, num_tiles):
-        acc, l_i, m_i = single_pass._attend_tile(acc, l_i, m_i, q, k_head, v_head, table_row, tile, start, end, scale,
-                                                 k_scale, v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb,
-                                                 stride_ks, stride_vb, stride_vs, TILE_SIZE, BLOCK_SIZE, 2, KV_QUANT)
+    acc, l_i, m_i = single_pass._attend_tiles(acc, l_i, m_i, q, k_head, v_head, table_row, start, end, scale, k_scale,
+                                              v_scale, table_width, offs_t, offs_d, dim_ok, stride_kb, stride_ks,
+                                              stride_vb, stride_vs, first, full_lo, full_hi, tail, num_tiles,
+                                              TILE_SIZE, BLOCK_SIZE, 2, 2, KV_QUANT)
 
     # -- the partition's state: (QUERY_ROWS, HEAD_PAD), (QUERY_ROWS,), (QUERY_ROWS,) --------
     slot = (item * tl.num_programs(1) + kv_head).to(tl.int64)
