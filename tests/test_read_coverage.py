@@ -155,3 +155,23 @@ def test_a_plain_torch_kernel_makes_no_traced_load():
 
     outcome = check(planted_errors.exact, CASE, "cpu")
     assert not outcome.reads["traced"] and "no Triton launch" in outcome.reads["why_not"]
+
+
+def test_the_gate_summary_says_per_kernel_what_its_shards_loads_addressed():
+    from nanfuzz.harness.gate.report import GateResult, Row, closing_lines, kernel_statistics
+
+    def row(name, shard, kernel=None, traced=True):
+        stats = Statistics()
+        outcome = check(kernel, CASE, "cpu", trace_reads=traced) if kernel else None
+        stats.add(CASE, observed=coverage.observed(outcome) if outcome else set())
+        return Row(name, shard, "cpu0", f"gw{shard}", 1, 1.0, "PASS", "PASS", statistics=stats.to_dict())
+
+    # two shards of one kernel, one of them addressing dead V slots: the kernel's line merges them
+    result = GateResult([row("zeroed", 0, read_subjects.zeroed), row("zeroed", 1, read_subjects.masked),
+                         row("masked", 0, read_subjects.masked), row("on-gpu", 0)], [], [])
+    lines = {line.split("`")[1]: line for line in closing_lines(result, str, "") if line.startswith("- `")}
+    assert "in 2 traced examples: tail (value_cache); out-of-window (value_cache);" in lines["zeroed"]
+    assert "no dead slot" in lines["masked"] and "tail" not in lines["masked"]
+    assert coverage.NOT_MEASURED in lines["on-gpu"]  # a shard whose loads nobody traced claims nothing
+    merged = kernel_statistics(result)  # the summary JSON's per-kernel statistics carry the same counts
+    assert Statistics.from_dict(merged["zeroed"]).counts["reads:value_cache:tail"] == 1
