@@ -48,3 +48,22 @@ def test_a_search_with_a_pool_reports_nothing_for_the_cases_drawn_ahead(monkeypa
     for _ in range(UPCOMING_CASES + 3):
         probe._target(passed)
     assert seen == [("error over the bound", 0.4)] * 3
+
+
+def test_the_summary_gives_the_highest_ratio_the_search_reached(monkeypatch, tmp_path, capsys):
+    import json
+
+    from nanfuzz.harness.cli import main
+
+    seen = _spy(monkeypatch)
+    summary = tmp_path / "summary.json"
+    assert main(["fuzz", "--kernel", "tests.planted_errors:exact", "--device", "cpu", "--max-examples", "12",
+                 "--seed", "4", "--no-isolation", "--state-dir", str(tmp_path / "state"),
+                 "--summary-json", str(summary)]) == 0
+    (row,) = json.loads(summary.read_text())["kernels"]
+    highest = row["highest_error_ratio"]
+    reported = [value for label, value in seen if label == "error over the bound"]
+    assert len(reported) == 12 and 0 < max(reported) < 1
+    # the highest ratio is the example that climbed nearest its bound, in the bound's units and in the target's
+    assert abs(highest["ratio"] / highest["bound"] - max(reported)) < 1e-9
+    assert highest["arithmetic"] in row["accuracy"]
