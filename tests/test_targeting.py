@@ -67,3 +67,24 @@ def test_the_summary_gives_the_highest_ratio_the_search_reached(monkeypatch, tmp
     # the highest ratio is the example that climbed nearest its bound, in the bound's units and in the target's
     assert abs(highest["ratio"] / highest["bound"] - max(reported)) < 1e-9
     assert highest["arithmetic"] in row["accuracy"]
+
+
+def test_the_measuring_scripts_run_and_print_their_figures(tmp_path):
+    # ci/targeting.py and ci/read_overhead.py are how the README's figures are measured: they must keep running
+    import json
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    found = tmp_path / "targeting.json"
+    proc = subprocess.run([sys.executable, "ci/targeting.py", "--seeds", "1", "--examples", "3", "--kernel",
+                           "tests.planted_errors:exact", "--json", str(found)], cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "with target()  >3   median >3, found 0/1" in proc.stdout  # a correct kernel: nothing found either way
+    assert json.loads(found.read_text())["kernels"]["tests.planted_errors:exact"] == {"on": [None], "off": [None]}
+    proc = subprocess.run([sys.executable, "ci/read_overhead.py", "--cases", "2", "--kernel", "paged_decode@masked"],
+                          cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"^all: untraced [\d.]+ s, traced [\d.]+ s, ratio \d+\.\d{3}$", proc.stdout, re.M), proc.stdout
