@@ -25,10 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 _PATIENCE = 240.0
 
 
-def _campaign(tmp_path: Path, kernel: str, jobs: int):
+def _campaign(tmp_path: Path, kernel: str, jobs: int, *more: str):
+    """``nanfuzz fuzz`` of ``kernel`` (and the ``more`` kernels after it, one campaign each)."""
     env, mark = marked_environment({**os.environ, "PYTHONPATH": str(ROOT)})
     env.pop("CI", None)
-    proc = subprocess.Popen([sys.executable, "-m", "nanfuzz", "fuzz", "--kernel", kernel, "--device", "cpu",
+    kernels = [arg for name in (kernel, *more) for arg in ("--kernel", name)]
+    proc = subprocess.Popen([sys.executable, "-m", "nanfuzz", "fuzz", *kernels, "--device", "cpu",
                              "--seed", "0", "--max-examples", "100000", "--jobs", str(jobs),
                              "--state-dir", str(tmp_path / "state")],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -81,6 +83,16 @@ def test_a_stop_signal_during_the_search_ends_every_process_with_128_plus_the_si
     _nothing_left(mark)
     assert not list((tmp_path / "state" / "journal").glob("*.json"))
     assert not (tmp_path / "state" / "repros").exists()
+
+
+def test_a_stop_signal_in_the_first_of_several_kernels_starts_no_further_campaign(tmp_path):
+    proc, mark = _campaign(tmp_path, "tests.subjects:starts_a_child", 1, "paged_decode@masked")
+    _when(proc, lambda: len(_lines(tmp_path / "children.txt")) >= 1)
+    out, err = _stop(proc, signal.SIGTERM, False)
+    assert proc.returncode == 128 + signal.SIGTERM, out + err
+    assert "2 kernel(s)" in out and "paged_decode@masked" not in out + err  # the second never began
+    assert err.strip().splitlines()[-1] == "nanfuzz: stopped by SIGTERM"
+    _nothing_left(mark)
 
 
 @pytest.mark.parametrize("jobs, group", [(1, False), (2, True)], ids=["1-job-pid", "2-jobs-group"])

@@ -41,6 +41,8 @@ JUDGING = (
 # What a library kernel's script needs besides the adapter's call: the stand-ins and the loader.
 LIBRARY_PARTS = {
     "vllm": (
+        ("reference.layouts", ("Scheduled", "scheduled"), ()),
+        ("reference.windows", ("window_size",), ()),
         ("harness.adapters.standins", None, ()),
         ("harness.adapters.vllm_standins", None, ()),
         ("harness.adapters.loader", ("KernelModule",), ()),
@@ -59,7 +61,7 @@ LIBRARY_PARTS = {
 # The names each adapter call needs from its module, the call itself last.
 ADAPTER_CALLS = {
     "run_rocm_attn": ("rocm_key_cache", "rocm_value_cache", "run_rocm_attn"),
-    "run_triton_attn": ("SOFTMAX_SEGMENTS", "SCALE_ELEMENTS", "offers_split_k", "unified_window",
+    "run_triton_attn": ("SOFTMAX_SEGMENTS", "SCALE_ELEMENTS", "offers_split_k",
                         "packed_token_head_caches", "token_head_views", "run_triton_attn"),
     # AITER's adapters build the launch in prepare_*() and the script calls what it returns
     "prepare_unified": ("_unit_scale", "_overrides", "unified_window", "prepare_unified"),
