@@ -97,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--min-examples", type=int, metavar="N",
                    help="a kernel that passes on fewer than N examples is INCOMPLETE, not a pass (exit 3)")
     focus_options(p)
+    p.add_argument("--strict-reads", action="store_true",
+                   help="a case whose traced loads address a dead slot is a finding (DEAD_READ) even when its value "
+                        "never reaches the output (Triton's interpreter only)")
+    p.add_argument("--no-target", action="store_true",
+                   help="do not steer the search (Hypothesis's target()) toward more dead slots addressed and errors "
+                        "nearer the bound")
     size_option(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON (with the statistics)")
     p.add_argument("--show-statistics", action="store_true",
@@ -245,7 +251,8 @@ def _settings(args, device: str):
     if args.command == "fuzz":
         options.update(repro_dir=_path(args.repro_dir), profile=args.profile, max_examples=args.max_examples,
                        time_budget=args.time_budget, seed=args.seed, shrink=not args.no_shrink,
-                       jobs=args.jobs, example_db=args.example_db)
+                       jobs=args.jobs, example_db=args.example_db, strict_reads=args.strict_reads or None,
+                       targeting=False if args.no_target else None)
     if args.command in ("fuzz", "bench"):
         options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs, size=args.size)
     settings = Settings.from_environment(**options)
@@ -370,6 +377,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     from nanfuzz.harness.campaign.scope import campaign_tier
     from nanfuzz.harness.report.progress import Progress
     from nanfuzz.harness.registry import import_path
+    from nanfuzz.harness.report import coverage
     from nanfuzz.harness.report.failures import print_notes, report_failure
 
     summary = []
@@ -398,8 +406,11 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
             finally:
                 progress.finish()
         print_notes(campaign)
+        if not campaign.failed and campaign.statistics.counts[coverage.TRACED]:
+            print(f"{kernel.name}: {coverage.claim(campaign.statistics)}", flush=True)
         if args.show_statistics:
             print(f"\n{kernel.name}: {campaign.statistics.table()}", flush=True)
+            print(f"{kernel.name}: {coverage.table(campaign.statistics)}", flush=True)
             print(f"{kernel.name}: {campaign.accuracy.table()}", flush=True)
         verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
         incomplete = not campaign.failed and campaign.examples < (args.min_examples or 0)
@@ -431,6 +442,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                         "notes": campaign.notes, "worker_restarts": campaign.worker_restarts,
                         "statistics": campaign.statistics.to_dict(),
                         "accuracy": campaign.accuracy.to_dict(),
+                        "read_coverage": coverage.claim(campaign.statistics),
+                        "highest_error_ratio": campaign.accuracy.highest(),
                         "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()},
                         "cpu_seconds": {"campaign": round(campaign.cpu_seconds, 4),
                                         "judging": round(campaign.judging_cpu_seconds, 4)},

@@ -14,11 +14,16 @@ import torch
 
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
 
 RunFn = Callable[[PagedBatch, torch.Tensor], "torch.Tensor | None"]
 # Work a launch needs that a timing must leave out (an adapter's cache-layout
 # conversion): returns the launch itself, ready to be called repeatedly.
 PrepareFn = Callable[[PagedBatch, torch.Tensor], Callable[[], object]]
+# An adapter's escape hatch for a constraint Capabilities cannot say: None when the kernel takes
+# the case, else why not (one line).  Declined cases are drawn again, counted and reported.
+SupportsFn = Callable[[Case], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,21 @@ class Kernel:
     # The source tree its code was loaded from (vllm:* kernels' --vllm-src), so that
     # another process loads the same code; None: the installed package.
     source: str | None = None
+    supports: SupportsFn | None = None
+
+    def declines(self, case: Case) -> str | None:
+        """Why the adapter's ``supports`` turns ``case`` down, or None when it takes it."""
+        if self.supports is None:
+            return None
+        try:
+            reason = self.supports(case)
+        except Exception as exc:  # the adapter's own bug: a configuration error, not a finding
+            raise NanfuzzError(f"kernel {self.name}: its supports() raised {type(exc).__name__}: {exc}".splitlines()[0]
+                               ) from None
+        if reason is not None and not (isinstance(reason, str) and reason.strip()):
+            raise NanfuzzError(f"kernel {self.name}: supports() returned {reason!r}; return None to take a case, "
+                               "or a one-line reason to decline it")
+        return reason.strip().splitlines()[0] if reason else None
 
     @property
     def resolvable(self) -> str:

@@ -32,18 +32,21 @@ def builtin_kernels() -> dict[str, Kernel]:
     return kernels
 
 
-def resolve(name: str, vllm_src: str | None = None, aiter_src: str | None = None) -> Kernel:
+def resolve(name: str, vllm_src: str | None = None, aiter_src: str | None = None,
+            import_root: str | None = None) -> Kernel:
     """Turn a kernel name from the command line or a repro into a Kernel.
 
     ``vllm_src`` / ``aiter_src``: where ``vllm:*`` / ``aiter:*`` kernels load
     their library's kernel files from (None: the installed package);
-    ``Settings.sources`` holds both.
+    ``import_root``: a folder a user's adapter module imports from besides the
+    current directory (a replay run elsewhere in its repository);
+    ``Settings.sources`` holds all three.
 
     The Kernel's ``spec`` is ``name``, so ``kernel.resolvable`` resolves it
     again in another process (a job, a replay, a repro script).
     """
     if is_user_spec(name):
-        return replace(_user_kernel(name), spec=name)
+        return replace(_user_kernel(name, import_root), spec=name, source=import_root)
     kernel = _resolve(name, {"vllm": vllm_src, "aiter": aiter_src})
     return kernel if kernel.spec else replace(kernel, spec=name)
 
@@ -57,11 +60,14 @@ def library_of(name: str) -> str | None:
 def kernel_sources(kernel: Kernel, sources: dict[str, str | None] | None = None) -> dict[str, str | None]:
     """resolve()'s source keywords that load ``kernel``'s code again elsewhere: ``sources``
     (``Settings.sources``) with the tree the kernel was loaded from in its library's place."""
-    chosen = {f"{library}_src": None for library in LIBRARIES}
+    chosen = {**{f"{library}_src": None for library in LIBRARIES}, "import_root": None}
     chosen.update(sources or {})
-    library = library_of(import_path(kernel))
+    path = import_path(kernel)
+    library = library_of(path)
     if library and kernel.source:
         chosen[f"{library}_src"] = kernel.source
+    elif is_user_spec(path) and kernel.source:
+        chosen["import_root"] = kernel.source
     return chosen
 
 
@@ -116,7 +122,7 @@ def _resolve(name: str, sources: dict[str, str | None]) -> Kernel:
     return known[name]
 
 
-def _user_kernel(spec: str) -> Kernel:
+def _user_kernel(spec: str, import_root: str | None = None) -> Kernel:
     """The Kernel object at ``package.module:attr``, imported from the current directory.
 
     Only a ``Kernel``, or a callable ``run(batch, out)`` carrying a
@@ -129,7 +135,7 @@ def _user_kernel(spec: str) -> Kernel:
         raise NanfuzzError(f"kernel {spec!r} is not an import path; write package.module:attr "
                            "(e.g. mykernels.nanfuzz_adapter:kernel)")
     try:
-        module = import_user_module(module_name)
+        module = import_user_module(module_name, import_root)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a user's module may fail in any way while importing, SystemExit included

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from nanfuzz.harness.judge.check import Outcome
+from nanfuzz.harness.judge.check import Outcome, Verdict
+from nanfuzz.harness.import_path import find_import_root
 from nanfuzz.harness.launch.import_probe import load_kernel
 from nanfuzz.harness.launch.worker import judged
 from nanfuzz.harness.report.repro import environment, load_repro
 from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.reference.errors import NanfuzzError
 
 
 @dataclass
@@ -36,13 +39,38 @@ class Replay:
                 f"  {self.outcome.summary}")
 
 
+def _resolve_recorded(name: str, record: dict, path: str, settings: Settings):
+    """The kernel, and the settings its worker needs: a user's adapter module that does not import
+    from here is looked for where the repro says it was found, in any folder above this one or
+    above the repro (the same repository), and imported from there."""
+    try:
+        return load_kernel(name, settings), settings
+    except NanfuzzError as exc:
+        origin = record.get("kernel_module")
+        if name != record["kernel"] or not isinstance(origin, dict) or "cannot import module" not in str(exc):
+            raise
+        try:
+            root = find_import_root(origin, [Path.cwd(), Path(path).parent])
+        except (KeyError, TypeError):
+            raise exc from None
+        if root is None:
+            hint = Path(origin["repository"]) / origin["import_root"]
+            raise NanfuzzError(f"{exc}; the repro found it at {origin['file']} in the repository {origin['repository']}, "
+                               f"and no folder above {Path.cwd()} or the repro holds that file: replay from inside "
+                               f"that repository, or add {hint.resolve()} to PYTHONPATH") from None
+        settings = settings.replace(import_root=root)
+        return load_kernel(name, settings), settings
+
+
 def replay(path: str, *, kernel_name: str | None = None, settings: Settings | None = None,
            device: str | None = None) -> Replay:
     from nanfuzz.harness.launch.subjects import make_subject
 
     settings = settings or Settings(device=device or "cpu")
     record = load_repro(path)
-    kernel = load_kernel(kernel_name or record["kernel"], settings)
+    if record.get("verdict") == Verdict.DEAD_READ.value:
+        settings = settings.replace(strict_reads=True)  # the finding exists only under --strict-reads
+    kernel, settings = _resolve_recorded(kernel_name or record["kernel"], record, path, settings)
     subject = make_subject(kernel, settings)
     try:
         outcome = judged(subject.check(record["case"], digest=True))

@@ -6,6 +6,10 @@ torch and Triton are not imported here.
 
     from nanfuzz import Kernel, Capabilities, PagedBatch
     campaign = nanfuzz.fuzz(kernel, max_examples=500)
+
+Adapters find what they convert the canonical batch into here too: the scheduled
+sequences, live key ranges, token indices, window conventions and a loader for a
+library's kernel files (see README's contract).
 """
 from __future__ import annotations
 
@@ -38,6 +42,18 @@ _EXPORTS = {
     "fuzz": "nanfuzz.harness.api",
     "replay": "nanfuzz.harness.api",
     "resolve": "nanfuzz.harness.registry",
+    # helpers for adapters
+    "scheduled": "nanfuzz.reference.layouts",
+    "Scheduled": "nanfuzz.reference.layouts",
+    "live_key_ranges": "nanfuzz.reference.layouts",
+    "token_indices": "nanfuzz.reference.layouts",
+    "TokenIndices": "nanfuzz.reference.layouts",
+    "req_to_token": "nanfuzz.reference.layouts",
+    "sliding_window": "nanfuzz.reference.windows",
+    "window_size": "nanfuzz.reference.windows",
+    "window_left": "nanfuzz.reference.windows",
+    "load_kernel_files": "nanfuzz.harness.adapters.kernel_files",
+    "KernelFiles": "nanfuzz.harness.adapters.kernel_files",
 }
 
 __all__ = ["__version__", *_EXPORTS]

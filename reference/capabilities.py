@@ -32,11 +32,18 @@ class Capabilities:
     max_seq_len: int | None = None    # longest sequence, in keys
     max_sequences: int | None = None  # most sequences in one batch
     max_blocks: int | None = None     # most physical blocks a cache may have
+    # The narrowest window the kernel's window argument can express: 2 for a kernel whose
+    # "window W - 1 = 0" means no window (W = 1 is then left out); windows below it are never drawn.
+    min_window: int = 1
+    # Every scheduled sequence of a batch (those with a query) has the same query length:
+    # a kernel that takes one query length for the whole batch (speculative decode).
+    uniform_query_len: bool = False
     # dtypes this kernel runs under Triton's interpreter (see runnable_dtypes)
     interpreter_dtypes: tuple[str, ...] = INTERPRETER_DTYPES
     # Kernels that compile one program per window width, head count, head and
     # block size fuzz a pool of this many such combinations per campaign on
-    # the GPU (see strategies.specialisations); None = draw them freely.
+    # the GPU (see strategies.specialisations); None = the default pool (16, as the
+    # built-in kernels'), 0 = draw them freely (a kernel that compiles nothing per case).
     specialisation_pool: int | None = None
     # False for a kernel whose output may legitimately differ between identical
     # launches (atomics, split-K reductions in arrival order): skips NONDETERMINISTIC.
@@ -55,6 +62,9 @@ class Capabilities:
     token_head_dtypes: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if type(self.min_window) is not int or self.min_window < 1:
+            raise NanfuzzError(f"Capabilities(min_window={self.min_window!r}) must be a whole number >= 1: "
+                               "the narrowest sliding window, in keys, the kernel takes")
         if self.precision not in PRECISIONS:
             raise NanfuzzError(f"Capabilities(precision={self.precision!r}) is not one of {PRECISIONS}: "
                                "'tf32' for tl.dot's default on GPUs, 'ieee' for input_precision='ieee'")
@@ -114,6 +124,10 @@ class Capabilities:
             return "a sliding window"
         if case.sliding_window and not case.causal and not self.non_causal_window:
             return "a sliding window on non-causal attention"
+        if 0 < case.sliding_window < self.min_window:
+            return f"window {case.sliding_window} (at least {self.min_window})"
+        if self.uniform_query_len and len({s.query_len for s in case.sequences if s.query_len}) > 1:
+            return "query lengths that differ between sequences (one query length per batch)"
         if case.sinks and not self.sinks:
             return "attention sinks"
         kv = case.kv_cache
@@ -140,7 +154,9 @@ class Capabilities:
             "+".join(x for x, on in (("causal", self.causal), ("non-causal", self.non_causal)) if on),
         ]
         if self.sliding_window:
-            parts.append("window")
+            parts.append("window" + (f">={self.min_window}" if self.min_window > 1 else ""))
+        if self.uniform_query_len:
+            parts.append("uniform-query-len")
         if self.sinks:
             parts.append("sinks")
         if "float32" in self.dtypes:

@@ -29,12 +29,19 @@ def allowed_kinds(caps: Capabilities, padding: bool) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=64)
-def sequence_lengths(caps: Capabilities, max_len: int, max_query: int, padding: bool = True):
-    """One request; shrinks toward a decode of one key.  ``padding`` allows Q = L = 0."""
-    kinds = allowed_kinds(caps, padding)
-    q_lo = max(1, caps.min_query_len)
-    q_hi = max_query if caps.max_query_len is None else min(max_query, caps.max_query_len)
-    queries = integers(q_lo, max(q_lo, q_hi))
+def sequence_lengths(caps: Capabilities, max_len: int, max_query: int, padding: bool = True,
+                     query_len: int | None = None):
+    """One request; shrinks toward a decode of one key.  ``padding`` allows Q = L = 0;
+    ``query_len`` fixes Q for a request with a query (``Capabilities.uniform_query_len``)."""
+    if query_len is None:
+        kinds = allowed_kinds(caps, padding)
+        q_lo = max(1, caps.min_query_len)
+        q_hi = max_query if caps.max_query_len is None else min(max_query, caps.max_query_len)
+        queries = integers(q_lo, max(q_lo, q_hi))
+    else:
+        kinds = (DECODE,) if query_len == 1 else (PREFILL, CHUNKED_PREFILL)
+        kinds += (PADDING,) if padding else ()
+        queries = st.just(query_len)
 
     @st.composite
     def one(draw) -> Lengths:
@@ -54,7 +61,8 @@ def sequence_lengths(caps: Capabilities, max_len: int, max_query: int, padding: 
 
 @functools.lru_cache(maxsize=1024)
 def windows(caps: Capabilities, longest: int, block_size: int, causal: bool = True):
-    """No window, a one-key window, or any width up to a little past the longest sequence.
+    """No window, the narrowest window the kernel takes (one key, or ``Capabilities.min_window``),
+    or any width from there up to a little past the longest sequence.
 
     Random widths against random lengths put the window edge inside a
     block often (a block holding expired and live keys) and leave whole
@@ -62,7 +70,9 @@ def windows(caps: Capabilities, longest: int, block_size: int, causal: bool = Tr
     """
     if not caps.windowed(causal):
         return st.just(0)
-    return st.one_of(st.just(0), st.just(1), st.integers(2, max(2, longest + block_size)))
+    narrowest = caps.min_window
+    return st.one_of(st.just(0), st.just(narrowest),
+                     st.integers(narrowest + 1, max(narrowest + 1, longest + block_size)))
 
 
 @functools.lru_cache(maxsize=64)

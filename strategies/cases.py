@@ -1,6 +1,7 @@
 """``paged_cases``: the Hypothesis strategy over whole poisoned batches."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -138,7 +139,9 @@ def _small_cases(capabilities: Capabilities, interpreter: bool, size: Size | Non
         bs = shape.block_size
         first_lengths, more_lengths = by_block_size[bs]
         # The first sequence has a query, so every batch has at least one output row.
-        lengths = [draw(first_lengths)] + draw(more_lengths)
+        first = draw(first_lengths)
+        others = _uniform_lengths(caps, size, bs, first.query_len) if caps.uniform_query_len else more_lengths
+        lengths = [first] + draw(others)
         if fixed:
             causal, window, sinks = fixed.causal, fixed.window, fixed.sinks
         else:
@@ -168,6 +171,14 @@ def _small_cases(capabilities: Capabilities, interpreter: bool, size: Size | Non
 
 
 DATA_SEEDS = integers(0, 2**32 - 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _uniform_lengths(caps: Capabilities, size: Size, block_size: int, query_len: int):
+    """The other sequences' list when every sequence with a query has ``query_len`` of them."""
+    max_len = size.max_blocks_per_sequence * block_size
+    return st.lists(sequence_lengths(caps, max_len, size.max_query_len, query_len=query_len),
+                    max_size=size.max_sequences - 1)
 
 
 def _lengths(caps: Capabilities, size: Size, block_size: int):

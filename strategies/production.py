@@ -465,7 +465,7 @@ def production_case(draw, caps: Capabilities, size: ProductionSize, interpreter:
         shape = draw(production_shapes(caps, size, interpreter))
         kv_cache = draw(kv_caches(caps))
         causal = draw(causal_flags(caps))
-        window = pick(draw, (0, *WINDOWS)) if caps.windowed(causal) else 0
+        window = pick(draw, (0, *_windows(caps))) if caps.windowed(causal) else 0
         sinks = draw(BOOLEANS) if caps.sinks else False
     most = size.max_sequences if caps.max_sequences is None else min(size.max_sequences, caps.max_sequences)
     drawn = _Drawn(draw)
@@ -476,6 +476,8 @@ def production_case(draw, caps: Capabilities, size: ProductionSize, interpreter:
     budget = _Budget(size, shape.num_q_heads, window)
     lengths, individual = _draw_lengths(draw, caps, size, budget, shape.block_size, _Seeded(bulk_seed), bulk_count)
     _cap_table(lengths, shape.block_size, size)
+    if caps.uniform_query_len:
+        lengths = _one_query_length(lengths)
     tables = _draw_tables(draw, lengths, window, shape, size, individual, _Seeded(bulk_seed + 1))
     num_blocks = tables.num_blocks
     if caps.max_blocks is not None and num_blocks > caps.max_blocks:
@@ -490,6 +492,18 @@ def production_case(draw, caps: Capabilities, size: ProductionSize, interpreter:
         data_seed=0, kv_cache=kv_cache)
     poison = _draw_poison(draw, unpoisoned, poison_classes)
     return unpoisoned.replace(poison=poison, data_seed=draw(integers(0, 2**32 - 1))).validate()
+
+
+def _windows(caps: Capabilities) -> tuple[int, ...]:
+    """``WINDOWS`` the kernel takes (none narrower than ``Capabilities.min_window``)."""
+    return tuple(w for w in WINDOWS if w >= caps.min_window) or (caps.min_window,)
+
+
+def _one_query_length(lengths: list[Lengths]) -> list[Lengths]:
+    """Every sequence with a query cut to the shortest query among them, context kept
+    (``Capabilities.uniform_query_len``): fewer tokens and keys, so the budgets still hold."""
+    q = min(x.query_len for x in lengths if x.query_len)
+    return [Lengths(q, x.seq_len - x.query_len + q) if x.query_len else x for x in lengths]
 
 
 def _cap_table(lengths: list[Lengths], block_size: int, size: ProductionSize) -> None:
@@ -529,7 +543,7 @@ def wide_entries(caps: Capabilities, count: int, seed: int, *, interpreter: bool
         group = rng.randint(17, widest) if widest > 16 and rng.random() < 0.5 else rng.randint(1, min(16, widest))
         head = heads[-1] if rng.random() < 0.5 else rng.choice(heads)
         shape = Shape(rng.choice(dtypes), kv * group, kv, head, rng.choice(caps.block_sizes))
-        window = rng.choice(WINDOWS) if windowed and rng.random() < WINDOW_SHARE else 0
+        window = rng.choice(_windows(caps)) if windowed and rng.random() < WINDOW_SHARE else 0
         causal = rng.choice(windowed if window else caps.modes())
         entry = Specialisation(shape, causal, window, caps.sinks and rng.random() < 0.5,
                                rng.choice(caches) if len(caches) > 1 else caches[0])

@@ -71,11 +71,12 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
     smallest = Shape(dtypes[0], 1, 1, min(caps.head_sizes), caps.block_sizes[0])
     caches = kv_cache_options(caps)
     windowed_modes = [causal for causal in caps.modes() if caps.windowed(causal)]
+    menu = tuple(w for w in WINDOW_MENU if w >= caps.min_window) or (caps.min_window,)
     simplest = []
     for causal in caps.modes():
         simplest.append(Specialisation(smallest, causal, 0, False, caches[0]))
         if caps.windowed(causal):
-            simplest.append(Specialisation(smallest, causal, 1, False, caches[0]))
+            simplest.append(Specialisation(smallest, causal, caps.min_window, False, caches[0]))
     kept = simplest if size >= 2 * len(simplest) else simplest[:max(1, size // 2)]
     pool: dict[Specialisation, None] = dict.fromkeys(kept)
     for _ in range(50 * size):
@@ -86,7 +87,7 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
                       rng.choice(caps.head_sizes), rng.choice(caps.block_sizes))
         # The window first, then a mode that takes it: a kernel that windows one mode only
         # meets windows as often as one that windows both.
-        window = rng.choice(WINDOW_MENU) if windowed_modes and rng.random() < WINDOW_SHARE else 0
+        window = rng.choice(menu) if windowed_modes and rng.random() < WINDOW_SHARE else 0
         causal = rng.choice(windowed_modes if window else caps.modes())
         sinks = caps.sinks and rng.random() < 0.5
         # the first cache option alone keeps the choices (and pools) of kernels without quantized caches

@@ -16,3 +16,21 @@ def consecutive_case(seqs, *, q_heads=4, kv_heads=2, head_size=64, block_size=16
     sequences = tuple(Sequence(q, seq_len, table) for (q, seq_len), table in zip(seqs, tables))
     return Case(geometry, sequences, sliding_window=window, causal=causal, sinks=sinks,
                 poison=poison, data_seed=seed).validate()
+
+
+def drawn_cases(capabilities, count: int, at: int = 0) -> list[Case]:
+    """The first ``count`` cases a Hypothesis run seeded ``at`` draws from ``paged_cases`` under the interpreter."""
+    from hypothesis import HealthCheck, given, seed, settings
+
+    from nanfuzz.strategies import paged_cases
+
+    drawn = []
+
+    @seed(at)
+    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(paged_cases(capabilities, interpreter=True))
+    def collect(case):
+        drawn.append(case)
+
+    collect()
+    return drawn

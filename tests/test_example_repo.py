@@ -66,3 +66,15 @@ def test_a_users_repository_from_its_root(tmp_path):
     tests = _run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q"], root)
     assert tests.returncode == 0, tests.log
     assert "1 passed" in tests.stdout, tests.log
+
+    # the repro names where the adapter was found, so a replay from any folder of the repository finds it
+    assert record["kernel_module"]["file"] == "mykernels/nanfuzz_adapter.py"
+    inside = _run([NANFUZZ, "replay", root / repro, "--device", "cpu"], root / "mykernels")
+    assert inside.returncode == 1 and "NONFINITE" in inside.stdout, inside.log
+    lonely = tmp_path / "elsewhere"
+    lonely.mkdir()
+    shutil.copy(root / repro, lonely / repro.name)
+    root.rename(tmp_path / "moved")  # neither this folder, nor the repro's, nor the recorded repository holds it
+    lost = _run([NANFUZZ, "replay", repro.name, "--device", "cpu"], lonely)
+    assert lost.returncode == 2 and "to PYTHONPATH" in lost.stderr and "mykernels/nanfuzz_adapter.py" in lost.stderr, \
+        lost.log

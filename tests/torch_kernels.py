@@ -7,7 +7,9 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.materialize import token_layout
 
-CAPS = Capabilities(non_causal=True, sinks=True, interpreter_dtypes=("float16", "bfloat16", "float32"), precision="ieee")
+# specialisation_pool=0: plain torch compiles nothing per case, so a GPU campaign draws freely
+CAPS = Capabilities(non_causal=True, sinks=True, interpreter_dtypes=("float16", "bfloat16", "float32"), precision="ieee",
+                    specialisation_pool=0)
 
 
 def attention(batch, out, *, bug: str | None = None, scale_factor: float = 1.0, operand_rounding=None):

@@ -48,6 +48,8 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import DEFAULT_BLOCK_SIZES, Capabilities
 from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.layouts import scheduled
+from nanfuzz.reference.windows import window_size
 
 UNIFIED_PATHS = ("2d", "3d")
 PA_DECODE_PATHS = ("v1", "v2", "v1-per-token", "v2-per-token")
@@ -78,23 +80,6 @@ def _overrides(loaded, extra: dict | None = None) -> dict:
     return {**launches.portable_launches(aiter_loader.launchers(loaded)), **(extra or {})}
 
 
-def _scheduled(batch: PagedBatch) -> tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The sequences with query tokens, and their block table, seq_lens and query_start_loc.
-
-    vLLM schedules no sequence without a query token (its padding entries have
-    seq_len 0 and come last); a decode kernel that gets one writes a row at its
-    start offset, which belongs to the next sequence.  They own no output rows.
-    """
-    kept = [i for i, s in enumerate(batch.case.sequences) if s.query_len > 0]
-    block_table, seq_lens, query_start_loc = batch.block_table, batch.seq_lens, batch.query_start_loc
-    if len(kept) < len(batch.case.sequences):
-        index = torch.tensor(kept, dtype=torch.long, device=block_table.device)
-        block_table = block_table.index_select(0, index)
-        seq_lens = seq_lens.index_select(0, index)
-        query_start_loc = torch.cat([query_start_loc.index_select(0, index), query_start_loc[-1:]])
-    return kept, block_table, seq_lens, query_start_loc
-
-
 # -- aiter:unified_attention -----------------------------------------------------
 
 UNIFIED_CAPABILITIES = Capabilities(
@@ -105,11 +90,6 @@ UNIFIED_CAPABILITIES = Capabilities(
     sinks=True,
     specialisation_pool=POOL,
 )
-
-
-def unified_window(sliding_window: int) -> tuple[int, int]:
-    """AITER's ``window_size`` for W keys: (W - 1, 0); (-1, -1) for none."""
-    return (sliding_window - 1, 0) if sliding_window else (-1, -1)
 
 
 def prepare_unified(batch: PagedBatch, out: torch.Tensor, *, path: str | None = None,
@@ -129,7 +109,7 @@ def prepare_unified(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
                 q=batch.q, k=batch.key_cache, v=batch.value_cache, out=out,
                 cu_seqlens_q=batch.query_start_loc, max_seqlen_q=case.max_query_len,
                 seqused_k=batch.seq_lens, max_seqlen_k=case.max_seq_len,
-                softmax_scale=case.scale, causal=True, window_size=unified_window(case.sliding_window),
+                softmax_scale=case.scale, causal=True, window_size=window_size(case),
                 block_table=batch.block_table, softcap=0,
                 q_descale=None, k_descale=descale, v_descale=descale,
                 sinks=batch.sinks,
@@ -162,9 +142,9 @@ def prepare_pa_decode(batch: PagedBatch, out: torch.Tensor, *, path: str | None 
     g = case.geometry
     loaded = aiter_loader.load("pa_decode", source)
     module = loaded["pa_decode"]
-    kept, block_table, seq_lens, _ = _scheduled(batch)
+    kept = scheduled(batch)
+    block_table, seq_lens, max_seq_len = kept.block_table, kept.seq_lens, kept.max_seq_len
     key_cache, value_cache = pa_decode_cache(batch.key_cache), pa_decode_cache(batch.value_cache)
-    max_seq_len = max((case.sequences[i].seq_len for i in kept), default=0)
     per_token = path is not None and path.endswith("-per-token")
     if per_token:
         k_scale = torch.ones(key_cache.shape[:3], dtype=torch.float32, device=batch.q.device)
@@ -241,7 +221,7 @@ def prepare_chunked(batch: PagedBatch, out: torch.Tensor, *, source: str | None 
     case = batch.case
     loaded = aiter_loader.load("chunked_pa_prefill", source)
     entry = loaded["chunked_pa_prefill"].chunked_prefill_paged_decode
-    kept, block_table, seq_lens, query_start_loc = _scheduled(batch)
+    kept = scheduled(batch)
     key_cache, value_cache = rocm_key_cache(batch.key_cache), rocm_value_cache(batch.value_cache)
     unit = _unit_scale(batch)
     overrides = _overrides(loaded)
@@ -253,7 +233,7 @@ def prepare_chunked(batch: PagedBatch, out: torch.Tensor, *, source: str | None 
             entry(
                 query=batch.q, key=batch.k, value=batch.v, output=out, kv_cache_dtype="auto",
                 key_cache=key_cache, value_cache=value_cache,
-                block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens,
+                block_table=kept.block_table, query_start_loc=kept.query_start_loc, seq_lens=kept.seq_lens,
                 max_query_len=case.max_query_len, k_scale=unit, v_scale=unit,
                 sliding_window=case.sliding_window,  # W itself; 0 = none
                 sm_scale=case.scale,

@@ -10,11 +10,12 @@ Where the kernels come from, in order:
 3. the installed package when it does not import (no compiled extensions, a
    bare copy on ``sys.path``): its files, as in 1.
 
-In 1 and 3 only the kernel files are executed, by file path under their real
-dotted names, while small stand-ins for the library's runtime helpers sit in
-``sys.modules`` for the modules they import.  ``sys.modules`` is restored
-afterwards, and again around every call, so the stand-ins never meet the
-real library in the same process.
+In 1 and 3 only the kernel files are executed, through the public loader
+(``harness.adapters.kernel_files``, ``nanfuzz.load_kernel_files``): by file path
+under their real dotted names, while small stand-ins for the library's runtime
+helpers sit in ``sys.modules`` for the modules they import.  ``sys.modules`` is
+restored afterwards, and again around every call, so the stand-ins never meet
+the real library in the same process.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from typing import Callable, Iterator
 import triton
 import triton.language as tl
 
+from nanfuzz.harness.adapters.kernel_files import load_kernel_files, swapped_attributes, swapped_modules
 from nanfuzz.reference.errors import NanfuzzError
 
 
@@ -108,8 +110,8 @@ class LoadedKernels:
         a loaded module holds for the duration (a launch wrapper, a pinned
         dispatch rule); the old values come back afterwards.
         """
-        with _swapped_modules(self.library, self._call_modules, exclusive=not self.native), \
-                _swapped_attributes({(self.modules[m], a): v for (m, a), v in (overrides or {}).items()}):
+        with swapped_modules(frozenset({self.library.package}), self._call_modules, exclusive=not self.native), \
+                swapped_attributes({(self.modules[m], a): v for (m, a), v in (overrides or {}).items()}):
             yield
 
 
@@ -223,44 +225,29 @@ def _import_native(library: Library, group: str) -> LoadedKernels | None:
 
 
 def _load_files(library: Library, group: str, package: Path, *, origin: str) -> LoadedKernels:
-    standins = library.standins()
-    loaded: dict[str, types.ModuleType] = {}
-    with _swapped_modules(library, standins, exclusive=True):
-        for km in library.groups[group]:
-            name = next((n for n in km.names if (package / library.relpath(n)).is_file()), None)
-            if name is None:
-                if km.optional:
-                    continue
-                raise NanfuzzError(
-                    f"{library.name} source {package} ({origin}) lacks {library.package}/{library.relpath(km.name)}, "
-                    f"which {library.kernel_name(group)} runs; point {library.option} at a {library.name} tree that "
-                    f"has it (nanfuzz is tested with {library.tested})")
-            loaded[km.name] = _exec_file(library, library.dotted(name), package / library.relpath(name), standins)
+    chosen: dict[str, str] = {}  # KernelModule.name -> the name it has in this tree
+    for km in library.groups[group]:
+        name = next((n for n in km.names if (package / library.relpath(n)).is_file()), None)
+        if name is None:
+            if km.optional:
+                continue
+            raise NanfuzzError(
+                f"{library.name} source {package} ({origin}) lacks {library.package}/{library.relpath(km.name)}, "
+                f"which {library.kernel_name(group)} runs; point {library.option} at a {library.name} tree that "
+                f"has it (nanfuzz is tested with {library.tested})")
+        chosen[km.name] = name
+    try:
+        files = load_kernel_files(package.parent, [library.dotted(n) for n in chosen.values()], library.standins(),
+                                  library=library.name)
+    except NanfuzzError as exc:
+        raise NanfuzzError(f"{exc}; this {library.name} version needs more of its runtime than nanfuzz provides: "
+                           f"install it so that 'import {library.package}' works, or use {library.tested}'s "
+                           "kernels") from None
+    loaded = {short: files[library.dotted(name)] for short, name in chosen.items()}
     _check_functions(library, group, loaded, lambda km: loaded[km.name].__file__)
-    modules = dict(standins)
-    modules.update({module.__name__: module for module in loaded.values()})
     return LoadedKernels(
         library=library, group=group, source=f"{library.name} {_version(library, package)} kernels from {package} "
-        f"({origin})", modules=loaded, native=False, _call_modules=modules)
-
-
-def _exec_file(library: Library, dotted: str, path: Path, standins: dict[str, types.ModuleType]) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(dotted, path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[dotted] = module  # imports of later files find it here
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - whatever it is, name the file and the cause
-        del sys.modules[dotted]
-        cause = " ".join(f"{type(exc).__name__}: {exc}".split())
-        raise NanfuzzError(
-            f"{library.name} kernel file {path} failed to import under nanfuzz's runtime stand-ins ({cause}); "
-            f"this {library.name} version needs more of its runtime than nanfuzz provides: install it so that "
-            f"'import {library.package}' works, or use {library.tested}'s kernels") from None
-    parent, _, child = dotted.rpartition(".")
-    setattr(standins[parent], child, module)
-    return module
+        f"({origin})", modules=loaded, native=False, _call_modules={**files.standins, **files.modules})
 
 
 def _check_functions(library: Library, group: str, modules: dict[str, types.ModuleType], where) -> None:
@@ -273,34 +260,3 @@ def _check_functions(library: Library, group: str, modules: dict[str, types.Modu
                     f"{library.name} kernel file {where(km)} has no {function}(), which {library.kernel_name(group)} "
                     f"drives; this {library.name} version is not supported: point {library.option} at "
                     f"{library.tested} or a tree derived from it")
-
-
-@contextlib.contextmanager
-def _swapped_modules(library: Library, entries: dict[str, types.ModuleType], *, exclusive: bool) -> Iterator[None]:
-    """Put ``entries`` into ``sys.modules`` for the duration; with ``exclusive``,
-    hide every other module of the library too.  Everything is put back afterwards."""
-    names = set(entries)
-    if exclusive:
-        names |= {name for name in sys.modules if library.owns(name)}
-    saved = {name: sys.modules[name] for name in names if name in sys.modules}
-    for name in names:
-        sys.modules.pop(name, None)
-    sys.modules.update(entries)
-    try:
-        yield
-    finally:
-        for name in [n for n in sys.modules if n in names or (exclusive and library.owns(n))]:
-            del sys.modules[name]
-        sys.modules.update(saved)
-
-
-@contextlib.contextmanager
-def _swapped_attributes(values: dict[tuple[types.ModuleType, str], object]) -> Iterator[None]:
-    saved = {(module, name): getattr(module, name) for module, name in values}
-    for (module, name), value in values.items():
-        setattr(module, name, value)
-    try:
-        yield
-    finally:
-        for (module, name), value in saved.items():
-            setattr(module, name, value)

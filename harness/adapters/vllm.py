@@ -59,7 +59,9 @@ from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.layouts import scheduled
 from nanfuzz.reference.quantization import codes_of
+from nanfuzz.reference.windows import window_size
 
 KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn")
 UNIFIED_PATHS = ("2d", "3d")
@@ -124,19 +126,11 @@ def run_rocm_attn(batch: PagedBatch, out: torch.Tensor, source: str | None = Non
     case = batch.case
     loaded = vllm_loader.load("rocm_attn", source)
     entry = loaded["chunked_prefill_paged_decode"].chunked_prefill_paged_decode
-    # vLLM schedules no sequence without a query token (its padding entries
-    # have seq_len 0 and come last), and the decode kernel writes a row at
-    # such a sequence's start offset, which belongs to the next sequence.
-    # They own no output rows, so they stay out of the launch.
-    kept = [i for i, s in enumerate(case.sequences) if s.query_len > 0]
+    # vLLM schedules no sequence without a query token, and the decode kernel writes a row at
+    # such a sequence's start offset, which belongs to the next sequence: they stay out of the launch.
+    kept = scheduled(batch)
     if not kept:
         return out
-    block_table, seq_lens, query_start_loc = batch.block_table, batch.seq_lens, batch.query_start_loc
-    if len(kept) < len(case.sequences):
-        index = torch.tensor(kept, dtype=torch.long, device=block_table.device)
-        block_table = block_table.index_select(0, index)
-        seq_lens = seq_lens.index_select(0, index)
-        query_start_loc = torch.cat([query_start_loc.index_select(0, index), query_start_loc[-1:]])
     kv = case.kv_cache
     if kv.quantized:
         # vLLM keeps the caches as bytes; the backend views them as the platform's fp8
@@ -155,8 +149,8 @@ def run_rocm_attn(batch: PagedBatch, out: torch.Tensor, source: str | None = Non
             kv_cache_dtype=kv_cache_dtype,
             key_cache=key_cache,
             value_cache=value_cache,
-            block_table=block_table, query_start_loc=query_start_loc, seq_lens=seq_lens,
-            max_seq_len=max(case.sequences[i].seq_len for i in kept),
+            block_table=kept.block_table, query_start_loc=kept.query_start_loc, seq_lens=kept.seq_lens,
+            max_seq_len=kept.max_seq_len,
             max_query_len=case.max_query_len,
             k_scale=k_scale, v_scale=v_scale,
             sliding_window=case.sliding_window,  # W itself; 0 = none
@@ -177,13 +171,6 @@ def offers_split_k(case: Case, path: str | None = None) -> bool:
     if path is not None:
         return path == "3d"
     return case.data_seed % 2 == 1
-
-
-def unified_window(case: Case) -> tuple[int, int]:
-    w = case.sliding_window
-    if w == 0:
-        return (-1, -1)
-    return (w - 1, 0) if case.causal else (w - 1, w - 1)
 
 
 # Per-token-head modes keep one float32 scale after each head's codes (4 one-byte elements).
@@ -260,7 +247,7 @@ def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
             q=batch.q, k=key_cache, v=value_cache, out=out,
             cu_seqlens_q=batch.query_start_loc, max_seqlen_q=case.max_query_len,
             seqused_k=batch.seq_lens, max_seqlen_k=case.max_seq_len,
-            softmax_scale=case.scale, causal=case.causal, window_size=unified_window(case),
+            softmax_scale=case.scale, causal=case.causal, window_size=window_size(case),
             block_table=batch.block_table, softcap=0,
             q_descale=None, k_descale=descales[0], v_descale=descales[1],
             sinks=batch.sinks,

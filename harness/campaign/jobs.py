@@ -210,6 +210,8 @@ def _run_jobs(kernel, settings, jobs, max_examples, seed, pool_seed, warmup, not
     measured_from = min((span[0] for _, span in finished), default=start) if warmup else start
     merged = _merge(kernel.name, settings.device, finished, measured_from)
     merged.notes = notes + merged.notes
+    merged.note_declines()  # over every job's draws, in place of each job's own
+    merged.note_reads()
     merged.interrupted = interrupted or any(c.interrupted for c, _ in finished)
     if died and not merged.failed:
         raise NanfuzzError(f"kernel {kernel.name}: a job process died outside the kernel's launches "

@@ -33,6 +33,11 @@ def recover_leftovers(kernel: Kernel, settings: Settings, subject=None) -> tuple
 def _replay(kernel, settings, subject, cases) -> tuple[Campaign | None, list[str]]:
     notes: list[str] = []
     for case in cases:
+        refused = kernel.capabilities.unsupported(case, interpreter=settings.device == "cpu") or kernel.declines(case)
+        if refused:  # the kernel's capabilities or supports() changed since
+            notes.append(f"{kernel.name}: a campaign process died while running a case earlier, which the kernel no "
+                         f"longer takes ({refused}); not replayed")
+            continue
         outcome = judged(subject.check(case, digest=True))
         if outcome.failed:
             notes.append(f"{kernel.name}: a campaign process died while running this case earlier; "

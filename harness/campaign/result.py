@@ -6,8 +6,15 @@ from dataclasses import dataclass, field
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.accuracy import Accuracy
 from nanfuzz.harness.judge.check import Outcome
+from nanfuzz.harness.report import coverage
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.reference.case import Case
+
+# Past this share of drawn cases declined by a kernel's supports(), a campaign says so: each
+# declined case is drawn again, so the examples lean away from what it declines, and a
+# constraint that common belongs in Capabilities, where the strategies honour it and shrink within it.
+DECLINE_NOTE_SHARE = 0.10
+_DECLINE_NOTE = "of the cases drawn were declined by its supports()"
 
 # The first examples of a campaign whose timing it keeps (``Campaign.early_examples``): as many
 # as it draws in advance for the compile farm (``harness.campaign.upcoming``).
@@ -73,8 +80,28 @@ class Campaign:
     def tally(self, case: Case, outcome: Outcome) -> None:
         """``count`` plus what the case exercised and how close it came to the bound."""
         self.count(outcome)
-        self.statistics.add(case, outcome.paths)
+        self.statistics.add(case, outcome.paths, coverage.observed(outcome))
         self.accuracy.add(outcome.evidence)
+
+    def note_declines(self) -> None:
+        """A note (replacing any earlier one) when the kernel declined more than ``DECLINE_NOTE_SHARE``
+        of the cases drawn."""
+        self.notes = [note for note in self.notes if _DECLINE_NOTE not in note]
+        declined = self.statistics.declined
+        total = sum(declined.values())
+        drawn = total + self.statistics.examples
+        if drawn and total > DECLINE_NOTE_SHARE * drawn:
+            reasons = ", ".join(f"{reason} ({n})" for reason, n in declined.most_common(3))
+            self.notes.append(f"{self.kernel}: {total} ({100 * total / drawn:.0f}%) {_DECLINE_NOTE}: {reasons}; "
+                              "a constraint this common belongs in its Capabilities (min_window, "
+                              "uniform_query_len, max_query_len, ...), which the strategies draw within")
+
+    def note_reads(self) -> None:
+        """A note (replacing any earlier one) for dead slots the kernel loaded in passing examples."""
+        note = coverage.unused_note(self.kernel, self.statistics)
+        self.notes = [n for n in self.notes if coverage.UNUSED_NOTE not in n]
+        if note:
+            self.notes.append(note)
 
     def found(self, outcome: Outcome, case: Case, at: float) -> None:
         """The first failure, found ``at`` seconds into the campaign."""

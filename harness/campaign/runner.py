@@ -33,6 +33,7 @@ from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool
 from nanfuzz.harness.campaign.search import Search, chunk_seed, first_chunk, search_seed
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
+from nanfuzz.harness.judge import reads
 from nanfuzz.harness.judge.check import Verdict
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.harness.kernel import Kernel
@@ -41,6 +42,7 @@ from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import subject_for, worker_spec
 from nanfuzz.harness.launch.worker import judged
 from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class CampaignRunner:
         self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed,
                                  statistics=Statistics.for_capabilities(self.caps))
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
+        self._check_read_tracing()
         self.start, self._cpu_start = time.perf_counter(), time.process_time()
         self.subject, self._own_subject = subject, subject is None
         self.farm, self._own_farm = farm, None
@@ -167,7 +170,8 @@ class CampaignRunner:
         if plan is not None:
             upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
                                       chunk_seed(self.search_seed, 0),
-                                      first_chunk(self.max_examples, self.time_budget, settings.device), UPCOMING_CASES)
+                                      first_chunk(self.max_examples, self.time_budget, settings.device), UPCOMING_CASES,
+                                      declines=self.kernel.declines)
             self._own_farm = start_farm([replace(plan, upcoming=upcoming)], settings, after=device_opened)
             self.farm = self._own_farm.handle if self._own_farm else None
         self.waiting = _FarmWait(self.farm, self.kernel)
@@ -188,7 +192,7 @@ class CampaignRunner:
         campaign = self.campaign
         interpreter = self.settings.device == "cpu"
         for raw, case in known_failures.known(self.database, self._known_key()):
-            if self.caps.unsupported(case, interpreter=interpreter):
+            if self.caps.unsupported(case, interpreter=interpreter) or self.kernel.declines(case):
                 continue  # the kernel's capabilities changed since; the entry may still matter elsewhere
             self.journal.record(case)
             outcome = judged(self.subject.check(case))
@@ -249,11 +253,24 @@ class CampaignRunner:
         campaign = self.campaign
         campaign.elapsed = time.perf_counter() - self.start
         campaign.cpu_seconds = time.process_time() - self._cpu_start
+        campaign.note_declines()
+        campaign.note_reads()
         if campaign.failure is not None and campaign.time_to_first_failure is not None:
             campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
         return campaign
 
     # -- helpers -------------------------------------------------------------------------
+    def _check_read_tracing(self) -> None:
+        """--strict-reads needs traced loads (a usage error where there are none); under an interpreter
+        that cannot be traced, a note says the read coverage is not measured."""
+        settings = self.settings
+        why = "a GPU launch's loads are not traced" if settings.device != "cpu" else reads.unavailable()
+        if why and settings.strict_reads:
+            raise NanfuzzError(f"--strict-reads needs the kernel's loads traced under Triton's interpreter "
+                               f"(--device cpu), and here {why}")
+        if why and settings.device == "cpu":
+            self.campaign.notes.append(f"{self.kernel.name}: read coverage not measured: {why}")
+
     def _open_database(self):
         settings, use = self.settings, self.settings.use_database
         if use is None:  # an example database named explicitly is one to use

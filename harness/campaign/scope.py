@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from nanfuzz.harness.judge import encodings
 from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.kernels._common import GPU_POOL as DEFAULT_POOL
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.launch.farm import Farm, Plan, default_processes
 from nanfuzz.harness.launch.subjects import worker_spec
@@ -58,8 +59,10 @@ def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | No
     interpreter = settings.device == "cpu"
     pool_size = settings.pool_size
     if pool_size is None:
-        # the kernel's own pool is for compiles, and under the interpreter nothing compiles
-        pool_size = 0 if interpreter else (caps.specialisation_pool or 0)
+        # the kernel's own pool is for compiles, and under the interpreter nothing compiles; on a GPU a
+        # kernel that declares none gets the built-in kernels' pool, 0 draws freely
+        declared = caps.specialisation_pool
+        pool_size = 0 if interpreter else (DEFAULT_POOL if declared is None else declared)
     if pool_seed is None:
         pool_seed = settings.pool_seed if settings.pool_seed is not None else (settings.seed or 0)
     pool = campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter, tier=tier) if pool_size else None

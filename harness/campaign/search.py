@@ -14,19 +14,22 @@ later is found again by replaying the same seeded run, for Hypothesis to shrink.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 import time
 from typing import TYPE_CHECKING
 
-from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings as hypothesis_settings
-from hypothesis.errors import HypothesisException
+from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings, target
+from hypothesis.errors import HypothesisException, Unsatisfiable
 
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.campaign.profiles import Profile
 from nanfuzz.harness.campaign.scope import campaign_strategy
 from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.launch.worker import CLAIMED, UNBUILT, Declined, Deferred
+from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.strategies import STRATEGY_VERSION
@@ -116,6 +119,7 @@ class Search:
         self.deferrals = Deferrals()
         self.judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
         self.replay: Replay | None = None      # the replay under way, if any
+        self.calls, self.drawn_ahead = 0, False  # see _target
         self.strategy = campaign_strategy(run.caps, run.settings, run.pool, run.tier)
         self.phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + (
             [Phase.shrink] if run.settings.shrink else [])
@@ -157,6 +161,8 @@ class Search:
         self.judged.clear()
         try:
             while True:
+                # the run's calls, counted afresh each time it is drawn (again), for ``_target``
+                self.calls, self.drawn_ahead = 0, chunk_index == 0 and run.pool is not None
                 try:
                     self._hypothesis_run(size, chunk_index)()
                     if self.replay is None:
@@ -178,6 +184,10 @@ class Search:
             return False
         except HypothesisException as exc:
             # e.g. a failure that did not repeat when Hypothesis replayed it (Flaky)
+            declined = campaign.statistics.declined
+            if self.first is None and isinstance(exc, Unsatisfiable) and declined and not campaign.examples:
+                raise NanfuzzError(f"kernel {run.kernel.name} declined every case drawn ({sum(declined.values())}; "
+                                   f"{', '.join(declined)}): say in its Capabilities what it takes") from None
             if self.first is None:
                 raise NanfuzzError(f"kernel {run.kernel.name}: Hypothesis stopped the campaign: {exc}".splitlines()[0]) from None
             campaign.notes.append(f"{run.kernel.name}: Hypothesis stopped shrinking ({type(exc).__name__}): the failure "
@@ -211,9 +221,11 @@ class Search:
             self.campaign.notes.append(f"{run.kernel.name}: shrinking stopped after {run.settings.shrink_budget:.0f} s; "
                                        "the repro is the smallest failing case found by then")
             raise StopRequested()
+        self._decline_if_asked(case)
         if self.replay is not None:
             known = self.replay.known(case)
             if known is not None:
+                self._target(known)
                 if known.failed:
                     raise _FAILURE_TYPES[known.verdict](known, case)
                 return
@@ -223,8 +235,27 @@ class Search:
             self._check_landed()
         run.waiting(case, self.campaign)
         outcome = self._judge(case, self._deferring())
+        if outcome is not None:
+            self._target(outcome)
         if outcome is not None and outcome.failed:
             raise _FAILURE_TYPES[outcome.verdict](outcome, case)
+
+    def _target(self, outcome: Outcome) -> None:
+        """Tell Hypothesis what to climb toward (targeted property-based testing): more dead slots
+        addressed by the kernel's loads (under the interpreter), and an error closer to the bound.
+
+        With a specialisation pool the first ``UPCOMING_CASES`` cases of the first run report nothing:
+        Hypothesis keeps a mutation only if its targets do not fall, so reported targets would make
+        the search stray from the cases a compile farm drew ahead for it (``harness.campaign.upcoming``)."""
+        self.calls += 1
+        if not self.run.settings.targeting or (self.drawn_ahead and self.calls <= UPCOMING_CASES):
+            return
+        reads = outcome.reads or {}
+        if reads.get("traced"):
+            target(float(reads["dead_slots"]), label="dead slots addressed")
+        ratio, bound = outcome.evidence.get("max_error_ratio"), outcome.evidence.get("bound")
+        if ratio is not None and bound and math.isfinite(ratio):
+            target(ratio / bound, label="error over the bound")
 
     def _judge(self, case: Case, defer: str | None) -> Outcome | None:
         """Check one case and count it; None when the worker put it off (``harness.campaign.deferrals``)."""
@@ -249,7 +280,7 @@ class Search:
         campaign.count(outcome)
         if campaign.time_to_first_example is None:
             campaign.time_to_first_example = time.perf_counter() - run.start
-        campaign.statistics.add(case, outcome.paths)
+        campaign.statistics.add(case, outcome.paths, coverage.observed(outcome))
         campaign.accuracy.add(outcome.evidence)
         if outcome.failed:
             if self.first is None:
@@ -263,6 +294,18 @@ class Search:
         if run.hooks.on_example is not None:
             run.hooks.on_example(campaign)
         return outcome
+
+    def _decline_if_asked(self, case: Case) -> None:
+        """A case the kernel's ``supports()`` declines is counted (once, not again in a replay) and
+        drawn again: to Hypothesis it is an unsatisfied assumption, no example."""
+        try:
+            reason = self.run.kernel.declines(case)
+        except NanfuzzError as exc:
+            raise _Aborted(exc) from None
+        if reason is not None:
+            if self.replay is None:
+                self.campaign.statistics.decline(reason)
+            reject()
 
     def _stop_if_asked(self) -> None:
         hooks = self.run.hooks

@@ -31,6 +31,7 @@ class Settings:
     repro_dir: Path = Path(".nanfuzz/repros")
     vllm_src: str | None = None              # a vLLM tree for the vllm:* kernels
     aiter_src: str | None = None             # an AITER tree for the aiter:* kernels
+    import_root: str | None = None           # where a user's adapter imports from besides the current directory
     profile: str | None = None               # None: ci under CI=true, else dev
     max_examples: int | None = None          # None: from the profile
     time_budget: float | None = None         # seconds per kernel; None: from the profile
@@ -52,6 +53,8 @@ class Settings:
     check_leftovers: bool = True             # replay cases a dead campaign left in the journal first
                                              # (jobs leave it to the run that started them)
     cuda_index: int | None = None            # pin workers to this GPU
+    targeting: bool = True                   # report dead slots addressed and the error ratio to Hypothesis's target()
+    strict_reads: bool = False               # a PASS whose traced loads addressed dead slots is a DEAD_READ (interpreter)
 
     @property
     def examples_path(self) -> Path:
@@ -67,7 +70,7 @@ class Settings:
     @property
     def sources(self) -> dict[str, str | None]:
         """The kernel libraries' trees as ``resolve()`` takes them: ``resolve(name, **settings.sources)``."""
-        return {"vllm_src": self.vllm_src, "aiter_src": self.aiter_src}
+        return {"vllm_src": self.vllm_src, "aiter_src": self.aiter_src, "import_root": self.import_root}
 
     @property
     def timeout(self) -> float:

@@ -11,9 +11,12 @@ tasks cover the pool.
 """
 from __future__ import annotations
 
-from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings as hypothesis_settings
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings
 
 from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
 
 # A GPU search puts off the cases whose binaries are not built yet (``harness.campaign.deferrals``) and
 # draws on: it meets several dozen cases while the farm builds its first binaries.
@@ -24,13 +27,21 @@ class _Enough(KeyboardInterrupt):
     """Stops the drawing run at once (Hypothesis lets a KeyboardInterrupt through untouched)."""
 
 
-def upcoming_cases(strategy, seed: int, max_examples: int, count: int = UPCOMING_CASES) -> tuple[Case, ...]:
+def upcoming_cases(strategy, seed: int, max_examples: int, count: int = UPCOMING_CASES,
+                   declines: Callable[[Case], str | None] | None = None) -> tuple[Case, ...]:
     """The first ``count`` cases a search of ``strategy`` under Hypothesis seed ``seed`` and
     ``max_examples`` draws, as long as each passes (the search's own run must match: the same
-    strategy, seed and example budget, no example database to replay first)."""
+    strategy, seed and example budget, no example database to replay first, and the kernel's
+    ``declines`` turning down the same cases)."""
     drawn: list[Case] = []
 
     def record(case: Case) -> None:
+        try:
+            declined = declines is not None and declines(case)
+        except NanfuzzError:
+            declined = False  # the search meets the same error and reports it
+        if declined:
+            reject()
         drawn.append(case)
         if len(drawn) >= count:
             raise _Enough()

@@ -249,8 +249,9 @@ def table_row(row: Row) -> str:
 
 
 def closing_lines(result: GateResult, found_by: Callable[[Failure], str], replay_prefix: str) -> list[str]:
-    """What follows the table: the problems, the notes, and each failure's section."""
-    lines = []
+    """What follows the table: what each kernel's loads addressed, the problems, the notes, and each
+    failure's section."""
+    lines = coverage_lines(result)
     for problem in result.problems:
         lines += ["", f"> {problem}"]
     for note in result.notes:
@@ -286,6 +287,16 @@ def kernel_statistics(result: GateResult) -> dict:
         if row.statistics:
             merged.setdefault(row.kernel, Statistics()).merge(Statistics.from_dict(row.statistics))
     return {kernel: stats.to_dict() for kernel, stats in merged.items()}
+
+
+def coverage_lines(result: GateResult) -> list[str]:
+    """Per kernel, the dead-slot classes its traced loads addressed: what its PASS covers."""
+    from nanfuzz.harness.report import coverage
+    from nanfuzz.harness.report.statistics import Statistics
+
+    lines = [f"- `{kernel}`: {coverage.claim(Statistics.from_dict(stats))}"
+             for kernel, stats in kernel_statistics(result).items()]
+    return ["", *lines] if lines else []
 
 
 def _shares(statistics: dict | None) -> list[tuple[str, str]]:

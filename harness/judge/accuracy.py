@@ -69,6 +69,13 @@ class Accuracy:
             mine.bins.update(theirs.bins)
         return self
 
+    def highest(self) -> dict | None:
+        """The passing example that came closest to its bound: ``{"arithmetic", "ratio", "bound"}``."""
+        if not self.tallies:
+            return None
+        name, tally = max(self.tallies.items(), key=lambda item: item[1].worst / item[1].bound)
+        return {"arithmetic": name, "ratio": tally.worst, "bound": tally.bound}
+
     def to_dict(self) -> dict:
         """``{arithmetic: {"examples", "bound", "worst", "quantiles": {"0.5": x, ...},
         "histogram": {upper_edge: count}}}``."""

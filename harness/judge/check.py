@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from nanfuzz.harness.judge import encodings
+from nanfuzz.harness.judge import encodings, reads
 from nanfuzz.harness.judge.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.judge.outcome import Outcome, Verdict, crash as _crash, device_fault as _device_fault
 from nanfuzz.harness.judge.paths import recording_launches
@@ -45,7 +45,7 @@ __all__ = ["Verdict", "Outcome", "check", "digest"]
 
 def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
           interpreter: bool | None = None, digest_pass: bool = True, events=no_events,
-          explain: bool = False) -> Outcome:
+          explain: bool = False, strict_reads: bool = False, trace_reads: bool | None = None) -> Outcome:
     """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
     materialize (every batch), kernel (every launch), oracle (the gather of the live keys
     and the float64 pass), reference (the same-precision pass from the same gather, and
@@ -58,12 +58,18 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     for).  ``events`` is told "launch" before each launch and "returned" once the host
     has waited for it (the supervisor's watchdog).  ``explain``: a NONFINITE,
     NONDETERMINISTIC or LEAK also says which redzones the kernel reads (a launch per
-    redzone).  Whatever the kernel raises, ``SystemExit`` included, is a CRASH."""
+    redzone).  Whatever the kernel raises, ``SystemExit`` included, is a CRASH.  Under the
+    interpreter (``trace_reads``, by default) the poisoned run's loads are traced and
+    ``Outcome.reads`` says which dead slots they addressed (``harness.judge.reads``); with
+    ``strict_reads`` a PASS whose loads addressed any is a DEAD_READ."""
     started = time.process_time()
     device = torch.device(device)
+    interpreter = device.type == "cpu" if interpreter is None else interpreter
     kind = LargeCaseCheck if case.large else CaseCheck
-    outcome = kind(kernel, case, device, device.type == "cpu" if interpreter is None else interpreter,
-                   events).judge(digest_pass, explain)
+    # a large case's batch is pooled on its device: its loads are not traced
+    tracing = (interpreter if trace_reads is None else trace_reads) and not case.large
+    outcome = kind(kernel, case, device, interpreter, events, strict_reads=strict_reads,
+                   trace_reads=tracing).judge(digest_pass, explain)
     outcome.cpu_seconds = time.process_time() - started
     return outcome
 
@@ -75,9 +81,12 @@ class CaseCheck:
     host per batch); a large case's is ``harness.judge.large``'s, through the methods under
     "the batches"."""
 
-    def __init__(self, kernel: Kernel, case: Case, device: torch.device, interpreter: bool, events):
+    def __init__(self, kernel: Kernel, case: Case, device: torch.device, interpreter: bool, events, *,
+                 strict_reads: bool = False, trace_reads: bool = False):
         self.kernel, self.case, self.device, self.events = kernel, case, device, events
         self.interpreter = interpreter
+        self.strict_reads, self.trace_reads = strict_reads, trace_reads
+        self.trace: reads.LoadTrace | None = None
         self.timings = {"materialize": 0.0, "kernel": 0.0, "oracle": 0.0, "reference": 0.0, "verdict": 0.0}
         self._later_runs = 0.0  # the later runs' materialisation and launches, which the verdict phase leaves out
 
@@ -103,6 +112,8 @@ class CaseCheck:
             outcome.output_sha256 = digest(self.result)
         self.timings["verdict"] += time.perf_counter() - t0 - self._later_runs
         outcome.timings = self.timings
+        if self.trace is not None:
+            outcome = self._reads(outcome)
         return outcome
 
     # -- the stages ----------------------------------------------------------------------
@@ -113,6 +124,9 @@ class CaseCheck:
         reason = kernel.capabilities.unsupported(case, interpreter=self.interpreter)
         if reason:
             raise NanfuzzError(f"kernel {kernel.name} does not support this case: {reason}")
+        declined = kernel.declines(case)
+        if declined:
+            raise NanfuzzError(f"kernel {kernel.name} declines this case (its supports()): {declined}")
         encodings.require(case, "cpu" if self.interpreter else "cuda")
 
     # -- the batches -----------------------------------------------------------------------
@@ -161,11 +175,12 @@ class CaseCheck:
         self.timings["materialize"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
-            with recording_launches() as self.launched:
+            with recording_launches() as self.launched, reads.traced_loads(self.trace_reads) as trace:
                 self.result, self.out, self.buffer = launch(self.kernel, self.batch, self.device, self.events,
                                                             wait=False)
         except BaseException as exc:  # the kernel's own failure is the finding, SystemExit included
             return _crash(exc, "on the poisoned run")
+        self.trace = trace if self.trace_reads else None
         self.timings["kernel"] += time.perf_counter() - t0
         expected_shape = (case.num_tokens, g.num_q_heads, g.head_size)
         if tuple(self.result.shape) != expected_shape:
@@ -249,6 +264,12 @@ class CaseCheck:
             return self._mismatch()
         return Outcome(Verdict.PASS, "PASS", {"max_abs_error": max_error, "max_error_ratio": max_ratio,
                                               "arithmetic": self.errors.arithmetic, "bound": self.errors.bound})
+
+    def _reads(self, outcome: Outcome) -> Outcome:
+        t0 = time.perf_counter()  # mapping the traced loads is verdict time
+        outcome = reads.judged(outcome, self.trace, self.kernel, self.batch, self.host, strict=self.strict_reads)
+        self.timings["verdict"] += time.perf_counter() - t0
+        return outcome
 
     # -- the runs after the first -----------------------------------------------------------
     def _rerun(self, make_batch, when: str) -> tuple[torch.Tensor | None, Outcome | None]:

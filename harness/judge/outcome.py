@@ -16,6 +16,9 @@ class Verdict(str, enum.Enum):
     LEAK = "LEAK"
     CLOBBER = "CLOBBER"  # above MISMATCH: a kernel that writes its KV cache corrupts every later step
     MISMATCH = "MISMATCH"
+    # only with --strict-reads: nothing above, but the kernel's loads addressed dead slots
+    # (traced under Triton's interpreter, harness.judge.reads)
+    DEAD_READ = "DEAD_READ"
     PASS = "PASS"
 
 
@@ -34,6 +37,9 @@ class Outcome:
     fatal: bool = False
     # the Triton kernels the poisoned run launched: name -> its specialisations (``judge.paths``)
     paths: dict = field(default_factory=dict)
+    # the dead slots the poisoned run's loads addressed (``harness.judge.reads.Reads.to_dict()``);
+    # None where the run was not traced (a GPU, or a launch that raised)
+    reads: dict | None = None
 
     @property
     def failed(self) -> bool:

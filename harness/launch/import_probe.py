@@ -27,19 +27,20 @@ def load_kernel(name: str, settings) -> Kernel:
     """``resolve(name)`` in this process, a user's module imported first in a probe process
     (``settings``: the campaign's; ``isolation=False`` imports here alone, for debugging)."""
     if settings.isolation and is_user_spec(name):
-        import_first(name, settings.device, settings.timeout)
+        import_first(name, settings.device, settings.timeout, settings.import_root)
     return resolve(name, **settings.sources)
 
 
-def import_first(name: str, device: str, timeout: float) -> None:
-    """Import the module of the user's kernel ``name`` in a probe process; a NanfuzzError unless
-    it gives a Kernel within ``timeout`` seconds."""
+def import_first(name: str, device: str, timeout: float, import_root: str | None = None) -> None:
+    """Import the module of the user's kernel ``name`` in a probe process (``import_root``: see
+    ``resolve``); a NanfuzzError unless it gives a Kernel within ``timeout`` seconds."""
     module = name.partition(":")[0]
     fd, log = tempfile.mkstemp(prefix="nanfuzz-import-", suffix=".log")
     os.close(fd)
     context = fork_server_context()
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_probe, args=(sender, name, device, log), daemon=True, name="nanfuzz-import")
+    process = context.Process(target=_probe, args=(sender, name, device, log, import_root), daemon=True,
+                              name="nanfuzz-import")
     try:
         try:
             start(process, context.get_start_method() == "forkserver")
@@ -65,14 +66,14 @@ def import_first(name: str, device: str, timeout: float) -> None:
         os.unlink(log)
 
 
-def _probe(sender, name: str, device: str, log: str) -> None:
+def _probe(sender, name: str, device: str, log: str, import_root: str | None) -> None:
     isolate()
     out = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(out, 1)
     os.dup2(out, 2)
     interpret_if_cpu(device)  # before the module defines any @triton.jit function
     try:
-        answer = ("kernel", resolve(name).name)
+        answer = ("kernel", resolve(name, import_root=import_root).name)
     except NanfuzzError as exc:
         answer = ("error", str(exc))
     except BaseException as exc:  # KeyboardInterrupt (resolve takes SystemExit): any way an import may end

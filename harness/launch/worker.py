@@ -50,6 +50,8 @@ class WorkerSpec:
     vllm_src: str | None = None
     aiter_src: str | None = None
     cuda_index: int | None = None
+    strict_reads: bool = False  # see check(strict_reads=...)
+    import_root: str | None = None  # a user kernel's: see resolve(import_root=...)
 
     def load(self):
         """The Kernel, in this process (pinned to ``cuda_index`` on a GPU)."""
@@ -59,7 +61,7 @@ class WorkerSpec:
             import torch
 
             torch.cuda.set_device(self.cuda_index)
-        return resolve(self.kernel, vllm_src=self.vllm_src, aiter_src=self.aiter_src)
+        return resolve(self.kernel, vllm_src=self.vllm_src, aiter_src=self.aiter_src, import_root=self.import_root)
 
 
 class LaunchClock:
@@ -132,13 +134,14 @@ def judged(answer):
 class InProcess:
     """The checks in this process (``--no-isolation``): no CRASH survives a dying kernel here."""
 
-    def __init__(self, kernel, device: str):
+    def __init__(self, kernel, device: str, strict_reads: bool = False):
         import contextlib
 
         from nanfuzz.harness.launch.compiles import count_specialisations
 
         self.kernel = kernel
         self.device = device
+        self.strict_reads = strict_reads
         self._stack = contextlib.ExitStack()
         self._seen = self._stack.enter_context(count_specialisations(interpreter=device == "cpu"))
 
@@ -154,7 +157,8 @@ class InProcess:
         from nanfuzz.harness.judge.large import TooLargeForDevice
 
         try:
-            return check(self.kernel, case, self.device, digest_pass=digest, explain=explain)
+            return check(self.kernel, case, self.device, digest_pass=digest, explain=explain,
+                         strict_reads=self.strict_reads)
         except TooLargeForDevice as exc:
             return Declined(str(exc))
 
@@ -401,7 +405,8 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
             skipping = shared_compiles.skipping_misses(unclaimed=defer == UNBUILT) if defer else contextlib.nullcontext([])
             with skipping as skipped:
                 try:
-                    outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain)
+                    outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain,
+                                    strict_reads=spec.strict_reads)
                 except TooLargeForDevice as exc:
                     conn.send(("declined", str(exc)))
                     continue

@@ -55,7 +55,7 @@ def repro_record(kernel: Kernel | str, case: Case, outcome: Outcome, device: str
     """The JSON record.  ``kernel`` is what resolves the kernel again (its import path
     for a user's own kernel), ``kernel_name`` the name it reports itself by."""
     path, name = _names(kernel)
-    return {
+    record = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "kernel": path,
@@ -65,6 +65,21 @@ def repro_record(kernel: Kernel | str, case: Case, outcome: Outcome, device: str
         "environment": environment(device),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    origin = _adapter_origin(path)
+    if origin is not None:
+        record["kernel_module"] = origin  # where its adapter module was found, for a replay from elsewhere
+    return record
+
+
+def _adapter_origin(path: str) -> dict | None:
+    """A user kernel's adapter module: its file and import root relative to its repository."""
+    from nanfuzz.harness.import_path import module_origin
+    from nanfuzz.harness.registry import library_of
+
+    module, colon, _ = path.partition(":")
+    if not colon or "@" in path or library_of(path):
+        return None
+    return module_origin(module)
 
 
 def repro_stem(kernel_name: str, case: Case, outcome: Outcome) -> str:
@@ -162,6 +177,8 @@ VERDICT_MEANINGS = {
     Verdict.LEAK: "the output changes when only dead-slot contents change",
     Verdict.MISMATCH: "a finite output row is off the float64 oracle by more than the bound times a same-precision reference's error",
     Verdict.CLOBBER: "the kernel wrote outside its output rows or into its inputs",
+    Verdict.DEAD_READ: "the kernel's loads addressed dead slots, though their values never reached the output "
+                       "(a finding under --strict-reads)",
     Verdict.PASS: "output finite, within the bound of the oracle, no dead slot read, nothing clobbered",
 }
 
@@ -216,7 +233,7 @@ def main(argv=None):
         batch = materialize(case, device)
         print("tensors: " + ", ".join(f"{name} {list(t.shape)} {str(t.dtype).replace('torch.', '')}"
                                       for name, t in batch.inputs().items()))
-        outcome = check(kernel, case, device)
+        outcome = check(kernel, case, device, strict_reads=RECORDED_VERDICT == "DEAD_READ")
     except NanfuzzError as exc:
         print(f"nanfuzz: {exc}", file=sys.stderr)
         return 2

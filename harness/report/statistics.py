@@ -17,9 +17,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, POISON_TENSORS, POISON_VALUES, Case
 from nanfuzz.reference.features import SIZE_FEATURES, case_features
 
+READS_GROUP = "dead slots addressed (traced loads)"
 # (title, situations always listed, prefixes of situations listed when seen)
 GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("kinds of sequence", ("decode", "prefill", "chunked-prefill", "padding-sequence", "mixed",
@@ -37,6 +39,9 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("block sizes", (), ("block:",)),
     ("head sizes", (), ("head:",)),
     ("poison values", (), ("poison-value:", "poison-tensors:")),
+    # what each example's check saw its loads address: coverage.table sets it out beside the
+    # poisoned classes, so ``table`` leaves it out
+    (READS_GROUP, (), coverage.PREFIXES),
 )
 OTHER = "other"
 
@@ -92,19 +97,26 @@ class Statistics:
     seconds: float = 0.0
     specialisations: Counter = field(default_factory=Counter)
     excluded: frozenset = frozenset()
+    declined: Counter = field(default_factory=Counter)  # drawn cases the kernel's supports() declined, by reason
 
     @classmethod
     def for_capabilities(cls, caps) -> "Statistics":
         return cls(excluded=excluded_by(caps))
 
-    def add(self, case: Case, paths: dict | None = None) -> None:
+    def add(self, case: Case, paths: dict | None = None, observed: set[str] = frozenset()) -> None:
+        """Tally one example: its case's situations, the Triton kernels it launched (``paths``) and
+        ``observed``, what its check saw the kernel do (``harness.report.coverage``: the dead slots
+        its loads addressed)."""
         start = time.perf_counter()
-        self.counts.update(features(case))
+        self.counts.update(features(case) | observed)
         if paths:
             self.counts.update(f"path:{name}" for name in paths)
             self.specialisations.update(spec for specs in paths.values() for spec in specs)
         self.examples += 1
         self.seconds += time.perf_counter() - start
+
+    def decline(self, reason: str) -> None:
+        self.declined[reason] += 1
 
     def paths(self) -> list[str]:
         """The Triton kernels some example launched."""
@@ -117,6 +129,7 @@ class Statistics:
         self.counts.update(other.counts)
         self.seconds += other.seconds
         self.specialisations.update(other.specialisations)
+        self.declined.update(other.declined)
         return self
 
     def share(self, name: str) -> float:
@@ -171,6 +184,7 @@ class Statistics:
             "groups": {title: {name: {"count": count, "share": round(self._of(count), 6)} for name, count in rows}
                        for title, rows in self.groups()},
             "specialisations": dict(self.specialisations.most_common()),
+            "declined": dict(self.declined.most_common()),
         }
 
     @classmethod
@@ -180,15 +194,19 @@ class Statistics:
                           for name, entry in rows.items() if entry["count"]})
         return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0),
                    specialisations=Counter(data.get("specialisations", {})),
-                   excluded=frozenset(data.get("excluded", ())))
+                   excluded=frozenset(data.get("excluded", ())),
+                   declined=Counter(data.get("declined", {})))
 
     def table(self) -> str:
         """An aligned text table: group, situation, examples, share."""
         header = f"what the campaign exercised ({self.examples} example{'s' if self.examples != 1 else ''})"
+        if self.declined:
+            header += (f"; {sum(self.declined.values())} drawn cases declined by the kernel's supports() ("
+                       + ", ".join(f"{reason}: {n}" for reason, n in self.declined.most_common(3)) + ")")
         if not self.examples:
             return header
         rows = [(title if i == 0 else "", name, str(count), f"{100 * self._of(count):.1f}%")
-                for title, entries in self.groups() for i, (name, count) in enumerate(entries)]
+                for title, entries in self.groups() if title != READS_GROUP for i, (name, count) in enumerate(entries)]
         widths = [max(len(row[i]) for row in rows) for i in range(4)]
         lines = [header]
         for row in rows:
