@@ -41,6 +41,8 @@ JUDGING = (
 # What a library kernel's script needs besides the adapter's call: the stand-ins and the loader.
 LIBRARY_PARTS = {
     "vllm": (
+        ("reference.layouts", ("Scheduled", "scheduled"), ()),
+        ("reference.windows", ("window_size",), ()),
         ("harness.adapters.standins", None, ()),
         ("harness.adapters.vllm_standins", None, ()),
         ("harness.adapters.loader", ("KernelModule",), ()),
@@ -51,8 +53,8 @@ LIBRARY_PARTS = {
 # The names each adapter call needs from its module, the call itself last.
 ADAPTER_CALLS = {
     "run_rocm_attn": ("rocm_key_cache", "rocm_value_cache", "run_rocm_attn"),
-    "run_triton_attn": ("SOFTMAX_SEGMENTS", "SCALE_ELEMENTS", "offers_split_k", "unified_window",
-                        "packed_token_head_caches", "token_head_views", "run_triton_attn"),
+    "run_triton_attn": ("SOFTMAX_SEGMENTS", "SCALE_ELEMENTS", "offers_split_k", "packed_token_head_caches",
+                        "token_head_views", "run_triton_attn"),
 }
 # How the script names the library's loader and where a source tree comes from.
 LIBRARY_GLUE = {
@@ -107,12 +109,21 @@ def kernel_part(kernel: Kernel, import_path: str) -> KernelPart:
     library = library_of(import_path)
     if import_path in builtin_kernels():
         return _builtin(kernel, import_path)
-    if library in LIBRARY_PARTS:
+    run = getattr(kernel.run, "func", kernel.run)
+    if library in LIBRARY_PARTS and getattr(run, "__name__", None) in ADAPTER_CALLS:
         return _library(kernel, library)
     if library is not None:
-        raise NanfuzzError(f"nanfuzz export writes no standalone script for {import_path} yet (vllm:* and the "
-                           "built-in kernels only); `nanfuzz replay` and the repro's own .py run it")
+        raise NanfuzzError(f"nanfuzz export writes no standalone script for {import_path} yet (vllm:rocm_attn, "
+                           "vllm:triton_attn and the built-in kernels only); `nanfuzz replay` and the repro's own .py "
+                           "run it")
     return _user(import_path)
+
+
+def refuse_latent(case) -> None:
+    """A latent (MLA) cache has no standalone script yet: one line, before anything is written."""
+    if case.geometry.latent:
+        raise NanfuzzError("nanfuzz export writes no standalone script for a latent (MLA) cache yet; "
+                           "`nanfuzz replay` and the repro's own .py run it")
 
 
 def _builtin(kernel: Kernel, name: str) -> KernelPart:
