@@ -157,7 +157,7 @@ def _small_cases(capabilities: Capabilities, interpreter: bool, size: Size | Non
 
         unpoisoned = Case(
             geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, bs,
-                              tables.num_blocks, shape.dtype),
+                              tables.num_blocks, shape.dtype, caps.latent_rank(shape.head_size)),
             sequences=tuple(Sequence(x.query_len, x.seq_len, row) for x, row in zip(lengths, tables.rows)),
             sliding_window=window, causal=causal, sinks=sinks,
             padding_block=tables.padding_block, poison=Poison(), data_seed=0, kv_cache=kv_cache)

@@ -182,7 +182,7 @@ class CaseCheck:
             return _crash(exc, "on the poisoned run")
         self.trace = trace if self.trace_reads else None
         self.timings["kernel"] += time.perf_counter() - t0
-        expected_shape = (case.num_tokens, g.num_q_heads, g.head_size)
+        expected_shape = (case.num_tokens, g.num_q_heads, g.v_head_size)
         if tuple(self.result.shape) != expected_shape:
             return Outcome(Verdict.CRASH, f"CRASH: kernel returned shape {tuple(self.result.shape)}, expected "
                                           f"{expected_shape}", {"error": "wrong output shape"})

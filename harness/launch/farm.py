@@ -568,5 +568,5 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
     batch = materialize(case, device)
     g = case.geometry
-    out = torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=batch.q.dtype, device=device)
+    out = torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=batch.q.dtype, device=device)
     kernel(batch, out)

@@ -31,7 +31,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("poisoned dead slots", ("poison:tail", "poison:out-of-window", "poison:null-block", "poison:padding",
                              "poison:unreferenced", "poison:single-slot"), ("poison:scale",)),
     ("blocks", ("expired-block", "expired-to-null", "reused-block", "shared-block"), ()),
-    ("heads", ("gqa", "sinks"), ()),
+    ("heads", ("gqa", "sinks"), ("mla:",)),
     ("sizes", SIZE_FEATURES, ()),
     ("kernel paths", (), ("path:",)),
     ("dtypes", (), ("dtype:",)),
