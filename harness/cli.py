@@ -289,8 +289,10 @@ def _list(args, settings) -> int:
         if name.partition("@")[0] in unavailable:
             continue  # its variants load the same files
         try:
-            caps = resolve(name, **settings.sources).capabilities
-            rows.append((name, "-", "gpu, cpu-interpreter", caps.describe()))
+            kernel = resolve(name, **settings.sources)
+            caps = kernel.capabilities
+            where = "gpu, cpu-interpreter (" + "/".join(d.replace("float", "fp") for d in caps.runnable_dtypes(True)) + ")"
+            rows.append((name, "-", where, "; ".join((caps.describe(), *kernel.notes))))
         except NanfuzzError as exc:
             unavailable.add(name)
             rows.append((name, "-", "unavailable", str(exc)))
