@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, POISON_TENSORS, POISON_VALUES, Case
-from nanfuzz.reference.features import SIZE_FEATURES, case_features
+from nanfuzz.reference.features import POISON_CLASS_NAMES, SIZE_FEATURES, case_features
 
 READS_GROUP = "dead slots addressed (traced loads)"
 # (title, situations always listed, prefixes of situations listed when seen)
@@ -43,6 +43,10 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     # poisoned classes, so ``table`` leaves it out
     (READS_GROUP, (), coverage.PREFIXES),
 )
+# Listed, every class, for a kernel whose adapter made index buffers (``reference.layouts``): the
+# classes their entries point at are what such a layout can reach, and the others it cannot.
+LAYOUT_GROUP = ("dead slots its index buffers point at",
+                tuple(f"{coverage.LAYOUT}{name}" for name in ("indexed", *POISON_CLASS_NAMES)))
 OTHER = "other"
 
 _ORDER = {f"dtype:{d}": i for i, d in enumerate(DTYPES)}
@@ -154,6 +158,10 @@ class Statistics:
             placed.update(names)
             if names:
                 out.append((title, [(n, self.counts[n]) for n in names]))
+        title, names = LAYOUT_GROUP
+        if self.counts[names[0]]:
+            out.append((title, [(n, self.counts[n]) for n in names]))
+        placed.update(names)
         switches = self.switches()
         if switches:
             out.append(("kernel switches", sorted(switches.items())))
