@@ -21,7 +21,7 @@ BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified", "split_decode")
 # harness.adapters (its kernel(name, source) and KERNEL_NAMES), and the keyword its
 # source tree travels as: resolve()'s and Settings' field, the command line's option
 # with a dash (--vllm-src, --fa-src).
-LIBRARIES = {"vllm": "vllm_src", "aiter": "aiter_src"}
+LIBRARIES = {"vllm": "vllm_src", "aiter": "aiter_src", "fa_amd": "fa_src", "sglang": "sglang_src"}
 
 
 def builtin_kernels() -> dict[str, Kernel]:
