@@ -108,6 +108,9 @@ def test_bogus_sources_and_names_are_one_line(tmp_path, fa_amd_source):
         resolve("fa_amd:kvcache", fa_src=str(tmp_path / "nowhere"))
     with pytest.raises(NanfuzzError, match="flash_attn"):
         resolve("fa_amd:kvcache", fa_src=str(tmp_path))
+    with pytest.raises(NanfuzzError, match=r"^fa_amd:kvcache needs FlashAttention's kernels: .* an unpacked "
+                                           r"flash-attn source distribution"):
+        resolve("fa_amd:kvcache")  # no flash_attn installed here, no tree given
     with pytest.raises(NanfuzzError, match=r"unknown FlashAttention kernel 'fa_amd:varlen'; known: fa_amd:kvcache"):
         resolve("fa_amd:varlen", fa_src=str(fa_amd_source))
 

@@ -42,7 +42,7 @@ GROUPS: dict[str, tuple[KernelModule, ...]] = {
 FLASH_ATTN = loader.Library(
     name="FlashAttention", package="flash_attn", ops_package="flash_attn.flash_attn_triton_amd", option="--fa-src",
     env_var=ENV_VAR, distribution="flash_attn", tested=f"flash-attn {TESTED_VERSION}", groups=GROUPS,
-    standins=fa_standins.build,
+    standins=fa_standins.build, prefix="fa_amd", release="source distribution",
 )
 
 

@@ -69,6 +69,8 @@ class Library:
     standins: Callable[[], dict[str, types.ModuleType]]   # fresh stand-in modules by dotted name
     # modules a native install still needs swapped in while the kernels run
     native_call_modules: Callable[[], dict[str, types.ModuleType]] = dict
+    prefix: str = ""               # the kernels' name prefix where it is not the package: "fa_amd"
+    release: str = "wheel"         # what a release unpacks from: "wheel", "source distribution"
 
     @property
     def ops_dir(self) -> str:      # inside the package folder
@@ -76,9 +78,9 @@ class Library:
 
     @property
     def tree_hint(self) -> str:
-        article = "an" if self.name[0] in "AEIOU" else "a"
-        return (f"{article} {self.name} source checkout or an unpacked {self.distribution.replace('_', '-')} wheel "
-                f"(the folder that holds {self.package}/)")
+        article = "an" if self.name[0] in "AEIOSU" else "a"  # an SGLang, an AITER
+        return (f"{article} {self.name} source checkout or an unpacked {self.distribution.replace('_', '-')} "
+                f"{self.release} (the folder that holds {self.package}/)")
 
     def dotted(self, name: str) -> str:
         return name if name.startswith(self.package + ".") else f"{self.ops_package}.{name}"
@@ -100,7 +102,7 @@ class Library:
         return module_name == self.package or module_name.startswith(self.package + ".")
 
     def kernel_name(self, group: str) -> str:
-        return f"{self.package}:{group}"
+        return f"{self.prefix or self.package}:{group}"
 
 
 @dataclass
