@@ -171,6 +171,7 @@ def test_a_campaign_passes_and_says_which_dead_slots_its_index_buffers_reach(tmp
     assert main(["list", *source]) == 0
     listing = capsys.readouterr().out
     assert "sglang:extend@custom-mask" in listing and "window>=2" in listing and "mla 512+64,256+32" in listing
+    assert "Lean (persistent, work-stealing) decode" in listing and "dense fp8 prefill" in listing
     assert main(["fuzz", "--kernel", "sglang:decode", "--max-examples", "12", "--seed", "3", "--show-statistics",
                  *source]) == 0
     out = capsys.readouterr().out

@@ -83,6 +83,12 @@ EXTEND_CAPABILITIES = Capabilities(
 )
 
 
+# What ``nanfuzz list`` says each entry point leaves out.
+DECODE_NOTES = ("the Lean (persistent, work-stealing) decode ROCm takes for long sequences: not driven (it needs "
+                "the backend's lean_* buffers and seqlen gate)",)
+EXTEND_NOTES = ("extend_attention_fwd_unified and the dense fp8 prefill (dense_prefill_attention_fwd): not driven",)
+
+
 def page_size(case: Case, page: str | None) -> int:
     """The ``page_size`` the kernels get: 1, the block size, or (None) by the case's data seed."""
     if page is None:
@@ -205,8 +211,10 @@ def kernel(name: str, source: str | None = None) -> Kernel:
         mla = variant == "mla"
         run = functools.partial(run_decode, page=page, mla=mla, source=source)
         caps = MLA_CAPABILITIES if mla else DECODE_CAPABILITIES
+        notes = DECODE_NOTES
     else:
         entry = sglang_loader.load("extend", source)["extend_attention"].extend_attention_fwd
         run = functools.partial(run_extend, page=page, mask=variant == "custom-mask", source=source)
         caps = EXTEND_CAPABILITIES
-    return Kernel(name=name, run=run, capabilities=_declared(caps, entry, name, page), source=source)
+        notes = EXTEND_NOTES
+    return Kernel(name=name, run=run, capabilities=_declared(caps, entry, name, page), source=source, notes=notes)
