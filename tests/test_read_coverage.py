@@ -32,7 +32,7 @@ def _runnable(kernel):
 def _statistics(kernel, cases) -> Statistics:
     stats = Statistics()
     for case in cases:
-        stats.add(case, coverage.observed(check(kernel, case, "cpu")))
+        stats.add(case, observed=coverage.observed(check(kernel, case, "cpu")))
     return stats
 
 
