@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--vllm-src", metavar="DIR", help="a vLLM source tree or unpacked wheel for the vllm:* kernels")
         p.add_argument("--aiter-src", metavar="DIR",
                        help="an AITER source tree or unpacked amd-aiter wheel for the aiter:* kernels")
+        p.add_argument("--fa-src", metavar="DIR",
+                       help="an unpacked flash-attn source distribution or checkout for the fa_amd:* kernels")
+        p.add_argument("--sglang-src", metavar="DIR",
+                       help="an SGLang source tree or unpacked sglang wheel for the sglang:* kernels")
         p.add_argument("--state-dir", metavar="DIR",
                        help="pending-case journals and the example database (default $NANFUZZ_STATE_DIR or .nanfuzz)")
         p.add_argument("--launch-timeout", type=float, metavar="S",
@@ -281,7 +285,7 @@ def _settings(args, device: str):
     from nanfuzz.harness.campaign.settings import Settings
 
     options = dict(device=device, state_dir=_path(args.state_dir), vllm_src=args.vllm_src,
-                   aiter_src=args.aiter_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
+                   aiter_src=args.aiter_src, fa_src=args.fa_src, sglang_src=args.sglang_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
     if args.command == "fuzz":
         options.update(repro_dir=_path(args.repro_dir), profile=args.profile, max_examples=args.max_examples,
                        time_budget=args.time_budget, seed=args.seed, shrink=not args.no_shrink,
@@ -319,8 +323,10 @@ def _list(args, settings) -> int:
         if name.partition("@")[0] in unavailable:
             continue  # its variants load the same files
         try:
-            caps = resolve(name, **settings.sources).capabilities
-            rows.append((name, "-", "gpu, cpu-interpreter", caps.describe()))
+            kernel = resolve(name, **settings.sources)
+            caps = kernel.capabilities
+            where = "gpu, cpu-interpreter (" + "/".join(d.replace("float", "fp") for d in caps.runnable_dtypes(True)) + ")"
+            rows.append((name, "-", where, "; ".join((caps.describe(), *kernel.notes))))
         except NanfuzzError as exc:
             unavailable.add(name)
             rows.append((name, "-", "unavailable", str(exc)))

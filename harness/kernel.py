@@ -43,6 +43,9 @@ class Kernel:
     # another process loads the same code; None: the installed package.
     source: str | None = None
     supports: SupportsFn | None = None
+    # What the adapter leaves out or stands in for (a library module that did not import here),
+    # one line each: ``nanfuzz list`` shows them beside the capabilities.
+    notes: tuple[str, ...] = ()
 
     def declines(self, case: Case) -> str | None:
         """Why the adapter's ``supports`` turns ``case`` down, or None when it takes it."""

@@ -18,9 +18,10 @@ from nanfuzz.reference.errors import NanfuzzError
 # Built-in families: module path under harness.kernels; each exposes KERNELS.
 BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified", "split_decode")
 # Kernel libraries, by the prefix of their kernel names: the adapter module under
-# harness.adapters (its kernel(name, source) and KERNEL_NAMES).  A library's source
-# tree travels as resolve()'s ``<prefix>_src`` and the command line's --<prefix>-src.
-LIBRARIES = ("vllm", "aiter")
+# harness.adapters (its kernel(name, source) and KERNEL_NAMES), and the keyword its
+# source tree travels as: resolve()'s and Settings' field, the command line's option
+# with a dash (--vllm-src, --fa-src).
+LIBRARIES = {"vllm": "vllm_src", "aiter": "aiter_src", "fa_amd": "fa_src", "sglang": "sglang_src"}
 
 
 def builtin_kernels() -> dict[str, Kernel]:
@@ -33,26 +34,27 @@ def builtin_kernels() -> dict[str, Kernel]:
 
 
 def resolve(name: str, vllm_src: str | None = None, aiter_src: str | None = None,
-            import_root: str | None = None) -> Kernel:
+            import_root: str | None = None, fa_src: str | None = None, sglang_src: str | None = None) -> Kernel:
     """Turn a kernel name from the command line or a repro into a Kernel.
 
-    ``vllm_src`` / ``aiter_src``: where ``vllm:*`` / ``aiter:*`` kernels load
-    their library's kernel files from (None: the installed package);
+    ``vllm_src`` / ``aiter_src`` / ``fa_src`` / ``sglang_src``: where ``vllm:*`` /
+    ``aiter:*`` / ``fa_amd:*`` / ``sglang:*`` kernels load their library's kernel files
+    from (None: the installed package);
     ``import_root``: a folder a user's adapter module imports from besides the
     current directory (a replay run elsewhere in its repository);
-    ``Settings.sources`` holds all three.
+    ``Settings.sources`` holds them all.
 
     The Kernel's ``spec`` is ``name``, so ``kernel.resolvable`` resolves it
     again in another process (a job, a replay, a repro script).
     """
     if is_user_spec(name):
         return replace(_user_kernel(name, import_root), spec=name, source=import_root)
-    kernel = _resolve(name, {"vllm": vllm_src, "aiter": aiter_src})
+    kernel = _resolve(name, {"vllm": vllm_src, "aiter": aiter_src, "fa_amd": fa_src, "sglang": sglang_src})
     return kernel if kernel.spec else replace(kernel, spec=name)
 
 
 def library_of(name: str) -> str | None:
-    """The kernel library a kernel name belongs to ("vllm", "aiter"), or None."""
+    """The kernel library a kernel name belongs to ("vllm", "aiter", "fa_amd", "sglang"), or None."""
     prefix, colon, _ = name.partition(":")
     return prefix if colon and prefix in LIBRARIES else None
 
@@ -60,21 +62,31 @@ def library_of(name: str) -> str | None:
 def kernel_sources(kernel: Kernel, sources: dict[str, str | None] | None = None) -> dict[str, str | None]:
     """resolve()'s source keywords that load ``kernel``'s code again elsewhere: ``sources``
     (``Settings.sources``) with the tree the kernel was loaded from in its library's place."""
-    chosen = {**{f"{library}_src": None for library in LIBRARIES}, "import_root": None}
+    chosen = {**{source_key(library): None for library in LIBRARIES}, "import_root": None}
     chosen.update(sources or {})
     path = import_path(kernel)
     library = library_of(path)
     if library and kernel.source:
-        chosen[f"{library}_src"] = kernel.source
+        chosen[source_key(library)] = kernel.source
     elif is_user_spec(path) and kernel.source:
         chosen["import_root"] = kernel.source
     return chosen
 
 
+def source_key(library: str) -> str:
+    """The keyword a library's source tree travels as: "vllm_src", "fa_src"."""
+    return LIBRARIES[library]
+
+
+def source_flag(library: str) -> str:
+    """The command line's option for a library's source tree: "--vllm-src", "--fa-src"."""
+    return "--" + source_key(library).replace("_", "-")
+
+
 def source_option(kernel: Kernel) -> str:
-    """`` --vllm-src DIR`` (or ``--aiter-src``) where the kernel came from an explicit tree, for replay lines."""
+    """`` --vllm-src DIR`` (or ``--aiter-src``, ...) where the kernel came from an explicit tree, for replay lines."""
     library = library_of(import_path(kernel))
-    return f" --{library}-src {kernel.source}" if library and kernel.source else ""
+    return f" {source_flag(library)} {kernel.source}" if library and kernel.source else ""
 
 
 def import_path(kernel: Kernel) -> str:

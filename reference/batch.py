@@ -28,6 +28,11 @@ class PagedBatch:
     ``v_scale_cache``; ``k``/``v`` then hold the new tokens' dequantized
     values (code x scale) rounded to the query dtype, so a kernel that reads
     new tokens from them sees what the cache holds.
+
+    A latent (MLA) cache (``Geometry.latent_rank``) is one cache: ``key_cache``
+    ``[num_blocks, block_size, 1, kv_lora_rank + rope_dim]``, and ``value_cache``
+    the view of its first ``kv_lora_rank`` entries (no allocation of its own, no
+    input of its own); ``v`` likewise holds the first entries of ``k``.
     """
 
     case: Case
@@ -53,6 +58,8 @@ class PagedBatch:
     def from_allocations(cls, case: Case, allocations: dict[str, Allocation]) -> "PagedBatch":
         views = {name: a.view for name, a in allocations.items()}
         views.setdefault("sinks", None)
+        if case.geometry.latent:
+            views["value_cache"] = latent_values(case, views["key_cache"])
         return cls(case=case, allocations=allocations, **views)
 
     def clone(self) -> "PagedBatch":
@@ -61,6 +68,8 @@ class PagedBatch:
             return PagedBatch.from_allocations(self.case, clone_together(self.allocations))
         tensors = {name: t.clone() for name, t in self.inputs().items()}
         tensors.setdefault("sinks", None)
+        if self.case.geometry.latent:
+            tensors["value_cache"] = latent_values(self.case, tensors["key_cache"])
         return PagedBatch(case=self.case, **tensors)
 
     def for_kernel(self) -> "PagedBatch":
@@ -111,7 +120,14 @@ class PagedBatch:
             "block_table": self.block_table, "seq_lens": self.seq_lens,
             "query_start_loc": self.query_start_loc,
         }
+        if self.case.geometry.latent:
+            del named["value_cache"]  # a view of key_cache: the one cache
         for name in OPTIONAL_INPUTS:
             if getattr(self, name) is not None:
                 named[name] = getattr(self, name)
         return named
+
+
+def latent_values(case: Case, key_cache: torch.Tensor) -> torch.Tensor:
+    """V of a latent cache: the view of each row's first ``latent_rank`` entries."""
+    return key_cache[..., :case.geometry.latent_rank]

@@ -60,8 +60,25 @@ class Capabilities:
     kv_cache_dtypes: tuple[str, ...] = ("auto",)
     # Cache dtypes read with per-token-head scale caches (fp8 or "int8").
     token_head_dtypes: tuple[str, ...] = ()
+    # -- MLA latent caches (Geometry.latent_rank) ----------------------------------
+    # (kv_lora_rank, rope_dim) pairs: the kernel reads one latent cache of rows of
+    # kv_lora_rank + rope_dim entries, K the whole row and V its first kv_lora_rank,
+    # with one KV head for every query head; every case it gets is such a case, and
+    # head_sizes follows (each pair's sum).  Empty: separate K and V caches.
+    mla: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
+        if self.mla:
+            pairs = tuple(tuple(pair) for pair in self.mla)
+            if not all(len(pair) == 2 and all(type(x) is int and x > 0 for x in pair) for pair in pairs):
+                raise NanfuzzError(f"Capabilities(mla={self.mla!r}) must be (kv_lora_rank, rope_dim) pairs of "
+                                   "positive whole numbers, e.g. ((512, 64),)")
+            sums = [rank + rope for rank, rope in pairs]
+            if len(set(sums)) != len(sums):
+                raise NanfuzzError(f"Capabilities(mla={self.mla!r}): two pairs give one row width; a latent case "
+                                   "is named by its row width and rank, so give each width once")
+            object.__setattr__(self, "mla", pairs)
+            object.__setattr__(self, "head_sizes", tuple(sums))
         if type(self.min_window) is not int or self.min_window < 1:
             raise NanfuzzError(f"Capabilities(min_window={self.min_window!r}) must be a whole number >= 1: "
                                "the narrowest sliding window, in keys, the kernel takes")
@@ -72,6 +89,14 @@ class Capabilities:
     @property
     def decode_only(self) -> bool:
         return self.max_query_len == 1
+
+    def latent_rank(self, head_size: int) -> int:
+        """The kv_lora_rank of a case of ``head_size`` for an MLA kernel (``mla``); 0 for any other."""
+        return next((rank for rank, rope in self.mla if rank + rope == head_size), 0)
+
+    def kv_head_limit(self, limit: int) -> int:
+        """The most KV heads a case may have, at most ``limit``: one for an MLA kernel."""
+        return 1 if self.mla else min(limit, self.max_q_heads)
 
     def windowed(self, causal: bool) -> bool:
         """May a case in this mode have a sliding window?"""
@@ -100,6 +125,11 @@ class Capabilities:
             return f"dtype {g.dtype} (supported{where}: {', '.join(dtypes)})"
         if g.head_size not in self.head_sizes:
             return f"head_size {g.head_size} (supported: {self.head_sizes})"
+        if self.mla and (g.latent_rank, g.head_size - g.latent_rank) not in self.mla:
+            return (f"a cache that is not an MLA latent cache of {self.describe_mla()}" if not g.latent else
+                    f"latent rank {g.latent_rank} + rope {g.rope_dim} (supported: {self.describe_mla()})")
+        if g.latent and not self.mla:
+            return "an MLA latent cache (one cache, V its first kv_lora_rank entries)"
         if g.block_size not in self.block_sizes:
             return f"block_size {g.block_size} (supported: {self.block_sizes})"
         if g.num_q_heads > self.max_q_heads:
@@ -147,6 +177,10 @@ class Capabilities:
             parts.append(",".join(self.token_head_dtypes) + " per-token-head")
         return "kv " + "; ".join(parts)
 
+    def describe_mla(self) -> str:
+        """``512+64,128+64``: the latent caches an MLA kernel reads (rank + rope)."""
+        return ",".join(f"{rank}+{rope}" for rank, rope in self.mla)
+
     def describe(self) -> str:
         parts = [
             "/".join(d.replace("float", "fp").replace("bfp16", "bf16") for d in self.dtypes),
@@ -161,7 +195,7 @@ class Capabilities:
             parts.append("sinks")
         if "float32" in self.dtypes:
             parts.append(f"fp32-products {self.precision}")
-        parts.append("heads " + ",".join(map(str, self.head_sizes)))
+        parts.append(f"mla {self.describe_mla()}" if self.mla else "heads " + ",".join(map(str, self.head_sizes)))
         limits = [f"{label} {value}" for label, value in (("max-group", self.max_group), ("max-seq", self.max_seq_len),
                                                           ("max-seqs", self.max_sequences),
                                                           ("max-blocks", self.max_blocks)) if value is not None]

@@ -63,16 +63,35 @@ SEQUENCE_KINDS = (DECODE, PREFILL, CHUNKED_PREFILL, PADDING)
 
 @dataclass(frozen=True)
 class Geometry:
+    """``latent_rank`` > 0 makes the cache an MLA latent cache: one KV head whose row of
+    ``head_size`` = kv_lora_rank + rope_dim entries is K, and whose first ``latent_rank``
+    entries are V (DeepSeek's absorbed MLA decode); the output has ``v_head_size`` columns."""
+
     num_q_heads: int
     num_kv_heads: int
     head_size: int
     block_size: int
     num_blocks: int
     dtype: str
+    latent_rank: int = 0
 
     @property
     def queries_per_kv(self) -> int:
         return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def latent(self) -> bool:
+        return self.latent_rank > 0
+
+    @property
+    def rope_dim(self) -> int:
+        """The entries of a latent row past V (its rotary part); 0 without a latent cache."""
+        return self.head_size - self.latent_rank if self.latent else 0
+
+    @property
+    def v_head_size(self) -> int:
+        """V's width, and the output's: ``latent_rank`` for a latent cache, else ``head_size``."""
+        return self.latent_rank if self.latent else self.head_size
 
 
 @dataclass(frozen=True)
@@ -225,7 +244,7 @@ class Case:
         """Built on its device, only the cache blocks holding live keys (and the blocks poison sites
         name) written; every other block holds NaN in every run (``reference.device_build``)."""
         g = self.geometry
-        caches = 2 * g.num_blocks * g.block_size * g.num_kv_heads * g.head_size
+        caches = (1 if g.latent else 2) * g.num_blocks * g.block_size * g.num_kv_heads * g.head_size
         return caches + self.num_tokens * g.num_q_heads * g.head_size > LARGE_ELEMENTS
 
     @property
@@ -254,7 +273,8 @@ class Case:
         g = self.geometry
         compact = len(self.sequences) * self.table_width > LARGE_TABLE
         record = {
-            "geometry": dataclasses.asdict(g),
+            "geometry": {name: value for name, value in dataclasses.asdict(g).items()
+                         if name != "latent_rank" or g.latent},  # as it read before latent caches
             "sequences": [
                 {"query_len": s.query_len, "seq_len": s.seq_len,
                  "block_table": list(s.block_table[:s.used_blocks(g.block_size)] if compact else s.block_table)}
@@ -301,9 +321,11 @@ class Case:
             _check(all(len(s.block_table) <= width for s in rows), f"a block table is longer than table_width={width}")
             rows = tuple(dataclasses.replace(s, block_table=s.block_table + (padding_block,) * (width - len(s.block_table)))
                          for s in rows)
+        optional = {f.name for f in dataclasses.fields(Geometry) if f.default is not dataclasses.MISSING}
         case = cls(
             geometry=Geometry(**{name: _typed(geometry, name, str if name == "dtype" else int, "geometry.")
-                                 for name in (f.name for f in dataclasses.fields(Geometry))}),
+                                 for name in (f.name for f in dataclasses.fields(Geometry))
+                                 if name in geometry or name not in optional}),
             sequences=rows,
             sliding_window=_typed(data, "sliding_window", int),
             causal=_typed(data, "causal", bool),
@@ -349,6 +371,12 @@ class Case:
                f"{len(self.sequences)} sequences is beyond nanfuzz's bound of {MAX_SEQUENCES}")
         _check(g.num_q_heads % g.num_kv_heads == 0,
                f"num_q_heads={g.num_q_heads} is not a multiple of num_kv_heads={g.num_kv_heads}")
+        if g.latent_rank:
+            _check(0 < g.latent_rank < g.head_size,
+                   f"latent_rank={g.latent_rank} must lie in 1..head_size-1={g.head_size - 1} (kv_lora_rank, "
+                   "with a rotary part after it)")
+            _check(g.num_kv_heads == 1, f"a latent cache has one KV head, not num_kv_heads={g.num_kv_heads}")
+            _check(self.kv_cache == KVCache(), "a latent cache is unquantized (kv_cache.dtype 'auto')")
         _check(len(self.sequences) >= 1, "a case needs at least one sequence")
         _check(self.sliding_window >= 0, f"sliding_window={self.sliding_window} must be >= 0 (0 = no window)")
         _check(0 <= self.padding_block < g.num_blocks,

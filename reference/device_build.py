@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from nanfuzz.reference import quantization, redzones, values
-from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.batch import PagedBatch, latent_values
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.features import poisoned_mask
 from nanfuzz.reference.materialize import (_Q_SPREAD, TORCH_DTYPES, _code_margin, _derive, _garbage, _margin_fill,
-                                           _poison_values, _surround_small, token_layout)
+                                           _poison_values, _surround_small, cache_sides, poison_columns, token_layout)
 from nanfuzz.reference.semantics import liveness
 
 # Elements generated per step: bounds the int64 temporaries of the hash (2^24 x 8 bytes each).
@@ -72,8 +72,9 @@ class DeviceBuild:
     case: Case
     ids: torch.Tensor                     # int64 [T]: the written blocks, sorted
     small: dict[str, redzones.Allocation]  # q, k, v, table, lengths, sinks, scales: one buffer
-    caches: dict[str, torch.Tensor]       # key_cache, value_cache [T, bs, hkv, d] (codes if quantized),
-                                          # k_scale_cache, v_scale_cache [T, bs, hkv] (per-token-head)
+    caches: dict[str, torch.Tensor]       # key_cache, value_cache [T, bs, hkv, d] (codes if quantized; a
+                                          # latent cache: key_cache alone), k_scale_cache, v_scale_cache
+                                          # [T, bs, hkv] (per-token-head)
     compact_table: torch.Tensor           # int32 [S, W]: each entry's index in ``ids`` (0 where none)
     dead: torch.Tensor = field(repr=False)  # bool [T * bs]: the dead slots of the written blocks
 
@@ -83,6 +84,8 @@ class DeviceBuild:
         views["block_table"] = self.compact_table
         views.update(self.caches)
         views.setdefault("sinks", None)
+        if self.case.geometry.latent:
+            views["value_cache"] = latent_values(self.case, views["key_cache"])
         return PagedBatch(case=self.case, **views)
 
 
@@ -143,14 +146,15 @@ def _caches(case: Case, physical: torch.Tensor, live: torch.Tensor, poison: torc
     width = g.num_kv_heads * g.head_size
     rows = physical.numel()
     dtype = torch.uint8 if kv.quantized else TORCH_DTYPES[g.dtype]
-    caches = {name: torch.empty(rows, width, dtype=dtype, device=device) for name in ("key_cache", "value_cache")}
+    names = ("key_cache", "value_cache")[:len(cache_sides(case))]
+    caches = {name: torch.empty(rows, width, dtype=dtype, device=device) for name in names}
     if kv.token_head:
         for name in ("k_scale_cache", "v_scale_cache"):
             caches[name] = torch.empty(rows, g.num_kv_heads, dtype=torch.float32, device=device)
     live_rows = torch.nonzero(live).flatten()
     for part in _chunks(live_rows, width):
         rows_here = live_rows[part]
-        for which, name in (("k", "key_cache"), ("v", "value_cache")):
+        for which, name in (("k", "key_cache"), ("v", "value_cache"))[:len(names)]:
             x = values.uniform(case.data_seed, f"cache_{which}", _element_index(physical[rows_here], width))
             if not kv.quantized:
                 caches[name][rows_here] = x.to(caches[name].dtype)
@@ -165,7 +169,7 @@ def _caches(case: Case, physical: torch.Tensor, live: torch.Tensor, poison: torc
     _write_dead(case, caches, dead_rows, physical[dead_rows], None if poison is None else poison[dead_rows],
                 garbage_seed)
     shape = (rows // g.block_size, g.block_size, g.num_kv_heads, g.head_size)
-    for name in ("key_cache", "value_cache"):
+    for name in names:
         caches[name] = (quantization.as_encoding(caches[name], kv.dtype) if kv.quantized else caches[name]).view(shape)
     for name in ("k_scale_cache", "v_scale_cache"):
         if name in caches:
@@ -186,7 +190,7 @@ def _write_dead(case: Case, caches: dict[str, torch.Tensor], rows: torch.Tensor,
             for name, t in caches.items()}
     garbage = _derive(case.data_seed, 2, garbage_seed)
     hostile = _derive(case.data_seed, 1)
-    for which, name, hit in (("k", "key_cache", p.hits_k), ("v", "value_cache", p.hits_v)):
+    for (which, hit), name in zip(cache_sides(case), ("key_cache", "value_cache")):
         codes_hit = poisoned if (poisoned is not None and hit and p.hits_data) else None
         scales_hit = poisoned if (poisoned is not None and hit and p.hits_scales and kv.token_head) else None
         _fill_dead(case, which, flat[name], rows, physical, codes_hit, width, garbage, hostile)
@@ -196,6 +200,8 @@ def _write_dead(case: Case, caches: dict[str, torch.Tensor], rows: torch.Tensor,
 
 def _fill_dead(case, which, cache, rows, physical, poisoned, width, garbage_seed, hostile_seed) -> None:
     kv = case.kv_cache
+    columns = torch.zeros(width, dtype=torch.bool, device=cache.device)
+    columns[poison_columns(case)] = True  # the entries of a poisoned slot the poison fills
     for part in _chunks(rows, width):
         here, index = rows[part], _element_index(physical[part], width)
         if kv.quantized:
@@ -210,7 +216,7 @@ def _fill_dead(case, which, cache, rows, physical, poisoned, width, garbage_seed
                                                  values.uniform(hostile_seed, f"poison_{which}", index), kv.dtype)
             else:
                 bad = _poison_values(case, f"poison_{which}", index).to(cache.dtype)
-            fill = torch.where(hit[:, None], bad, fill)
+            fill = torch.where(hit[:, None] & columns[None, :], bad, fill)
         cache[here] = fill
 
 
@@ -257,7 +263,10 @@ def _small_inputs(case: Case, device: torch.device, caches: dict[str, torch.Tens
     compact = compact_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t
     slots = compact * g.block_size + pos_t % g.block_size
     k = quantization.values_at(case, caches["key_cache"], kv.k_scale, caches.get("k_scale_cache"), slots).to(q.dtype)
-    v = quantization.values_at(case, caches["value_cache"], kv.v_scale, caches.get("v_scale_cache"), slots).to(q.dtype)
+    if g.latent:
+        v = k[..., :g.latent_rank].contiguous()
+    else:
+        v = quantization.values_at(case, caches["value_cache"], kv.v_scale, caches.get("v_scale_cache"), slots).to(q.dtype)
     sinks = None
     if case.sinks:
         index = torch.arange(g.num_q_heads, dtype=torch.int64)

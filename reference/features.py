@@ -56,6 +56,8 @@ def poison_target(case: Case) -> str:
     """What the poison is in: "V", "KV", "V scales" (per-token-head scale caches), "K codes and scales"."""
     p = case.poison
     sides = p.tensors.upper()
+    if case.geometry.latent:  # one cache: V is its latent part, what only K reads its rotary part
+        return {"v": "the latent part (V)", "k": "the rope part", "kv": "the latent and rope parts"}[p.tensors]
     return {"data": sides, "scales": f"{sides} scales", "data+scales": f"{sides} codes and scales"}[p.parts]
 
 
@@ -71,6 +73,8 @@ def case_features(case: Case) -> set[str]:
             found.add("non-causal+window")
     if g.num_q_heads != g.num_kv_heads:
         found.add("gqa")
+    if g.latent:
+        found.add(f"mla:{g.latent_rank}+{g.rope_dim}")
     if case.sinks:
         found.add("sinks")
     why = reasons(case)

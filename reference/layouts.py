@@ -16,18 +16,54 @@ slots of the batch's padding block: dead, and poisoned like every dead slot, so 
 kernel that reads past its range reads hostile values on every run.  Everything is
 computed on the host from ``batch.case`` and moved to the batch's device in one copy
 per tensor: no device sync.
+
+While a check runs its poisoned launch (``recording``), each index buffer these
+helpers make is noted by the dead-slot classes its entries point at: what such a
+layout lets the kernel reach (the statistics' "layout:" situations).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Iterator
 
+import numpy as np
 import torch
 
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.features import POISON_CLASS_FLAGS
+from nanfuzz.reference.semantics import reasons
 
-KEYS = ("live", "all")
+# "live": each sequence's live keys; "all": keys [0, seq_len); "context": the live keys
+# before its new tokens (an extend kernel's prefix, its new tokens' K/V handed apart).
+KEYS = ("live", "all", "context")
+INDEXED = "indexed"  # recorded for every index buffer made, whatever its entries point at
+_recorders: list[set[str]] = []
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[set[str]]:
+    """The dead-slot classes (``features.POISON_CLASS_FLAGS`` names) the entries of every index
+    buffer made meanwhile point at, and ``INDEXED`` once one was made."""
+    found: set[str] = set()
+    _recorders.append(found)
+    try:
+        yield found
+    finally:
+        _recorders.remove(found)
+
+
+def _note(case: Case, pages: list[int], page_size: int) -> None:
+    if not _recorders or not pages:
+        return
+    bs = case.geometry.block_size
+    slots = (np.asarray(pages, dtype=np.int64)[:, None] * page_size + np.arange(page_size)).reshape(-1)
+    why = int(np.bitwise_or.reduce(reasons(case)[slots // bs, slots % bs]))
+    classes = {INDEXED} | {name for name, flag in POISON_CLASS_FLAGS.items() if why & int(flag)}
+    for found in _recorders:
+        found |= classes
 
 
 @dataclass(frozen=True)
@@ -98,7 +134,8 @@ def token_indices(batch: PagedBatch, *, page_size: int = 1, keys: str = "live",
 
     ``keys`` "live": each sequence's live key range (``live_key_ranges``), the keys a
     windowed kernel is handed once expired pages are freed; "all": keys ``[0, seq_len)``,
-    expired ones included, for a kernel that applies the window itself.  With a page size
+    expired ones included, for a kernel that applies the window itself; "context": the live
+    keys before the sequence's new tokens, an extend kernel's prefix.  With a page size
     above 1 the first page may start before the range (``kv_start``).  ``capacity`` pads
     ``kv_indices`` to a fixed length with pages of the padding block."""
     case = batch.case
@@ -113,13 +150,15 @@ def token_indices(batch: PagedBatch, *, page_size: int = 1, keys: str = "live",
     indptr, indices, starts, last = [0], [], [], []
     for i in sequences:
         seq = case.sequences[i]
-        lo = seq.live_range(case.sliding_window)[0] if keys == "live" else 0
-        first, end = lo // page_size, -(-seq.seq_len // page_size)  # logical pages [first, end)
+        lo = 0 if keys == "all" else seq.live_range(case.sliding_window)[0]
+        hi = seq.context_len if keys == "context" else seq.seq_len
+        first, end = lo // page_size, -(-hi // page_size)  # logical pages [first, end)
         indices += [seq.block_table[p // per_block] * per_block + p % per_block for p in range(first, end)]
         indptr.append(len(indices))
         starts.append(first * page_size)
-        last.append(seq.seq_len - (end - 1) * page_size if end > first else 0)
+        last.append(hi - (end - 1) * page_size if end > first else 0)
     indices += dead_pages(case, page_size, _padded_length(len(indices), capacity))
+    _note(case, indices, page_size)
     device = batch.block_table.device
     as_tensor = lambda values: torch.tensor(values, dtype=torch.int32).to(device)  # noqa: E731
     return TokenIndices(page_size, as_tensor(indptr), as_tensor(indices), as_tensor(starts), as_tensor(last),
@@ -140,6 +179,7 @@ def req_to_token(batch: PagedBatch, *, width: int | None = None) -> torch.Tensor
             raise NanfuzzError(f"req_to_token(width={width}) is narrower than a sequence of {s.seq_len} keys")
         live = [s.block_table[k // bs] * bs + k % bs for k in range(s.seq_len)]
         rows.append(live + dead_pages(case, 1, width - s.seq_len))
+    _note(case, [slot for row in rows for slot in row], 1)
     return torch.tensor(rows, dtype=torch.int32).view(len(rows), width).to(batch.block_table.device)
 
 

@@ -107,14 +107,25 @@ def host_to_device(device: torch.device, *parts: torch.Tensor) -> list[torch.Ten
     return [chunk.view(p.shape) for chunk, p in zip(moved.split([p.numel() for p in parts]), parts)]
 
 
-def _fill(cache: torch.Tensor, slots: torch.Tensor, make) -> None:
-    """Write ``make(element index)`` into the given slots of a ``[slots, heads * head_size]`` cache.
+def _fill(cache: torch.Tensor, slots: torch.Tensor, make, columns: slice = slice(None)) -> None:
+    """Write ``make(element index)`` into the given slots of a ``[slots, heads * head_size]`` cache
+    (into ``columns`` of them only).
 
     A value depends only on its element index, so computing it for the slots
     that need it gives the same bits as computing it for the whole cache.
     """
     if slots.numel():
-        cache[slots] = make(_element_index(slots, cache.shape[1])).to(cache.dtype)
+        cache[slots, columns] = make(_element_index(slots, cache.shape[1]))[:, columns].to(cache.dtype)
+
+
+def poison_columns(case: Case) -> slice:
+    """The entries of a poisoned slot that hold the poison: all of them, except in a latent cache,
+    whose one row is both K and V: there poison in "v" is in the latent part (V, which K reads
+    too), in "k" in the rotary part (what only K reads), in "kv" in both."""
+    g = case.geometry
+    if not g.latent or case.poison.tensors == "kv":
+        return slice(None)
+    return slice(0, g.latent_rank) if case.poison.tensors == "v" else slice(g.latent_rank, None)
 
 
 def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed: int):
@@ -130,7 +141,7 @@ def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed:
     _fill(cache, slots["garbage"],
           lambda index: _garbage(_derive(case.data_seed, 2, garbage_seed), f"garbage_{which}", index))
     if "poison" in slots:
-        _fill(cache, slots["poison"], lambda index: _poison_values(case, f"poison_{which}", index))
+        _fill(cache, slots["poison"], lambda index: _poison_values(case, f"poison_{which}", index), poison_columns(case))
     return cache.view(shape), None
 
 
@@ -196,6 +207,15 @@ def _fill_dead_codes(case: Case, which: str, codes: torch.Tensor, scale_cache: t
             values.uniform(seed, f"garbage_scale_{which}", index), kv.dtype)
 
 
+def cache_sides(case: Case) -> tuple[tuple[str, bool], ...]:
+    """The caches a case builds and whether its poison hits each: K and V, or a latent cache
+    alone (its one cache holds whatever K or V poison there is, in ``poison_columns``)."""
+    p = case.poison
+    if case.geometry.latent:
+        return (("k", p.hits_k or p.hits_v),)
+    return (("k", p.hits_k), ("v", p.hits_v))
+
+
 def token_layout(case: Case) -> tuple[list[int], list[int]]:
     """For each query token in order: its sequence and its absolute position."""
     seq_of, pos_of = [], []
@@ -233,11 +253,14 @@ def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -
         "starts": torch.tensor(case.query_start_loc(), dtype=torch.int64),
     }
     p = case.poison
-    for which, hit in (("k", p.hits_k), ("v", p.hits_v)):
+    for which, hit in cache_sides(case):
         poisons = poison is not None and hit
         codes_hit = poisons and p.hits_data
         scales_hit = poisons and p.hits_scales and case.kv_cache.token_head
-        if codes_hit:
+        if codes_hit and g.latent:  # the poison fills some columns of its slots, garbage the rest
+            host[f"{which}.garbage"] = _slots(~live)
+            host[f"{which}.poison"] = _slots(poison)
+        elif codes_hit:
             host[f"{which}.garbage"] = _slots(~live & ~poison)
             host[f"{which}.poison"] = _slots(poison)
         else:
@@ -253,7 +276,8 @@ def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -
                  if f"{which}.{kind}" in host}
         return _cache(case, which, {"live": host["live"], **kinds}, garbage_seed)
 
-    (key_cache, k_scale_cache), (value_cache, v_scale_cache) = cache("k"), cache("v")
+    key_cache, k_scale_cache = cache("k")
+    value_cache, v_scale_cache = cache("v") if not g.latent else (None, None)
 
     seq_t, pos_t = host["seq"], host["pos"]
     heads = torch.arange(g.num_q_heads * g.head_size, device=device, dtype=torch.int64)
@@ -266,7 +290,10 @@ def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -
     slots = blocks * g.block_size + pos_t % g.block_size
     kv = case.kv_cache
     k = quantization.values_at(case, key_cache, kv.k_scale, k_scale_cache, slots).to(q.dtype)
-    v = quantization.values_at(case, value_cache, kv.v_scale, v_scale_cache, slots).to(q.dtype)
+    if g.latent:
+        v = k[..., :g.latent_rank].contiguous()
+    else:
+        v = quantization.values_at(case, value_cache, kv.v_scale, v_scale_cache, slots).to(q.dtype)
 
     sinks = None
     if case.sinks:
@@ -281,7 +308,8 @@ def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -
 
     margin = _margin_fill(case, garbage_seed, poisoned)
     cache_margin = _code_margin(case, garbage_seed, poisoned) if kv.quantized else margin
-    allocations = _surround(case, margin, cache_margin, q=q, k=k, v=v, key_cache=key_cache, value_cache=value_cache,
+    caches = {"key_cache": key_cache} if g.latent else {"key_cache": key_cache, "value_cache": value_cache}
+    allocations = _surround(case, margin, cache_margin, q=q, k=k, v=v, **caches,
                             block_table=block_table, seq_lens=host["seq_lens"].to(torch.int32),
                             query_start_loc=host["starts"].to(torch.int32), sinks=sinks, **scales)
     return PagedBatch.from_allocations(case, allocations)
@@ -331,7 +359,9 @@ def _surround(case: Case, margin, cache_margin, **tensors) -> dict[str, redzones
               if name in tensors}
     made = _surround_small(case, margin, **tensors)
     for name in ("key_cache", "value_cache"):
-        made[name] = z.surround(caches[name], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER, cache_margin(f"redzone_{name}"))
+        if name in caches:  # a latent cache is key_cache alone
+            made[name] = z.surround(caches[name], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
+                                    cache_margin(f"redzone_{name}"))
     for name in ("k_scale_cache", "v_scale_cache"):
         if name in caches:
             made[name] = z.surround(caches[name], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER, margin(f"redzone_{name}"))
@@ -377,8 +407,8 @@ def refill_dead_slots(batch: PagedBatch, garbage_seed: int) -> PagedBatch:
     dead = _slots(~live_mask(case, "cpu"))
     seed = _derive(case.data_seed, 2, garbage_seed)
     quantized = case.kv_cache.quantized
-    for which, cache, scale_cache in (("k", copy.key_cache, copy.k_scale_cache),
-                                      ("v", copy.value_cache, copy.v_scale_cache)):
+    sides = (("k", copy.key_cache, copy.k_scale_cache), ("v", copy.value_cache, copy.v_scale_cache))
+    for which, cache, scale_cache in sides[:len(cache_sides(case))]:
         if quantized:
             codes = quantization.codes_of(cache).reshape(-1, g.num_kv_heads * g.head_size)
             scales = None if scale_cache is None else scale_cache.reshape(-1, g.num_kv_heads)

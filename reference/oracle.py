@@ -34,7 +34,8 @@ _SCORE_ELEMENTS = 1 << 26
 
 
 def oracle(batch: PagedBatch) -> torch.Tensor:
-    """float64 ``[num_tokens, num_q_heads, head_size]`` on the batch's device."""
+    """float64 ``[num_tokens, num_q_heads, v_head_size]`` on the batch's device (``v_head_size`` is
+    ``head_size`` but for a latent cache, whose V is its first ``latent_rank`` entries)."""
     return computed_in(batch, FLOAT64)
 
 
@@ -46,7 +47,7 @@ def computed_in(batch: PagedBatch, arithmetic: Arithmetic) -> torch.Tensor:
 def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
               lap: Callable[[int], None] | None = None) -> tuple[torch.Tensor, ...]:
     """The oracle's attention in each of ``arithmetics`` (float64 ``[num_tokens,
-    num_q_heads, head_size]`` each), from one gather of each chunk of sequences.
+    num_q_heads, v_head_size]`` each), from one gather of each chunk of sequences.
 
     Each result is bit-identical to :func:`computed_in` in its arithmetic alone.
     ``lap(i)`` is called when arithmetic ``i`` is done with a chunk: the work
@@ -55,7 +56,7 @@ def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
     case = batch.case
     g = case.geometry
     device = batch.q.device
-    outs = tuple(torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=torch.float64, device=device)
+    outs = tuple(torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=torch.float64, device=device)
                  for _ in arithmetics)
     if case.num_tokens == 0:
         return outs
@@ -83,14 +84,14 @@ class _Gathered:
     case: Case
     q: torch.Tensor             # [n, max_q, hkv, group, d]
     k: torch.Tensor             # [n, max_len, hkv, d]
-    v: torch.Tensor             # [n, max_len, hkv, d]
+    v: torch.Tensor             # [n, max_len, hkv, dv]
     allowed: torch.Tensor       # bool [n, max_q, max_len]
     sinks: torch.Tensor | None  # [1, hkv, group, 1, 1]
     tok_seq: torch.Tensor       # [chunk tokens]: its sequence in the chunk
     tok_row: torch.Tensor       # [chunk tokens]: its query row in the sequence
 
     def attend(self, arithmetic: Arithmetic) -> torch.Tensor:
-        """float64 ``[chunk tokens, num_q_heads, head_size]`` in ``arithmetic``, a step of query rows
+        """float64 ``[chunk tokens, num_q_heads, v_head_size]`` in ``arithmetic``, a step of query rows
         at a time (each row's softmax is its own)."""
         g = self.case.geometry
         n, max_q, max_len = self.allowed.shape
@@ -99,7 +100,7 @@ class _Gathered:
             steps = [_softmax_pv(self.q[:, r:r + rows], self.k, self.v, self.allowed[:, r:r + rows], self.case.scale,
                                  self.sinks, arithmetic) for r in range(0, max_q, rows)]
         out = steps[0] if len(steps) == 1 else torch.cat(steps, dim=1)
-        return out[self.tok_seq, self.tok_row].reshape(len(self.tok_seq), g.num_q_heads, g.head_size).double()
+        return out[self.tok_seq, self.tok_row].reshape(len(self.tok_seq), g.num_q_heads, g.v_head_size).double()
 
 
 def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gathered:
@@ -135,7 +136,7 @@ def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gat
     table = batch.block_table[first:last].long()
     slot = table[seq_idx, key_idx // bs] * bs + key_idx % bs
     k = torch.zeros(n, max_len, hkv, d, dtype=torch.float64, device=device)
-    v = torch.zeros_like(k)
+    v = torch.zeros(n, max_len, hkv, g.v_head_size, dtype=torch.float64, device=device)
     k[seq_idx, key_idx], v[seq_idx, key_idx] = live_values(batch, slot)
 
     # -- the queries, padded to [n, max_q] -----------------------------------
@@ -192,7 +193,7 @@ _ieee_float32_matmuls = _IeeeMatmuls()
 
 
 def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic) -> torch.Tensor:
-    """softmax(scale * q.k) v over the allowed keys, in ``arithmetic``: ``[n, max_q, hkv, group, d]``."""
+    """softmax(scale * q.k) v over the allowed keys, in ``arithmetic``: ``[n, max_q, hkv, group, dv]``."""
     acc = arithmetic.accumulate
     q, k, v = (arithmetic.operand(x.to(acc)) for x in (q, k, v))
     scores = torch.einsum("sqhgd,slhd->shgql", q, k) * scale                   # [n, hkv, group, max_q, max_len]
@@ -207,5 +208,5 @@ def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic) -> torch
     denom = p.sum(dim=-1, keepdim=True)
     if sink is not None:
         denom = denom + torch.exp(sink - m)
-    out = torch.einsum("shgql,slhd->sqhgd", arithmetic.probabilities(p), v) / denom.permute(0, 3, 1, 2, 4)
+    out = torch.einsum("shgql,slhe->sqhge", arithmetic.probabilities(p), v) / denom.permute(0, 3, 1, 2, 4)
     return arithmetic.output(out)

@@ -153,14 +153,17 @@ def hostile_scales(kind: str, bits: torch.Tensor, uniform: torch.Tensor) -> torc
 
 def live_values(batch, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 K and V ``[len(slots), num_kv_heads, head_size]`` of the flat cache
-    slots ``block * block_size + offset``: the codes times their scales.
+    slots ``block * block_size + offset``: the codes times their scales (a latent
+    cache's V: the first ``latent_rank`` entries of K).
 
     Only the given slots are read, codes and scale-cache entries alike; a
     caller that passes live slots alone never touches a dead slot's bits.
     """
     kv: KVCache = batch.case.kv_cache
-    return (values_at(batch.case, batch.key_cache, kv.k_scale, batch.k_scale_cache, slots),
-            values_at(batch.case, batch.value_cache, kv.v_scale, batch.v_scale_cache, slots))
+    k = values_at(batch.case, batch.key_cache, kv.k_scale, batch.k_scale_cache, slots)
+    if batch.case.geometry.latent:
+        return k, k[..., :batch.case.geometry.latent_rank]
+    return k, values_at(batch.case, batch.value_cache, kv.v_scale, batch.v_scale_cache, slots)
 
 
 def values_at(case, cache: torch.Tensor, scale: float, scale_cache: torch.Tensor | None,

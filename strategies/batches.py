@@ -36,7 +36,7 @@ def sequence_lengths(caps: Capabilities, max_len: int, max_query: int, padding: 
     if query_len is None:
         kinds = allowed_kinds(caps, padding)
         q_lo = max(1, caps.min_query_len)
-        q_hi = max_query if caps.max_query_len is None else min(max_query, caps.max_query_len)
+        q_hi = min(max_query if caps.max_query_len is None else min(max_query, caps.max_query_len), max_len)
         queries = integers(q_lo, max(q_lo, q_hi))
     else:
         kinds = (DECODE,) if query_len == 1 else (PREFILL, CHUNKED_PREFILL)

@@ -157,7 +157,7 @@ def _small_cases(capabilities: Capabilities, interpreter: bool, size: Size | Non
 
         unpoisoned = Case(
             geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, bs,
-                              tables.num_blocks, shape.dtype),
+                              tables.num_blocks, shape.dtype, caps.latent_rank(shape.head_size)),
             sequences=tuple(Sequence(x.query_len, x.seq_len, row) for x, row in zip(lengths, tables.rows)),
             sliding_window=window, causal=causal, sinks=sinks,
             padding_block=tables.padding_block, poison=Poison(), data_seed=0, kv_cache=kv_cache)
@@ -176,13 +176,23 @@ DATA_SEEDS = integers(0, 2**32 - 1)
 @functools.lru_cache(maxsize=256)
 def _uniform_lengths(caps: Capabilities, size: Size, block_size: int, query_len: int):
     """The other sequences' list when every sequence with a query has ``query_len`` of them."""
-    max_len = size.max_blocks_per_sequence * block_size
+    max_len = _longest(caps, size, block_size)
     return st.lists(sequence_lengths(caps, max_len, size.max_query_len, query_len=query_len),
-                    max_size=size.max_sequences - 1)
+                    max_size=_most_sequences(caps, size) - 1)
+
+
+def _longest(caps: Capabilities, size: Size, block_size: int) -> int:
+    """The longest sequence a small case may hold: the size's blocks, within the kernel's ``max_seq_len``."""
+    longest = size.max_blocks_per_sequence * block_size
+    return longest if caps.max_seq_len is None else min(longest, caps.max_seq_len)
+
+
+def _most_sequences(caps: Capabilities, size: Size) -> int:
+    return size.max_sequences if caps.max_sequences is None else min(size.max_sequences, caps.max_sequences)
 
 
 def _lengths(caps: Capabilities, size: Size, block_size: int):
     """The first sequence's lengths (it has a query) and the other sequences' list, for one block size."""
-    max_len = size.max_blocks_per_sequence * block_size
+    max_len = _longest(caps, size, block_size)
     return (sequence_lengths(caps, max_len, size.max_query_len, padding=False),
-            st.lists(sequence_lengths(caps, max_len, size.max_query_len), max_size=size.max_sequences - 1))
+            st.lists(sequence_lengths(caps, max_len, size.max_query_len), max_size=_most_sequences(caps, size) - 1))

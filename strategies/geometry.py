@@ -23,7 +23,7 @@ class Shape:
 def shapes(caps: Capabilities, *, interpreter: bool = False, max_kv_heads: int = 4):
     """Shrinks toward the first dtype, one KV head, MHA, the smallest head size, the first block size."""
     dtypes = caps.runnable_dtypes(interpreter)
-    kv_heads = integers(1, min(max_kv_heads, caps.max_q_heads))
+    kv_heads = integers(1, caps.kv_head_limit(max_kv_heads))
     head_sizes = tuple(sorted(caps.head_sizes))
 
     @st.composite

@@ -157,7 +157,7 @@ def _shapes(caps: Capabilities, max_kv_heads: int, interpreter: bool):
     @st.composite
     def shape(draw) -> Shape:
         dtype = pick(draw, dtypes)
-        kv_heads = _log_int(_Drawn(draw), 1, min(max_kv_heads, caps.max_q_heads))
+        kv_heads = _log_int(_Drawn(draw), 1, caps.kv_head_limit(max_kv_heads))
         widest = caps.max_q_heads // kv_heads
         if caps.max_group is not None:
             widest = min(widest, caps.max_group)
@@ -492,7 +492,7 @@ def production_case(draw, caps: Capabilities, size: ProductionSize, interpreter:
         num_blocks = tables.num_blocks
     unpoisoned = Case(
         geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, shape.block_size, num_blocks,
-                          shape.dtype),
+                          shape.dtype, caps.latent_rank(shape.head_size)),
         sequences=tuple(Sequence(x.query_len, x.seq_len, tuple(row)) for x, row in zip(lengths, tables.rows)),
         sliding_window=window, causal=causal, sinks=sinks, padding_block=tables.padding_block, poison=Poison(),
         data_seed=0, kv_cache=kv_cache)
@@ -544,7 +544,7 @@ def wide_entries(caps: Capabilities, count: int, seed: int, *, interpreter: bool
     for _ in range(50 * count):
         if len(found) >= count:
             break
-        kv = rng.choice([k for k in (1, 2, 4, 8, 16) if k <= min(size.max_kv_heads, caps.max_q_heads)])
+        kv = rng.choice([k for k in (1, 2, 4, 8, 16) if k <= caps.kv_head_limit(size.max_kv_heads)])
         widest = caps.max_q_heads // kv if caps.max_group is None else min(caps.max_group, caps.max_q_heads // kv)
         group = rng.randint(17, widest) if widest > 16 and rng.random() < 0.5 else rng.randint(1, min(16, widest))
         head = heads[-1] if rng.random() < 0.5 else rng.choice(heads)

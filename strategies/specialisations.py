@@ -67,7 +67,7 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
         raise ValueError(f"a specialisation pool needs at least one entry, not {size}")
     rng = random.Random(f"nanfuzz-pool:{seed}")
     dtypes = caps.runnable_dtypes(interpreter)
-    kv_cap = min(max_kv_heads, caps.max_q_heads)
+    kv_cap = caps.kv_head_limit(max_kv_heads)
     smallest = Shape(dtypes[0], 1, 1, min(caps.head_sizes), caps.block_sizes[0])
     caches = kv_cache_options(caps)
     windowed_modes = [causal for causal in caps.modes() if caps.windowed(causal)]

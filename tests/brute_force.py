@@ -52,7 +52,7 @@ def brute_force(batch: PagedBatch) -> list[list[list[float]]]:
             top = max(top, sink)
         weights = [math.exp(x - top) for x in scores]
         denom = sum(weights) + (math.exp(sink - top) if sink is not None else 0.0)
-        return [sum(w * v[d] for w, v in zip(weights, values)) / denom for d in range(g.head_size)]
+        return [sum(w * v[d] for w, v in zip(weights, values)) / denom for d in range(g.v_head_size)]
 
     return _by_token(batch, row)
 

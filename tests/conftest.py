@@ -6,6 +6,9 @@ import pytest
 VLLM_VERSION = "0.33.0"
 # The amd-aiter release the aiter:* tests and regressions run against (a pure-Python wheel).
 AITER_VERSION = "0.1.7.post2.dev18"
+# The sglang and flash-attn releases the sglang:* and fa_amd:* tests and regressions run against.
+SGLANG_VERSION = "0.5.23"
+FA_VERSION = "2.8.3.post2"
 OFFLINE_VAR = "NANFUZZ_OFFLINE"
 
 # Tests that run long campaigns (hundreds of examples under Triton's
@@ -74,6 +77,22 @@ def aiter_tree(version: str = AITER_VERSION):
                          aiter_fetch.cache_dir)
 
 
+def sglang_tree(version: str = SGLANG_VERSION):
+    """SGLang ``version``'s Triton attention files from its wheel (see ``_fetched_tree``)."""
+    from nanfuzz.harness.adapters import sglang_fetch
+
+    return _fetched_tree("sglang", version, sglang_fetch.cached_sglang_source, sglang_fetch.ensure_sglang_source,
+                         sglang_fetch.cache_dir)
+
+
+def fa_tree(version: str = FA_VERSION):
+    """flash-attn ``version``'s AMD Triton backend from its source distribution (see ``_fetched_tree``)."""
+    from nanfuzz.harness.adapters import fa_fetch
+
+    return _fetched_tree("flash-attn", version, fa_fetch.cached_fa_source, fa_fetch.ensure_fa_source,
+                         fa_fetch.cache_dir)
+
+
 @pytest.fixture(scope="session")
 def vllm_source():
     """vLLM 0.33.0's kernel tree (see ``vllm_tree``): pass it as ``resolve(name, vllm_src=...)``."""
@@ -84,3 +103,15 @@ def vllm_source():
 def aiter_source():
     """AITER's kernel tree of the pinned release (see ``aiter_tree``): pass it as ``resolve(name, aiter_src=...)``."""
     return aiter_tree()
+
+
+@pytest.fixture(scope="session")
+def sglang_source():
+    """SGLang's kernel tree of the pinned release: pass it as ``resolve(name, sglang_src=...)``."""
+    return sglang_tree()
+
+
+@pytest.fixture(scope="session")
+def fa_amd_source():
+    """flash-attn's AMD backend of the pinned release: pass it as ``resolve(name, fa_src=...)``."""
+    return fa_tree()

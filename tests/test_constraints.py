@@ -55,6 +55,14 @@ def test_uniform_query_len_gives_every_scheduled_sequence_one_query_length_and_s
     assert any(len(_scheduled_query_lens(c)) > 1 for c in _drawn(Capabilities(max_query_len=4)))
 
 
+@pytest.mark.parametrize("uniform", [False, True], ids=["any-query-len", "uniform-query-len"])
+def test_small_cases_stay_within_max_seq_len_and_max_sequences(uniform):
+    caps = Capabilities(max_seq_len=20, max_sequences=2, uniform_query_len=uniform)
+    drawn = _drawn(caps, 100)
+    assert max(c.max_seq_len for c in drawn) <= 20 and max(len(c.sequences) for c in drawn) <= 2
+    assert max(c.max_seq_len for c in _drawn(Capabilities(), 100)) > 20  # sensitivity: longer without the limit
+
+
 def test_capabilities_say_why_a_case_breaks_a_constraint():
     wide, one_key = _drawn(Capabilities(), 150), None
     one_key = next(c for c in wide if c.sliding_window == 1)

@@ -112,9 +112,9 @@ def test_a_correct_kernel_never_crashes_when_campaigns_share_a_state_folder_or_o
 
 
 def test_ctrl_c_while_shrinking_still_writes_the_failure_found(tmp_path):
-    # a 3 s launch timeout: each hanging candidate holds the shrink that long, so it is still shrinking
-    # when the first progress line of a log comes, half a minute in
-    proc = _nanfuzz("fuzz", "--kernel", "tests.subjects:hangs", "--device", "cpu", "--launch-timeout", "3",
+    # each hung launch costs the launch timeout: 5 s keeps the shrink going past the first
+    # progress line of a log (progress.LOG_EVERY, 30 s), which is what says "shrinking"
+    proc = _nanfuzz("fuzz", "--kernel", "tests.subjects:hangs", "--device", "cpu", "--launch-timeout", "5",
                     "--max-examples", "200", "--seed", "0", "--state-dir", str(tmp_path / "state"), cwd=tmp_path,
                     start_new_session=True)
     for line in proc.stderr:  # progress lines: wait until the campaign is shrinking a HANG it found

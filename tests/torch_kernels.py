@@ -34,7 +34,7 @@ def attention(batch, out, *, bug: str | None = None, scale_factor: float = 1.0, 
         seq = case.sequences[s]
         slots = batch.block_table[s].long()[keys // g.block_size] * g.block_size + keys % g.block_size
         k = rounding(batch.key_cache.reshape(-1, g.num_kv_heads, g.head_size)[slots].float())
-        v = rounding(batch.value_cache.reshape(-1, g.num_kv_heads, g.head_size)[slots].float())
+        v = rounding(batch.value_cache.reshape(-1, g.num_kv_heads, g.v_head_size)[slots].float())
         ok = keys < seq.seq_len
         if case.causal:
             ok &= keys <= p

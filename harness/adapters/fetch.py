@@ -1,9 +1,12 @@
-"""Fetch a released wheel's kernel files (vLLM's, AITER's) into a local cache.
+"""Fetch a released wheel's (or source distribution's) kernel files into a local cache.
 
 ``pip download --no-deps`` brings the wheel (no dependency is installed, no
 code runs); only the kernel folders' ``*.py`` files and the version file are
 unpacked, the wheel itself is deleted, and the result is reused on later
-calls.  The folder is ``<name>-<version>`` in nanfuzz's cache:
+calls.  A project released as a source distribution alone (flash-attn) is
+fetched the same way with ``--no-binary :all:``; pip then asks its build for
+its metadata, in this environment (``--no-build-isolation``, so its build finds
+torch here) with ``download_env`` set.  The folder is ``<name>-<version>`` in nanfuzz's cache:
 ``$NANFUZZ_CACHE``, else ``$XDG_CACHE_HOME/nanfuzz``, else
 ``~/.cache/nanfuzz``; it can be given to the library's ``--*-src`` option.
 """
@@ -13,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -56,6 +60,11 @@ class Release:
     folder: str                     # the cache folder's stem: "vllm" -> vllm-0.33.0
     kernel_dirs: tuple[str, ...]    # folders in the wheel whose own *.py files are kept
     extra_files: tuple[str, ...] = ()  # single files kept (the version file)
+    only: tuple[str, ...] = ()      # the file names kept in the kernel folders (empty: every *.py)
+    download_options: tuple[str, ...] = ()  # more pip options (the wheel tag to take, for a project
+                                            # whose wheels differ only in compiled parts)
+    sdist: bool = False             # released as a source distribution (.tar.gz), not a wheel
+    download_env: tuple[tuple[str, str], ...] = ()  # environment of an sdist's metadata build
 
     @property
     def wheel_stem(self) -> str:  # wheel file names spell the project with underscores
@@ -64,18 +73,23 @@ class Release:
     def cache_dir(self, version: str) -> Path:
         return cache_root() / f"{self.folder}-{version}"
 
-    def unpack(self, wheel: Path, dest: Path) -> None:
-        """Copy the kernel files (and the extra files) of a wheel of this project into ``dest``."""
-        with zipfile.ZipFile(wheel) as archive:
-            for name in archive.namelist():
-                folder, _, base = name.rpartition("/")
-                if (f"{folder}/" in self.kernel_dirs and base.endswith(".py")) or name in self.extra_files:
-                    target = dest / name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(archive.read(name))
+    def kept(self, name: str) -> bool:
+        """Is the archive member ``name`` (a path in the package's tree) one of the kept files?"""
+        folder, _, base = name.rpartition("/")
+        in_kernels = f"{folder}/" in self.kernel_dirs and base.endswith(".py") and (not self.only or base in self.only)
+        return in_kernels or name in self.extra_files
+
+    def unpack(self, archive_path: Path, dest: Path) -> None:
+        """Copy the kernel files (and the extra files) of a wheel or sdist of this project into ``dest``."""
+        for name, read in _members(archive_path):
+            if self.kept(name):
+                target = dest / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(read())
         for folder in self.kernel_dirs:
             if not (dest / folder).is_dir():
-                raise NanfuzzError(f"{wheel} holds no {folder} files; is it a {self.project} wheel?")
+                raise NanfuzzError(f"{archive_path} holds no {folder} files; is it a {self.project} "
+                                   f"{'source distribution' if self.sdist else 'wheel'}?")
 
     def cached(self, version: str) -> Path | None:
         """The kernel tree of ``version`` if a complete one is cached, without fetching."""
@@ -103,16 +117,32 @@ class Release:
         return dest
 
     def _download(self, version: str, into: Path) -> Path:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        kind = ["--no-binary=:all:", "--no-build-isolation"] if self.sdist else ["--only-binary=:all:"]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, *self.download_options,
                    "--disable-pip-version-check", "--progress-bar", "off", "--retries", "2",
                    "--dest", str(into), f"{self.project}=={version}"]
-        done = subprocess.run(command, capture_output=True, text=True)
-        wheels = sorted(into.glob(f"{self.wheel_stem}-{version}-*.whl"))
-        if done.returncode == 0 and wheels:
-            return wheels[0]
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **dict(self.download_env)})
+        pattern = f"{self.wheel_stem}-{version}.tar.gz" if self.sdist else f"{self.wheel_stem}-{version}-*.whl"
+        found = sorted(into.glob(pattern))
+        if done.returncode == 0 and found:
+            return found[0]
         output = done.stdout + done.stderr
         network = any(sign in output for sign in _NETWORK_SIGNS)
         last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "no output")
         reason = "no package index is reachable" if network else "pip failed"
         raise FetchError(f"cannot fetch {self.project}=={version} with pip download: {reason} ({last})",
                          network=network)
+
+
+def _members(path: Path):
+    """(name inside the package's tree, a function reading it) for each file of a wheel or an sdist
+    (whose members sit under one ``<name>-<version>/`` folder, left out of the name)."""
+    if path.name.endswith(".whl"):
+        with zipfile.ZipFile(path) as archive:
+            for name in archive.namelist():
+                yield name, lambda name=name: archive.read(name)
+        return
+    with tarfile.open(path) as archive:
+        for member in archive.getmembers():
+            if member.isfile() and "/" in member.name:
+                yield member.name.partition("/")[2], lambda member=member: archive.extractfile(member).read()

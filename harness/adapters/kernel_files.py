@@ -14,7 +14,10 @@ small stand-ins for those runtime modules sit in ``sys.modules``:
 
 Every package above a kernel file or a stand-in is a stand-in package with an
 empty ``__path__``, so an import the stand-ins do not answer fails with the
-module's name instead of reaching into the tree.  ``sys.modules`` is restored
+module's name instead of reaching into the tree.  A file named ``replaceable``
+that fails to import (a backward kernel the installed Triton no longer compiles)
+is replaced by a placeholder whose every name is a function that raises, saying
+why; ``files.left_out`` says which and why.  ``sys.modules`` is restored
 after loading, and ``active()`` installs the same modules around each call
 (Triton resolves a kernel's globals when it first runs), so the stand-ins
 never meet the real library in the same process.  nanfuzz's own vLLM and
@@ -27,9 +30,9 @@ import importlib.util
 import os
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Collection, Iterator, Mapping, Sequence
 
 from nanfuzz.harness.adapters.standins import standin_module
 from nanfuzz.reference.errors import NanfuzzError
@@ -45,6 +48,7 @@ class KernelFiles:
     root: Path
     modules: dict[str, types.ModuleType]   # dotted name -> module, in load order
     standins: dict[str, types.ModuleType]  # dotted name -> stand-in module (packages included)
+    left_out: dict[str, str] = field(default_factory=dict)  # replaced file's dotted name -> why
 
     def __getitem__(self, dotted: str) -> types.ModuleType:
         try:
@@ -69,13 +73,15 @@ class KernelFiles:
 
 
 def load_kernel_files(root: str | os.PathLike, modules: Sequence[str],
-                      standins: Mapping[str, Standin] | None = None, *, library: str = "") -> KernelFiles:
+                      standins: Mapping[str, Standin] | None = None, *, library: str = "",
+                      replaceable: Collection[str] = ()) -> KernelFiles:
     """Execute ``modules`` (dotted names, in order: a module's in-package imports first) from the tree
     at ``root`` (the folder that holds the top-level package), beside ``standins`` for the runtime
     modules they import (dotted name -> a module, or a dict of its attributes).
 
     ``library`` names the library in messages.  A missing folder or file, or a file that fails to
-    import under the stand-ins, is a ``NanfuzzError`` that names it and the cause."""
+    import under the stand-ins, is a ``NanfuzzError`` that names it and the cause; one of
+    ``replaceable`` that fails to import is replaced by a placeholder (``KernelFiles.left_out``)."""
     what = library or "kernel"
     tree = Path(root).expanduser()
     if not tree.is_dir():
@@ -89,11 +95,39 @@ def load_kernel_files(root: str | os.PathLike, modules: Sequence[str],
         paths[dotted] = path
     made = _standin_modules(standins or {}, modules, library=what)
     loaded: dict[str, types.ModuleType] = {}
+    left_out: dict[str, str] = {}
     packages = frozenset(name.partition(".")[0] for name in (*modules, *made))
     with swapped_modules(packages, made, exclusive=True):
         for dotted, path in paths.items():
-            loaded[dotted] = _exec_file(dotted, path, made, what)
-    return KernelFiles(root=tree.resolve(), modules=loaded, standins=made)
+            try:
+                loaded[dotted] = _exec_file(dotted, path, made, what)
+            except FileDidNotImport as exc:
+                if dotted not in replaceable:
+                    raise
+                left_out[dotted] = exc.cause
+                loaded[dotted] = _placeholder(dotted, exc.cause, made)
+    return KernelFiles(root=tree.resolve(), modules=loaded, standins=made, left_out=left_out)
+
+
+def _placeholder(dotted: str, why: str, standins: dict[str, types.ModuleType]) -> types.ModuleType:
+    """A module standing for a file that did not import: every name a function that raises, saying why."""
+    module = types.ModuleType(dotted, f"nanfuzz placeholder for {dotted}, which did not import: {why}")
+
+    def any_name(name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def refused(*_args, **_kwargs):
+            raise NanfuzzError(f"{dotted}.{name} is not available: {dotted} did not import ({why})")
+        refused.__name__ = name
+        return refused
+
+    module.__getattr__ = any_name
+    sys.modules[dotted] = module
+    parent, _, child = dotted.rpartition(".")
+    if parent in standins:
+        setattr(standins[parent], child, module)
+    return module
 
 
 def _standin_modules(given: Mapping[str, Standin], kernel_modules: Sequence[str], *,
@@ -118,6 +152,14 @@ def _standin_modules(given: Mapping[str, Standin], kernel_modules: Sequence[str]
     return made
 
 
+class FileDidNotImport(NanfuzzError):
+    """A kernel file that raised while it was executed; ``cause`` is the error, in one line."""
+
+    def __init__(self, message: str, cause: str):
+        super().__init__(message)
+        self.cause = cause
+
+
 def _exec_file(dotted: str, path: Path, standins: dict[str, types.ModuleType], library: str) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(dotted, path)
     assert spec is not None and spec.loader is not None, path
@@ -128,8 +170,8 @@ def _exec_file(dotted: str, path: Path, standins: dict[str, types.ModuleType], l
     except Exception as exc:  # noqa: BLE001 - whatever it is, name the file and the cause
         del sys.modules[dotted]
         cause = " ".join(f"{type(exc).__name__}: {exc}".split())
-        raise NanfuzzError(f"{library} kernel file {path} failed to import under nanfuzz's runtime stand-ins "
-                           f"({cause})") from None
+        raise FileDidNotImport(f"{library} kernel file {path} failed to import under nanfuzz's runtime stand-ins "
+                               f"({cause})", cause) from None
     parent, _, child = dotted.rpartition(".")
     if parent in standins:
         setattr(standins[parent], child, module)

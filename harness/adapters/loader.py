@@ -42,7 +42,12 @@ class KernelModule:
     name: str                      # dotted name under the library's ops package ("_triton_kernels.pa_decode")
     functions: tuple[str, ...]     # what the adapters call or launch from it
     optional: bool = False         # absent in older trees; loaded when present
-    moved_to: tuple[str, ...] = ()  # where later trees keep it instead, tried in order after ``name``
+    # where other trees keep it instead, tried in order after ``name``: names under the ops
+    # package, or a module's whole dotted name ("sglang.srt.layers.attention.triton_ops.x")
+    moved_to: tuple[str, ...] = ()
+    # a module the kernels under test never call (a backward pass beside the forward one):
+    # where it does not import on this Triton it is replaced by a placeholder (``LoadedKernels.left_out``)
+    replaceable: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -64,6 +69,8 @@ class Library:
     standins: Callable[[], dict[str, types.ModuleType]]   # fresh stand-in modules by dotted name
     # modules a native install still needs swapped in while the kernels run
     native_call_modules: Callable[[], dict[str, types.ModuleType]] = dict
+    prefix: str = ""               # the kernels' name prefix where it is not the package: "fa_amd"
+    release: str = "wheel"         # what a release unpacks from: "wheel", "source distribution"
 
     @property
     def ops_dir(self) -> str:      # inside the package folder
@@ -71,21 +78,31 @@ class Library:
 
     @property
     def tree_hint(self) -> str:
-        article = "an" if self.name[0] in "AEIOU" else "a"
-        return (f"{article} {self.name} source checkout or an unpacked {self.distribution.replace('_', '-')} wheel "
-                f"(the folder that holds {self.package}/)")
+        article = "an" if self.name[0] in "AEIOSU" else "a"  # an SGLang, an AITER
+        return (f"{article} {self.name} source checkout or an unpacked {self.distribution.replace('_', '-')} "
+                f"{self.release} (the folder that holds {self.package}/)")
 
     def dotted(self, name: str) -> str:
-        return f"{self.ops_package}.{name}"
+        return name if name.startswith(self.package + ".") else f"{self.ops_package}.{name}"
 
     def relpath(self, name: str) -> str:  # inside the package folder
-        return f"{self.ops_dir}/{name.replace('.', '/')}.py"
+        return self.dotted(name).partition(".")[2].replace(".", "/") + ".py"
+
+    @property
+    def kernel_dirs(self) -> tuple[str, ...]:
+        """Folders inside the package folder where a tree keeps kernel files: the ops package's,
+        then any other a moved module names."""
+        found = {self.ops_dir: None}
+        for modules in self.groups.values():
+            for km in modules:
+                found.update(dict.fromkeys(self.relpath(n).rpartition("/")[0] for n in km.moved_to))
+        return tuple(found)
 
     def owns(self, module_name: str) -> bool:
         return module_name == self.package or module_name.startswith(self.package + ".")
 
     def kernel_name(self, group: str) -> str:
-        return f"{self.package}:{group}"
+        return f"{self.prefix or self.package}:{group}"
 
 
 @dataclass
@@ -98,6 +115,7 @@ class LoadedKernels:
     modules: dict[str, types.ModuleType]         # KernelModule.name -> module
     native: bool                                 # the library's real runtime, not stand-ins
     _call_modules: dict[str, types.ModuleType] = field(default_factory=dict, repr=False)
+    left_out: dict[str, str] = field(default_factory=dict)  # KernelModule.name -> why it did not import
 
     def __getitem__(self, short_name: str) -> types.ModuleType:
         return self.modules[short_name]
@@ -151,17 +169,17 @@ def _package_dir(library: Library, path: str) -> Path:
     if not given.is_dir():
         raise NanfuzzError(f"{where} is not a directory; point it at {library.tree_hint}")
     for package in (given / library.package, given):
-        if (package / library.ops_dir).is_dir():
+        if any((package / folder).is_dir() for folder in library.kernel_dirs):
             return package.resolve()
     raise NanfuzzError(f"{where} has no {library.package}/{library.ops_dir}/ folder; point it at {library.tree_hint}")
 
 
 def _version(library: Library, package: Path) -> str:
-    version_file = package / "_version.py"
-    if version_file.is_file():
-        found = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", version_file.read_text())
-        if found:
-            return found.group(1)
+    for version_file in (package / "_version.py", package / "__init__.py"):  # flash-attn keeps it in __init__.py
+        if version_file.is_file():
+            found = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", version_file.read_text())
+            if found:
+                return found.group(1)
     for metadata in sorted(package.parent.glob(f"{library.distribution}-*.dist-info/METADATA")):
         found = re.search(r"^Version:\s*(\S+)", metadata.read_text(), re.MULTILINE)
         if found:
@@ -185,7 +203,7 @@ def _load(library: Library, group: str, explicit: str | None) -> LoadedKernels:
     if native is not None:
         return native
     package = Path(list(spec.submodule_search_locations)[0]).resolve()
-    if not (package / library.ops_dir).is_dir():
+    if not any((package / folder).is_dir() for folder in library.kernel_dirs):
         raise NanfuzzError(
             f"{kernel}: the installed {library.package} at {package} has no {library.ops_dir}/ folder and no "
             f"{library.option} / {library.env_var} is given; pass {library.option} DIR, {library.tree_hint}")
@@ -236,18 +254,24 @@ def _load_files(library: Library, group: str, package: Path, *, origin: str) -> 
                 f"which {library.kernel_name(group)} runs; point {library.option} at a {library.name} tree that "
                 f"has it (nanfuzz is tested with {library.tested})")
         chosen[km.name] = name
+    replaceable = [library.dotted(chosen[km.name]) for km in library.groups[group]
+                   if km.replaceable and km.name in chosen]
     try:
         files = load_kernel_files(package.parent, [library.dotted(n) for n in chosen.values()], library.standins(),
-                                  library=library.name)
+                                  library=library.name, replaceable=replaceable)
     except NanfuzzError as exc:
         raise NanfuzzError(f"{exc}; this {library.name} version needs more of its runtime than nanfuzz provides: "
                            f"install it so that 'import {library.package}' works, or use {library.tested}'s "
                            "kernels") from None
     loaded = {short: files[library.dotted(name)] for short, name in chosen.items()}
-    _check_functions(library, group, loaded, lambda km: loaded[km.name].__file__)
+    left_out = {short: files.left_out[library.dotted(name)] for short, name in chosen.items()
+                if library.dotted(name) in files.left_out}
+    _check_functions(library, group, {k: v for k, v in loaded.items() if k not in left_out},
+                     lambda km: loaded[km.name].__file__)
     return LoadedKernels(
         library=library, group=group, source=f"{library.name} {_version(library, package)} kernels from {package} "
-        f"({origin})", modules=loaded, native=False, _call_modules={**files.standins, **files.modules})
+        f"({origin})", modules=loaded, native=False, _call_modules={**files.standins, **files.modules},
+        left_out=left_out)
 
 
 def _check_functions(library: Library, group: str, modules: dict[str, types.ModuleType], where) -> None:

@@ -22,7 +22,11 @@
     kind of case meets both paths and a repro replays on the path it failed
     on; ``vllm:triton_attn@2d`` and ``@3d`` pin the choice.
 
-Both adapters convert the window as their backend does (W keys, the query's
+``vllm:triton_mla``
+    The TRITON_MLA backend's decode: ``decode_attention_fwd`` over the latent cache
+    (``harness.adapters.vllm_mla``).
+
+Both paged adapters convert the window as their backend does (W keys, the query's
 own position included): ROCM_ATTN receives ``sliding_window=W``,
 ``unified_attention`` ``window_size=(W-1, 0)`` causal and ``(W-1, W-1)``
 non-causal, ``(-1, -1)`` for none.
@@ -53,7 +57,7 @@ import functools
 
 import torch
 
-from nanfuzz.harness.adapters import vllm_loader
+from nanfuzz.harness.adapters import vllm_loader, vllm_mla
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
@@ -63,8 +67,9 @@ from nanfuzz.reference.layouts import scheduled
 from nanfuzz.reference.quantization import codes_of
 from nanfuzz.reference.windows import window_size
 
-KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn")
+KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn", vllm_mla.NAME)
 UNIFIED_PATHS = ("2d", "3d")
+VARIANTS = (*(f"vllm:triton_attn@{p}" for p in UNIFIED_PATHS), *vllm_mla.VARIANTS)
 
 # Both backends take any multiple of 16 (MultipleOf(16)); 48 stands for the
 # non-power-of-two sizes of hybrid models, which ROCM_ATTN tiles by 32.
@@ -259,7 +264,8 @@ def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
 # -- registry entry -----------------------------------------------------------------
 
 def kernel(name: str, source: str | None = None) -> Kernel:
-    """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` (or ``@2d`` / ``@3d``), with vLLM's
+    """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` (or ``@2d`` / ``@3d``) or ``vllm:triton_mla``
+    (``harness.adapters.vllm_mla``), with vLLM's
     kernel files from ``source`` (a source tree or unpacked wheel; None: the installed vllm).
 
     The kernel files are loaded here, so a missing or unusable vLLM source is
@@ -278,5 +284,6 @@ def kernel(name: str, source: str | None = None) -> Kernel:
         caps = TRITON_ATTN_CAPABILITIES.restrict(kv_cache_dtypes=("auto", fp8), token_head_dtypes=(fp8, "int8"))
         return Kernel(name=name, run=functools.partial(run_triton_attn, path=path or None, source=source),
                       capabilities=caps, source=source)
-    known = ", ".join((*KERNEL_NAMES, "vllm:triton_attn@2d", "vllm:triton_attn@3d"))
-    raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {known}")
+    if name in (vllm_mla.NAME, *vllm_mla.VARIANTS):
+        return vllm_mla.kernel(name, source)
+    raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {', '.join((*KERNEL_NAMES, *VARIANTS))}")

@@ -23,6 +23,10 @@ GROUPS: dict[str, tuple[KernelModule, ...]] = {
         KernelModule("triton_attention_helpers", (), optional=True),
         KernelModule("triton_unified_attention", ("unified_attention", "kernel_unified_attention", "reduce_segments")),
     ),
+    "triton_mla": (
+        KernelModule("triton_decode_attention", ("decode_attention_fwd", "_fwd_grouped_kernel_stage1",
+                                                 "_fwd_kernel_stage2")),
+    ),
 }
 
 
@@ -43,7 +47,7 @@ _cache = loader._cache  # every library's loaded kernels, one per (library, grou
 
 
 def load(group: str, source: str | os.PathLike | None = None) -> LoadedKernels:
-    """The kernel modules of ``group`` ("rocm_attn" or "triton_attn"), loaded once per source.
+    """The kernel modules of ``group`` ("rocm_attn", "triton_attn" or "triton_mla"), loaded once per source.
 
     ``source`` is a vLLM source tree or unpacked wheel (``--vllm-src``, or
     ``$NANFUZZ_VLLM_SRC`` read at the edge); None: the installed vllm.

@@ -31,6 +31,8 @@ class Settings:
     repro_dir: Path = Path(".nanfuzz/repros")
     vllm_src: str | None = None              # a vLLM tree for the vllm:* kernels
     aiter_src: str | None = None             # an AITER tree for the aiter:* kernels
+    fa_src: str | None = None                # an unpacked flash-attn source distribution for the fa_amd:* kernels
+    sglang_src: str | None = None            # an SGLang tree for the sglang:* kernels
     import_root: str | None = None           # where a user's adapter imports from besides the current directory
     profile: str | None = None               # None: ci under CI=true, else dev
     max_examples: int | None = None          # None: from the profile
@@ -74,7 +76,8 @@ class Settings:
     @property
     def sources(self) -> dict[str, str | None]:
         """The kernel libraries' trees as ``resolve()`` takes them: ``resolve(name, **settings.sources)``."""
-        return {"vllm_src": self.vllm_src, "aiter_src": self.aiter_src, "import_root": self.import_root}
+        return {"vllm_src": self.vllm_src, "aiter_src": self.aiter_src, "fa_src": self.fa_src,
+                "sglang_src": self.sglang_src, "import_root": self.import_root}
 
     @property
     def timeout(self) -> float:
@@ -93,6 +96,8 @@ class Settings:
             "example_db": env.get("NANFUZZ_EXAMPLE_DB") or None,
             "vllm_src": env.get("NANFUZZ_VLLM_SRC") or None,
             "aiter_src": env.get("NANFUZZ_AITER_SRC") or None,
+            "fa_src": env.get("NANFUZZ_FA_SRC") or None,
+            "sglang_src": env.get("NANFUZZ_SGLANG_SRC") or None,
             "profile": env.get("NANFUZZ_PROFILE") or ("ci" if env.get("CI") else "dev"),
         }
         if (env.get("NANFUZZ_CAMPAIGNS_PER_DEVICE") or "").strip():

@@ -149,7 +149,7 @@ def pytest_crash_messages(junit_path: Path) -> dict[str, str]:
 def consolidate(plan: Plan, repro_dir: Path, *, stopped_at_deadline: bool, stop_time: float,
                 pytest_junit: Path, sources: dict[str, str | None] | None = None) -> GateResult:
     """``sources``: the kernel libraries' trees (``resolve()``'s keywords), for replay commands."""
-    from nanfuzz.harness.registry import library_of
+    from nanfuzz.harness.registry import library_of, source_flag, source_key
 
     crashes = pytest_crash_messages(pytest_junit)
     rows: list[Row] = []
@@ -182,8 +182,8 @@ def consolidate(plan: Plan, repro_dir: Path, *, stopped_at_deadline: bool, stop_
             if key not in failures:
                 options = f" --kernel {kernel}" if record.kernel_name not in ("", kernel) else ""
                 library = library_of(kernel)
-                if library and (sources or {}).get(f"{library}_src"):
-                    options += f" --{library}-src {sources[f'{library}_src']}"
+                if library and (sources or {}).get(source_key(library)):
+                    options += f" {source_flag(library)} {sources[source_key(library)]}"
                 failures[key] = Failure(len(failures) + 1, kernel, record.verdict, record.summary,
                                         _gather(record.repro, repro_dir), replay_options=options)
                 if failures[key].repro:

@@ -35,10 +35,13 @@ from nanfuzz.reference.errors import NanfuzzError
 # the pytest module each worker runs: one test per kernel (harness.gate.campaigns)
 CAMPAIGN_TESTS = Path(__file__).resolve().parent / "campaigns.py"
 DEFAULT_OUT = "nanfuzz-gate"
-VLLM_KERNELS = ("vllm:rocm_attn", "vllm:triton_attn")
+VLLM_KERNELS = ("vllm:rocm_attn", "vllm:triton_attn", "vllm:triton_mla")
 AITER_KERNELS = ("aiter:unified_attention", "aiter:pa_decode", "aiter:pa_prefill", "aiter:chunked_pa_prefill")
+SGLANG_KERNELS = ("sglang:decode", "sglang:extend")
+FA_KERNELS = ("fa_amd:kvcache",)
 # A kernel library's source tree: the option, its environment variable, the kernels it adds by default.
-LIBRARY_SOURCES = (("vllm_src", "NANFUZZ_VLLM_SRC", VLLM_KERNELS), ("aiter_src", "NANFUZZ_AITER_SRC", AITER_KERNELS))
+LIBRARY_SOURCES = (("vllm_src", "NANFUZZ_VLLM_SRC", VLLM_KERNELS), ("aiter_src", "NANFUZZ_AITER_SRC", AITER_KERNELS),
+                   ("sglang_src", "NANFUZZ_SGLANG_SRC", SGLANG_KERNELS), ("fa_src", "NANFUZZ_FA_SRC", FA_KERNELS))
 MIN_BUDGET = 5.0  # seconds; below it not even one example fits beside the workers' start-up
 
 
@@ -56,12 +59,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel", action="append", default=[], metavar="NAME",
                    help="kernel to gate (repeatable): family@variant, vllm:rocm_attn, aiter:unified_attention (see "
-                        "nanfuzz list) or package.module:callable (default: the fixed built-in variants, plus vllm:* "
-                        "and aiter:* when a vLLM or AITER source is configured)")
+                        "nanfuzz list) or package.module:callable (default: the fixed built-in variants, plus vllm:*, "
+                        "aiter:*, sglang:* and fa_amd:* when that library's source is configured)")
     p.add_argument("--vllm-src", metavar="DIR",
                    help="vLLM source tree or unpacked wheel for vllm:* (or NANFUZZ_VLLM_SRC)")
     p.add_argument("--aiter-src", metavar="DIR",
                    help="AITER source tree or unpacked amd-aiter wheel for aiter:* (or NANFUZZ_AITER_SRC)")
+    p.add_argument("--sglang-src", metavar="DIR",
+                   help="SGLang source tree or unpacked sglang wheel for sglang:* (or NANFUZZ_SGLANG_SRC)")
+    p.add_argument("--fa-src", metavar="DIR",
+                   help="unpacked flash-attn source distribution or checkout for fa_amd:* (or NANFUZZ_FA_SRC)")
     p.add_argument("--profile", choices=("pr-gate", "nightly"), default="pr-gate",
                    help="campaign profile (default pr-gate)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",

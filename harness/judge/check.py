@@ -34,6 +34,7 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.device_build import build_on_device, refill
+from nanfuzz.reference import layouts
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import build_on_host, refill_dead_slots
 from nanfuzz.reference.oracle import attend_in
@@ -99,10 +100,12 @@ class CaseCheck:
 
     def _judge(self, digest_pass: bool, explain: bool) -> Outcome:
         self.launched: dict[str, set[str]] = {}  # the poisoned run's Triton kernels (``judge.paths``)
+        self.indexed: set[str] = set()  # what its index buffers point at (``reference.layouts``)
         outcome = self._poisoned_run() or self._oracle() or self._timed_verdict(digest_pass)
         if explain and outcome.verdict in (Verdict.NONFINITE, Verdict.NONDETERMINISTIC, Verdict.LEAK):
             self._explain(outcome)
         outcome.paths = {name: sorted(specs) for name, specs in sorted(self.launched.items())}
+        outcome.layout = sorted(self.indexed)
         return outcome
 
     def _timed_verdict(self, digest_pass: bool) -> Outcome:
@@ -175,14 +178,15 @@ class CaseCheck:
         self.timings["materialize"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
-            with recording_launches() as self.launched, reads.traced_loads(self.trace_reads) as trace:
+            with recording_launches() as self.launched, layouts.recording() as self.indexed, \
+                    reads.traced_loads(self.trace_reads) as trace:
                 self.result, self.out, self.buffer = launch(self.kernel, self.batch, self.device, self.events,
                                                             wait=False)
         except BaseException as exc:  # the kernel's own failure is the finding, SystemExit included
             return _crash(exc, "on the poisoned run")
         self.trace = trace if self.trace_reads else None
         self.timings["kernel"] += time.perf_counter() - t0
-        expected_shape = (case.num_tokens, g.num_q_heads, g.head_size)
+        expected_shape = (case.num_tokens, g.num_q_heads, g.v_head_size)
         if tuple(self.result.shape) != expected_shape:
             return Outcome(Verdict.CRASH, f"CRASH: kernel returned shape {tuple(self.result.shape)}, expected "
                                           f"{expected_shape}", {"error": "wrong output shape"})

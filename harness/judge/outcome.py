@@ -40,6 +40,9 @@ class Outcome:
     # the dead slots the poisoned run's loads addressed (``harness.judge.reads.Reads.to_dict()``);
     # None where the run was not traced (a GPU, or a launch that raised)
     reads: dict | None = None
+    # the dead-slot classes the index buffers the adapter made for the poisoned run point at
+    # (``reference.layouts.recording``); empty for a kernel handed the block table alone
+    layout: list = field(default_factory=list)
 
     @property
     def failed(self) -> bool:

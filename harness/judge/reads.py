@@ -412,7 +412,7 @@ def judged(outcome: Outcome, trace: LoadTrace, kernel, batch: PagedBatch, pristi
     g = case.geometry
 
     def launch_on(probed: PagedBatch):
-        return kernel(probed, torch.full((case.num_tokens, g.num_q_heads, g.head_size), float("nan"),
+        return kernel(probed, torch.full((case.num_tokens, g.num_q_heads, g.v_head_size), float("nan"),
                                          dtype=probed.q.dtype, device=probed.q.device))
 
     try:

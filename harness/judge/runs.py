@@ -57,7 +57,7 @@ def launch(kernel: Kernel, batch, device, events=no_events, *, wait: bool = True
     device in between (the oracle may) is timed as the launch."""
     case = batch.case
     g = case.geometry
-    buffer = torch.full((case.num_tokens + GUARD_ROWS, g.num_q_heads, g.head_size), float("nan"),
+    buffer = torch.full((case.num_tokens + GUARD_ROWS, g.num_q_heads, g.v_head_size), float("nan"),
                         dtype=batch.q.dtype, device=device)
     out = buffer[: case.num_tokens]
     events("launch")
@@ -92,7 +92,7 @@ def case_bytes(case: Case) -> int:
 
     g = case.geometry
     element = torch.empty((), dtype=TORCH_DTYPES[g.dtype]).element_size()
-    caches = 2 * (g.num_blocks + CACHE_BLOCKS_BEFORE + CACHE_BLOCKS_AFTER) * g.block_size * g.num_kv_heads
+    caches = (1 if g.latent else 2) * (g.num_blocks + CACHE_BLOCKS_BEFORE + CACHE_BLOCKS_AFTER) * g.block_size * g.num_kv_heads
     tokens = (case.num_tokens + 2) * (g.num_q_heads + 2 * g.num_kv_heads)
     return (caches + tokens) * g.head_size * element
 

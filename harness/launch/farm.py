@@ -134,7 +134,7 @@ class BuiltMarks:
         import triton
 
         spec = plan.spec
-        what = (self.VERSION, spec.kernel, spec.device, spec.vllm_src, spec.aiter_src, entry, sample,
+        what = (self.VERSION, spec.kernel, spec.device, spec.vllm_src, spec.aiter_src, spec.fa_src, spec.sglang_src, entry, sample,
                 plan.capabilities, plan.poison_classes, SAMPLES_PER_ENTRY, triton.__version__, torch.__version__)
         return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
 
@@ -568,5 +568,5 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
     batch = materialize(case, device)
     g = case.geometry
-    out = torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=batch.q.dtype, device=device)
+    out = torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=batch.q.dtype, device=device)
     kernel(batch, out)

@@ -49,6 +49,8 @@ class WorkerSpec:
     device: str                 # "cuda" or "cpu" (Triton's interpreter)
     vllm_src: str | None = None
     aiter_src: str | None = None
+    fa_src: str | None = None
+    sglang_src: str | None = None
     cuda_index: int | None = None
     strict_reads: bool = False  # see check(strict_reads=...)
     import_root: str | None = None  # a user kernel's: see resolve(import_root=...)
@@ -61,7 +63,8 @@ class WorkerSpec:
             import torch
 
             torch.cuda.set_device(self.cuda_index)
-        return resolve(self.kernel, vllm_src=self.vllm_src, aiter_src=self.aiter_src, import_root=self.import_root)
+        return resolve(self.kernel, vllm_src=self.vllm_src, aiter_src=self.aiter_src, fa_src=self.fa_src,
+                       sglang_src=self.sglang_src, import_root=self.import_root)
 
 
 class LaunchClock:

@@ -9,6 +9,8 @@ Its situations go into the campaign's ``Statistics`` beside the case's own
     reads:<class>               they addressed a dead slot of that class
     reads:<input>:<class>       ... of that input (key_cache, value_cache, q, ...)
     reads-unused:<input>:<class>  ... and the example passed: the value never reached the output
+    layout:indexed              the adapter handed the kernel index buffers (``reference.layouts``)
+    layout:<class>              ... and an entry of them points at a dead slot of that class
 
 ``table`` sets the share addressed beside the share poisoned, class by class;
 ``claim`` says what a PASS covers (the classes the kernel's loads reached, and those never);
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 
 TRACED = "reads:traced"
 PREFIXES = ("reads:", "reads-unused:")
+LAYOUT = "layout:"
 REDZONES = "redzones"
 CLASSES = (*POISON_CLASS_NAMES, REDZONES)
 CACHES = ("key_cache", "value_cache")
@@ -35,11 +38,13 @@ NOT_MEASURED = ("dead slots addressed: not measured (only a Triton launch's load
 
 
 def observed(outcome: Outcome) -> set[str]:
-    """The read-coverage situations of one example (none for a run that was not traced)."""
+    """What one example's check saw: the dead-slot classes its index buffers point at, and the read
+    coverage of a traced run."""
+    found = {f"{LAYOUT}{cls}" for cls in outcome.layout}
     reads = outcome.reads
     if not reads or not reads.get("traced"):
-        return set()
-    found = {TRACED}
+        return found
+    found.add(TRACED)
     passed = outcome.verdict.value == "PASS"
     for name, classes in reads["addressed"].items():
         for cls in classes:

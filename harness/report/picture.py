@@ -47,6 +47,13 @@ def _shown_entries(seq: Sequence, lo: int, bs: int) -> list[int | None]:
     return shown
 
 
+def _head(g) -> str:
+    """``head 64``, or for a latent cache ``latent cache 64 + rope 16 (V: the first 64)``."""
+    if g.latent:
+        return f"latent cache {g.latent_rank} + rope {g.rope_dim} (V: the first {g.latent_rank})"
+    return f"head {g.head_size}"
+
+
 def picture(case: Case) -> str:
     g = case.geometry
     bs = g.block_size
@@ -55,7 +62,7 @@ def picture(case: Case) -> str:
     window = f"window {case.sliding_window}" if case.sliding_window else "no window"
     lines = [
         f"{len(case.sequences)} sequence(s), block_size {bs}, {g.num_blocks} physical blocks, "
-        f"Hq {g.num_q_heads} / Hkv {g.num_kv_heads}, head {g.head_size}, {g.dtype}, "
+        f"Hq {g.num_q_heads} / Hkv {g.num_kv_heads}, {_head(g)}, {g.dtype}, "
         f"{'causal' if case.causal else 'non-causal'}, {window}{', sinks' if case.sinks else ''}, seed {case.data_seed}"
         + _kv_cache(case),
         LEGEND.format(value=case.poison.value, tensors=poison_target(case)),

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, POISON_TENSORS, POISON_VALUES, Case
-from nanfuzz.reference.features import SIZE_FEATURES, case_features
+from nanfuzz.reference.features import POISON_CLASS_NAMES, SIZE_FEATURES, case_features
 
 READS_GROUP = "dead slots addressed (traced loads)"
 # (title, situations always listed, prefixes of situations listed when seen)
@@ -31,7 +31,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("poisoned dead slots", ("poison:tail", "poison:out-of-window", "poison:null-block", "poison:padding",
                              "poison:unreferenced", "poison:single-slot"), ("poison:scale",)),
     ("blocks", ("expired-block", "expired-to-null", "reused-block", "shared-block"), ()),
-    ("heads", ("gqa", "sinks"), ()),
+    ("heads", ("gqa", "sinks"), ("mla:",)),
     ("sizes", SIZE_FEATURES, ()),
     ("kernel paths", (), ("path:",)),
     ("dtypes", (), ("dtype:",)),
@@ -43,6 +43,10 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     # poisoned classes, so ``table`` leaves it out
     (READS_GROUP, (), coverage.PREFIXES),
 )
+# Listed, every class, for a kernel whose adapter made index buffers (``reference.layouts``): the
+# classes their entries point at are what such a layout can reach, and the others it cannot.
+LAYOUT_GROUP = ("dead slots its index buffers point at",
+                tuple(f"{coverage.LAYOUT}{name}" for name in ("indexed", *POISON_CLASS_NAMES)))
 OTHER = "other"
 
 _ORDER = {f"dtype:{d}": i for i, d in enumerate(DTYPES)}
@@ -98,8 +102,8 @@ class Statistics:
     counts: Counter = field(default_factory=Counter)
     seconds: float = 0.0
     specialisations: Counter = field(default_factory=Counter)
-    declined: Counter = field(default_factory=Counter)  # drawn cases the kernel's supports() declined, by reason
     excluded: frozenset = frozenset()
+    declined: Counter = field(default_factory=Counter)  # drawn cases the kernel's supports() declined, by reason
 
     @classmethod
     def for_capabilities(cls, caps) -> "Statistics":
@@ -156,6 +160,10 @@ class Statistics:
             placed.update(names)
             if names:
                 out.append((title, [(n, self.counts[n]) for n in names]))
+        title, names = LAYOUT_GROUP
+        if self.counts[names[0]]:
+            out.append((title, [(n, self.counts[n]) for n in names]))
+        placed.update(names)
         switches = self.switches()
         if switches:
             out.append(("kernel switches", sorted(switches.items())))
@@ -196,8 +204,8 @@ class Statistics:
                           for name, entry in rows.items() if entry["count"]})
         return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0),
                    specialisations=Counter(data.get("specialisations", {})),
-                   declined=Counter(data.get("declined", {})),
-                   excluded=frozenset(data.get("excluded", ())))
+                   excluded=frozenset(data.get("excluded", ())),
+                   declined=Counter(data.get("declined", {})))
 
     def table(self) -> str:
         """An aligned text table: group, situation, examples, share."""

@@ -138,12 +138,21 @@ def kernel_part(kernel: Kernel, import_path: str) -> KernelPart:
     library = library_of(import_path)
     if import_path in builtin_kernels():
         return _builtin(kernel, import_path)
-    if library in LIBRARY_PARTS:
+    run = getattr(kernel.run, "func", kernel.run)
+    if library in LIBRARY_PARTS and getattr(run, "__name__", None) in ADAPTER_CALLS:
         return _library(kernel, library)
     if library is not None:
-        raise NanfuzzError(f"nanfuzz export writes no standalone script for {import_path} yet (vllm:*, aiter:* "
-                           "and the built-in kernels only); `nanfuzz replay` and the repro's own .py run it")
+        raise NanfuzzError(f"nanfuzz export writes no standalone script for {import_path} yet (vllm:rocm_attn, "
+                           "vllm:triton_attn, aiter:* and the built-in kernels only); `nanfuzz replay` and the "
+                           "repro's own .py run it")
     return _user(import_path)
+
+
+def refuse_latent(case) -> None:
+    """A latent (MLA) cache has no standalone script yet: one line, before anything is written."""
+    if case.geometry.latent:
+        raise NanfuzzError("nanfuzz export writes no standalone script for a latent (MLA) cache yet; "
+                           "`nanfuzz replay` and the repro's own .py run it")
 
 
 def _builtin(kernel: Kernel, name: str) -> KernelPart:

@@ -16,7 +16,7 @@ import textwrap
 from nanfuzz import __version__
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.report.export.inline import check_complete
-from nanfuzz.harness.report.export.parts import JUDGING, KernelPart, _part, kernel_part
+from nanfuzz.harness.report.export.parts import JUDGING, KernelPart, _part, kernel_part, refuse_latent
 from nanfuzz.harness.report.picture import picture
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
@@ -106,6 +106,7 @@ def _fp8_fix() -> str:
 
 def standalone_script(record: dict, kernel: Kernel, import_path: str, file_name: str) -> str:
     """A script that reproduces ``record``'s finding: exit 1 while it fails, 0 once the kernel passes."""
+    refuse_latent(record["case"])
     part = kernel_part(kernel, import_path)
     options = "".join(option.argparse_line() + "\n" for option in part.options)
     usage = (f"Run:  python {file_name} [--device cpu|cuda]" + "".join(f" [{o.flag} {o.metavar if not o.choices else 'NAME'}]"
@@ -143,6 +144,7 @@ def standalone_script(record: dict, kernel: Kernel, import_path: str, file_name:
 
 def pytest_file(record: dict, kernel: Kernel, import_path: str, file_name: str) -> str:
     """The same as a regression test: one test per property, for the kernel's own test suite."""
+    refuse_latent(record["case"])
     part = kernel_part(kernel, import_path)
     defaults = "".join(f"ARGS.{o.dest} = {o.default}\n" for o in part.options)
     usage = (f"Run:  python -m pytest {file_name}   (on the GPU if there is one; TRITON_INTERPRET=1 runs the\n"

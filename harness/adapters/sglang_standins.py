@@ -1,0 +1,87 @@
+"""Small stand-ins for the SGLang runtime helpers its Triton attention files import.
+
+``decode_attention.py`` and ``extend_attention.py`` import SGLang's environment
+flags (``sglang.srt.environ.envs``) and a few platform queries
+(``sglang.srt.utils``); ``import sglang`` itself needs its compiled extensions and
+server machinery.  The loader registers these modules under the real names while
+the kernel files run, and only then.  The platform is the visible GPU's; under
+Triton's interpreter it stands in for the GPU nanfuzz's users gate on, an MI355X
+(ROCm, gfx950, 256 compute units), so the kernels take their ROCm code paths.
+"""
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+
+from nanfuzz.harness.adapters.standins import standin_module
+
+PACKAGES = ("sglang", "sglang.srt", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention")
+INTERPRETER_COMPUTE_UNITS = 256  # an MI355X
+
+# The flags the attention files read, at SGLang 0.5.23's defaults (sglang/srt/environ.py).
+ENV_DEFAULTS = {
+    "SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS": False,
+    "SGLANG_MLA_DECODE_TUNE": False,
+    "SGLANG_TRITON_FP8_PREFILL_ATTN": True,
+    "SGLANG_TRITON_COMPACT_EXTEND_ATTENTION": True,
+    "SGLANG_DISABLE_LEAN_ATTENTION": False,
+}
+
+
+class _Flag:
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+class Envs:
+    """``sglang.srt.environ.envs``: each flag a ``.get()`` of its default."""
+
+    def __getattr__(self, name: str) -> _Flag:
+        if name not in ENV_DEFAULTS:
+            raise AttributeError(f"nanfuzz's stand-in for sglang.srt.environ.envs has no {name!r}; "
+                                 "this SGLang version needs more of its runtime")
+        return _Flag(ENV_DEFAULTS[name])
+
+
+def is_hip() -> bool:
+    return torch.version.hip is not None if torch.cuda.is_available() else True
+
+
+def is_cuda() -> bool:
+    return torch.cuda.is_available() and torch.version.hip is None
+
+
+def _arch() -> str:
+    if not torch.cuda.is_available():
+        return "gfx950"  # the interpreter stands in for an MI355X
+    if torch.version.hip is None:
+        return ""
+    return getattr(torch.cuda.get_device_properties(0), "gcnArchName", "").split(":")[0]
+
+
+def get_device_core_count(device_id: int = 0) -> int:
+    if not torch.cuda.is_available():
+        return INTERPRETER_COMPUTE_UNITS
+    return torch.cuda.get_device_properties(device_id).multi_processor_count
+
+
+_module = functools.partial(standin_module, library="SGLang")
+
+
+def build() -> dict[str, types.ModuleType]:
+    """A fresh set of stand-in modules by dotted name, parents linked to children."""
+    modules = {name: _module(name, {}, package=True) for name in PACKAGES}
+    modules["sglang.srt.environ"] = _module("sglang.srt.environ", {"envs": Envs()})
+    modules["sglang.srt.utils"] = _module("sglang.srt.utils", {
+        "is_hip": is_hip, "is_cuda": is_cuda, "get_device_core_count": get_device_core_count,
+        "is_gfx95_supported": lambda: _arch() == "gfx950", "is_gfx1250_supported": lambda: _arch() == "gfx1250"})
+    for name, module in modules.items():
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(modules[parent], child, module)
+    return modules
