@@ -50,6 +50,8 @@ LIBRARY_PARTS = {
         ("harness.report.export.library_files", None, ()),
     ),
     "aiter": (
+        ("reference.layouts", ("Scheduled", "scheduled"), ()),
+        ("reference.windows", ("window_size",), ()),
         ("harness.adapters.standins", None, ()),
         ("harness.adapters.aiter_standins", None, ()),
         ("harness.adapters.loader", ("KernelModule",), ()),
@@ -64,11 +66,10 @@ ADAPTER_CALLS = {
     "run_triton_attn": ("SOFTMAX_SEGMENTS", "SCALE_ELEMENTS", "offers_split_k",
                         "packed_token_head_caches", "token_head_views", "run_triton_attn"),
     # AITER's adapters build the launch in prepare_*() and the script calls what it returns
-    "prepare_unified": ("_unit_scale", "_overrides", "unified_window", "prepare_unified"),
-    "prepare_pa_decode": ("_COMPUTE_TYPES", "_unit_scale", "_overrides", "_scheduled", "pa_decode_cache",
-                          "prepare_pa_decode"),
+    "prepare_unified": ("_unit_scale", "_overrides", "prepare_unified"),
+    "prepare_pa_decode": ("_COMPUTE_TYPES", "_unit_scale", "_overrides", "pa_decode_cache", "prepare_pa_decode"),
     "prepare_pa_prefill": ("_unit_scale", "_overrides", "prepare_pa_prefill"),
-    "prepare_chunked": ("_unit_scale", "_overrides", "_scheduled", "prepare_chunked"),
+    "prepare_chunked": ("_unit_scale", "_overrides", "prepare_chunked"),
 }
 # What an adapter call takes from another adapter's module, copied before it.
 ADAPTER_BORROWS = {
@@ -138,8 +139,7 @@ def kernel_part(kernel: Kernel, import_path: str) -> KernelPart:
     library = library_of(import_path)
     if import_path in builtin_kernels():
         return _builtin(kernel, import_path)
-    run = getattr(kernel.run, "func", kernel.run)
-    if library in LIBRARY_PARTS and getattr(run, "__name__", None) in ADAPTER_CALLS:
+    if library in LIBRARY_PARTS and getattr(_adapter_call(kernel), "__name__", None) in ADAPTER_CALLS:
         return _library(kernel, library)
     if library is not None:
         raise NanfuzzError(f"nanfuzz export writes no standalone script for {import_path} yet (vllm:rocm_attn, "
@@ -174,12 +174,21 @@ def _variants(family: str) -> list[str]:
     return [k.name.split("@")[1] for k in builtin_kernels().values() if k.name.startswith(family + "@")]
 
 
+def _adapter_call(kernel: Kernel):
+    """The adapter's function the script calls: AITER's run is ``_run(prepare=...)``, which calls what
+    ``prepare`` returns; the others' run is the function itself, its options bound."""
+    run = kernel.run
+    if not isinstance(run, functools.partial):
+        return run
+    return run.keywords.get("prepare") or run.func
+
+
 def _library(kernel: Kernel, library: str) -> KernelPart:
     run = kernel.run
     assert isinstance(run, functools.partial), kernel.name
     options = dict(run.keywords)
-    prepare = options.pop("prepare", None)  # AITER's: run = _run(prepare=...), which calls what prepare returns
-    function = prepare or run.func
+    prepare = options.pop("prepare", None)
+    function = _adapter_call(kernel)
     name = function.__name__
     module = inspect.getmodule(function).__name__.removeprefix("nanfuzz.")
     source = _part(LIBRARY_PARTS[library]) + "\n\n" + LIBRARY_GLUE[library] + "\n\n" + \
