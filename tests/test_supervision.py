@@ -217,3 +217,25 @@ def test_a_worker_counts_the_seconds_its_triton_compiles_take_and_ends_one_that_
     assert worker._compiles.since is None  # ended where it was counted, not counted again
     now[0] += 1.0
     assert worker._compile_seconds() == 0.375
+
+
+def test_a_worker_forked_from_a_process_that_touched_the_gpu_comes_from_the_fork_server_instead(monkeypatch):
+    # torch.cuda.is_available() in a job (an adapter's stand-ins ask it) leaves its plain forks unable to
+    # use CUDA while is_initialized() stays False: the fork itself must tell, and the worker start again
+    import multiprocessing
+
+    from nanfuzz.harness.launch import worker
+    from nanfuzz.harness.launch.subjects import worker_spec
+    from tests.cases import consecutive_case
+
+    here = os.getpid()
+    # a plain fork carries these patches; a child of the fork server does not, and is healthy
+    monkeypatch.setattr(worker, "plain_fork_context", lambda: multiprocessing.get_context("fork"))
+    monkeypatch.setattr(worker, "forked_after_gpu_use", lambda: os.getppid() == here)
+    subject = worker.Supervised(worker_spec(subjects.exits, Settings(device="cpu")), launch_timeout=60.0,
+                                prefer_fork=True)
+    try:
+        assert subject.check(consecutive_case([(1, 20)])).verdict is Verdict.PASS
+        assert not subject.prefer_fork and subject._forked_by_server
+    finally:
+        subject.close()

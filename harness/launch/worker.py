@@ -201,6 +201,7 @@ class Supervised:
         fd, self._log = tempfile.mkstemp(prefix="nanfuzz-worker-", suffix=".log")
         os.close(fd)
         context = (plain_fork_context() if self.prefer_fork else None) or self._context
+        self._plain_fork = context is not self._context
         self._forked_by_server = context is self._context and context.get_start_method() == "forkserver"
         parent, child = context.Pipe()
         self._clock = LaunchClock(context)
@@ -230,6 +231,15 @@ class Supervised:
         if kind == "error":
             self._stop()
             raise NanfuzzError(payload)
+        if kind == "poisoned-fork":
+            plain = self._plain_fork
+            self._stop()
+            if not plain:
+                raise NanfuzzError(f"kernel {self.spec.kernel}: the worker process cannot use the GPU (the process "
+                                   "it was forked from had touched it)")
+            self.prefer_fork = False  # this process touched the GPU: its workers come from the fork server now
+            self._start()
+            return self._await_ready()
         assert kind == "ready", kind
         self._ready = True
 
@@ -369,6 +379,9 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
     os.dup2(log, 1)
     os.dup2(log, 2)
     interpret_if_cpu(spec.device)  # before any @triton.jit import
+    if forked_after_gpu_use():
+        conn.send(("poisoned-fork", None))
+        return
     try:
         from nanfuzz.harness.launch.backend import host_threads
         from nanfuzz.harness.judge.check import check
@@ -435,6 +448,16 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
             conn.send(("outcome", (outcome, seen.count)))
             if outcome.fatal:
                 os._exit(0)  # the context is dead; the campaign starts a fresh worker
+
+
+def forked_after_gpu_use() -> bool:
+    """Whether this process is a plain fork of one that had touched the GPU.  Not only an opened
+    context: ``torch.cuda.is_available()`` or ``device_count()`` (which an adapter's stand-ins may
+    call as its kernel is resolved) start the driver and mark every later fork unable to use CUDA,
+    while ``torch.cuda.is_initialized()`` stays False, so the parent cannot tell before forking."""
+    import torch
+
+    return torch.cuda._is_in_bad_fork()
 
 
 def _open_device_context() -> None:
