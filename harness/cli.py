@@ -409,16 +409,74 @@ def _self_check_settings(kernel, settings, profile):
     return settings.replace(size="small")
 
 
-def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> int:
-    """Each kernel's campaign in turn (``farm``: the self-check's compile farm); the table and the exit status."""
+def _campaign(kernel, kernel_settings, profile, handle):
+    """One kernel's campaign: over ``--jobs`` processes, or here with a progress line."""
     from nanfuzz.harness.campaign.runner import Hooks, fuzz
     from nanfuzz.harness.campaign.jobs import fuzz_parallel
     from nanfuzz.harness.campaign.stop_signals import stop_requested
-    from nanfuzz.harness.campaign.scope import campaign_tier
     from nanfuzz.harness.report.progress import Progress
+
+    if kernel_settings.jobs > 1:
+        return fuzz_parallel(kernel, kernel_settings, farm=handle)
+    progress = Progress(kernel.name, target_examples=kernel_settings.max_examples or profile.max_examples,
+                        time_budget=kernel_settings.time_budget if kernel_settings.time_budget is not None
+                        else profile.time_budget)
+
+    def show(c) -> None:
+        progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
+
+    try:
+        return fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show, interrupted=stop_requested), farm=handle)
+    finally:
+        progress.finish()
+
+
+def _print_coverage(args, kernel, campaign) -> None:
+    """The campaign's notes, its read-coverage claim, and with --show-statistics its tables."""
+    from nanfuzz.harness.report import coverage
+    from nanfuzz.harness.report.failures import print_notes
+
+    print_notes(campaign)
+    if not campaign.failed and campaign.statistics.counts[coverage.TRACED]:
+        print(f"{kernel.name}: {coverage.claim(campaign.statistics)}", flush=True)
+    if args.show_statistics:
+        print(f"\n{kernel.name}: {campaign.statistics.table()}", flush=True)
+        print(f"{kernel.name}: {coverage.table(campaign.statistics)}", flush=True)
+        print(f"{kernel.name}: {campaign.accuracy.table()}", flush=True)
+
+
+def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
+    """The campaign's entry in --summary-json."""
+    from nanfuzz.harness.campaign.scope import campaign_tier
     from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.report import coverage
-    from nanfuzz.harness.report.failures import print_notes, report_failure
+
+    return {"kernel": kernel.name, "import_path": import_path(kernel), "expect": kernel.expect,
+            "seed": campaign.seed,
+            "verdict": verdict, "examples": campaign.examples,
+            "elapsed_s": round(campaign.elapsed, 3), "time_to_first_failure_s": campaign.time_to_first_failure,
+            "examples_to_first_failure": campaign.examples_to_first_failure,
+            "shrink_s": campaign.shrink_time, "repro": campaign.repro_paths,
+            "summary": campaign.failure.summary if campaign.failed else verdict,
+            "evidence": campaign.failure.evidence if campaign.failed else {},
+            "notes": campaign.notes, "worker_restarts": campaign.worker_restarts,
+            "statistics": campaign.statistics.to_dict(),
+            "accuracy": campaign.accuracy.to_dict(),
+            "read_coverage": coverage.claim(campaign.statistics),
+            "highest_error_ratio": campaign.accuracy.highest(),
+            "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()},
+            "cpu_seconds": {"campaign": round(campaign.cpu_seconds, 4),
+                            "judging": round(campaign.judging_cpu_seconds, 4)},
+            "time_to_first_example_s": campaign.time_to_first_example,
+            "compiles": campaign.compiles, "deferred": campaign.deferred, "compile_farm": campaign.farm,
+            "size": campaign_tier(kernel, kernel_settings), "paths_missed": campaign.paths_missed,
+            "declined_for_memory": campaign.declined_for_memory,
+            "early_examples": campaign.early_examples}
+
+
+def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> int:
+    """Each kernel's campaign in turn (``farm``: the self-check's compile farm); the table and the exit status."""
+    from nanfuzz.harness.report.failures import report_failure
 
     summary = []
     all_good = True
@@ -427,31 +485,9 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     interrupted = False
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
-        kernel_settings = settings
-        if self_check:
-            kernel_settings = _self_check_settings(kernel, settings, profile)
-        if settings.jobs > 1:
-            campaign = fuzz_parallel(kernel, kernel_settings, farm=handle)
-        else:
-            progress = Progress(kernel.name, target_examples=kernel_settings.max_examples or profile.max_examples,
-                                time_budget=settings.time_budget if settings.time_budget is not None
-                                else profile.time_budget)
-
-            def show(c) -> None:
-                progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
-
-            try:
-                campaign = fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show, interrupted=stop_requested),
-                                farm=handle)
-            finally:
-                progress.finish()
-        print_notes(campaign)
-        if not campaign.failed and campaign.statistics.counts[coverage.TRACED]:
-            print(f"{kernel.name}: {coverage.claim(campaign.statistics)}", flush=True)
-        if args.show_statistics:
-            print(f"\n{kernel.name}: {campaign.statistics.table()}", flush=True)
-            print(f"{kernel.name}: {coverage.table(campaign.statistics)}", flush=True)
-            print(f"{kernel.name}: {campaign.accuracy.table()}", flush=True)
+        kernel_settings = _self_check_settings(kernel, settings, profile) if self_check else settings
+        campaign = _campaign(kernel, kernel_settings, profile, handle)
+        _print_coverage(args, kernel, campaign)
         # stopped before its examples or time were spent, a campaign without a failure is no pass
         stopped = campaign.interrupted and not campaign.failed
         verdict = campaign.failure.verdict.value if campaign.failed else "STOPPED" if stopped else "PASS"
@@ -473,27 +509,7 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
                      f"{campaign.elapsed:.1f}s", result))
         if campaign.seed is not None:
             print(f"{kernel.name}: seed {campaign.seed} (--seed {campaign.seed} runs the same search)", flush=True)
-        summary.append({"kernel": kernel.name, "import_path": import_path(kernel), "expect": kernel.expect,
-                        "seed": campaign.seed,
-                        "verdict": verdict, "examples": campaign.examples,
-                        "elapsed_s": round(campaign.elapsed, 3), "time_to_first_failure_s": campaign.time_to_first_failure,
-                        "examples_to_first_failure": campaign.examples_to_first_failure,
-                        "shrink_s": campaign.shrink_time, "repro": campaign.repro_paths,
-                        "summary": campaign.failure.summary if campaign.failed else verdict,
-                        "evidence": campaign.failure.evidence if campaign.failed else {},
-                        "notes": campaign.notes, "worker_restarts": campaign.worker_restarts,
-                        "statistics": campaign.statistics.to_dict(),
-                        "accuracy": campaign.accuracy.to_dict(),
-                        "read_coverage": coverage.claim(campaign.statistics),
-                        "highest_error_ratio": campaign.accuracy.highest(),
-                        "phase_seconds": {k: round(v, 4) for k, v in campaign.phase_times.items()},
-                        "cpu_seconds": {"campaign": round(campaign.cpu_seconds, 4),
-                                        "judging": round(campaign.judging_cpu_seconds, 4)},
-                        "time_to_first_example_s": campaign.time_to_first_example,
-                        "compiles": campaign.compiles, "deferred": campaign.deferred, "compile_farm": campaign.farm,
-                        "size": campaign_tier(kernel, kernel_settings), "paths_missed": campaign.paths_missed,
-                        "declined_for_memory": campaign.declined_for_memory,
-                        "early_examples": campaign.early_examples})
+        summary.append(_summary_entry(kernel, campaign, kernel_settings, verdict))
         if campaign.interrupted:
             interrupted = True
             break
@@ -505,14 +521,11 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
         print(f"\ncompiled ahead: {compiled['compiled']} of {compiled['tasks']} cases of {compiled['entries']} pool entries in "
               f"{compiled['processes']} processes ({compiled['compile_seconds']:.0f} s of compiling{built})")
     if args.summary_json:
-        from nanfuzz.harness.report.atomic import write_atomically
-
         try:
-            write_atomically(args.summary_json, json.dumps({"device": settings.device, "profile": profile.name,
-                                                            "kernels": summary, "compile_farm": compiled},
-                                                           indent=1, default=str))
-        except OSError as exc:
-            print(f"nanfuzz: cannot write --summary-json {args.summary_json!r} ({exc.strerror})", file=sys.stderr)
+            _write_json("--summary-json", args.summary_json, {"device": settings.device, "profile": profile.name,
+                                                              "kernels": summary, "compile_farm": compiled})
+        except NanfuzzError as exc:  # the findings above stand: their exit status, this one line beside it
+            print(f"nanfuzz: {exc}", file=sys.stderr)
     if interrupted:
         from nanfuzz.harness.campaign.stop_signals import describe, exit_status, stop_signal
 
