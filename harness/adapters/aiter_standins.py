@@ -16,7 +16,7 @@ import types
 
 import torch
 
-from nanfuzz.harness.adapters.standins import standin_module
+from nanfuzz.harness.adapters.standins import amd_arch, standin_module
 
 # Parents of the modules below; they hold no code, and an empty __path__ keeps
 # any other ``aiter.*`` import from silently reaching into a source tree.
@@ -41,18 +41,9 @@ def get_num_xcds() -> int:
     return XCDS
 
 
-def _arch() -> str:
-    """The AMD architecture (gfx942, gfx950); "" on other GPUs."""
-    if not torch.cuda.is_available():
-        return "gfx950"  # the interpreter stands in for an MI355X
-    if torch.version.hip is None:
-        return ""
-    return getattr(torch.cuda.get_device_properties(0), "gcnArchName", "").split(":")[0]
-
-
 def get_fp8_dtypes() -> tuple[torch.dtype, torch.dtype]:
     """(e5m2, e4m3) as AITER picks them: OCP on gfx950 and on non-AMD devices, fnuz on MI300-class gfx94x."""
-    if _arch().startswith("gfx94"):
+    if amd_arch().startswith("gfx94"):
         return torch.float8_e5m2fnuz, torch.float8_e4m3fnuz
     return torch.float8_e5m2, torch.float8_e4m3fn
 
@@ -88,7 +79,7 @@ class AiterTritonLogger:
 
 def _device() -> str:
     """AITER's name for the device (MI300X, MI350X), by architecture."""
-    return {"gfx942": "MI300X", "gfx950": "MI350X"}.get(_arch(), _arch() or "not an AMD GPU")
+    return {"gfx942": "MI300X", "gfx950": "MI350X"}.get(amd_arch(), amd_arch() or "not an AMD GPU")
 
 
 _module = functools.partial(standin_module, library="AITER")
@@ -103,8 +94,9 @@ def build() -> dict[str, types.ModuleType]:
         "aiter.ops.triton.utils.device_info": _module(
             "aiter.ops.triton.utils.device_info", {"get_num_sms": get_num_sms, "get_num_xcds": get_num_xcds}),
         "aiter.ops.triton.utils._triton.arch_info": _module("aiter.ops.triton.utils._triton.arch_info", {
-            "get_arch": _arch, "get_device": _device,
-            "is_fp8_avail": lambda: _arch() in ("gfx942", "gfx950"), "is_fp4_avail": lambda: _arch() == "gfx950"}),
+            "get_arch": amd_arch, "get_device": _device,
+            "is_fp8_avail": lambda: amd_arch() in ("gfx942", "gfx950"),
+            "is_fp4_avail": lambda: amd_arch() == "gfx950"}),
         "aiter.ops.triton.utils.types": _module("aiter.ops.triton.utils.types", {
             "get_fp8_dtypes": get_fp8_dtypes, "get_fp8_e4m3_dtype": get_fp8_e4m3_dtype,
             "e5m2_dtype": e5m2, "e4m3_dtype": e4m3}),

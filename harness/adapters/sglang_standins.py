@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from nanfuzz.harness.adapters.standins import standin_module
+from nanfuzz.harness.adapters.standins import amd_arch, standin_module
 
 PACKAGES = ("sglang", "sglang.srt", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention")
 INTERPRETER_COMPUTE_UNITS = 256  # an MI355X
@@ -56,14 +56,6 @@ def is_cuda() -> bool:
     return torch.cuda.is_available() and torch.version.hip is None
 
 
-def _arch() -> str:
-    if not torch.cuda.is_available():
-        return "gfx950"  # the interpreter stands in for an MI355X
-    if torch.version.hip is None:
-        return ""
-    return getattr(torch.cuda.get_device_properties(0), "gcnArchName", "").split(":")[0]
-
-
 def get_device_core_count(device_id: int = 0) -> int:
     if not torch.cuda.is_available():
         return INTERPRETER_COMPUTE_UNITS
@@ -79,7 +71,7 @@ def build() -> dict[str, types.ModuleType]:
     modules["sglang.srt.environ"] = _module("sglang.srt.environ", {"envs": Envs()})
     modules["sglang.srt.utils"] = _module("sglang.srt.utils", {
         "is_hip": is_hip, "is_cuda": is_cuda, "get_device_core_count": get_device_core_count,
-        "is_gfx95_supported": lambda: _arch() == "gfx950", "is_gfx1250_supported": lambda: _arch() == "gfx1250"})
+        "is_gfx95_supported": lambda: amd_arch() == "gfx950", "is_gfx1250_supported": lambda: amd_arch() == "gfx1250"})
     for name, module in modules.items():
         parent, _, child = name.rpartition(".")
         if parent:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import types
 from typing import Any
 
+import torch
+
 
 def standin_module(name: str, attrs: dict[str, Any], *, library: str, package: bool = False) -> types.ModuleType:
     """A module ``name`` holding ``attrs``; a package (empty ``__path__``) when ``package``."""
@@ -27,3 +29,12 @@ def standin_module(name: str, attrs: dict[str, Any], *, library: str, package: b
 
     module.__getattr__ = missing  # PEP 562: unknown names fail with a message
     return module
+
+
+def amd_arch() -> str:
+    """The AMD architecture (gfx942, gfx950) a library's platform query answers; "" on other GPUs."""
+    if not torch.cuda.is_available():
+        return "gfx950"  # the interpreter stands in for an MI355X
+    if torch.version.hip is None:
+        return ""
+    return getattr(torch.cuda.get_device_properties(0), "gcnArchName", "").split(":")[0]
