@@ -30,6 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     from nanfuzz import __version__
+    from nanfuzz.harness.adapters.sources import add_source_options
 
     parser = _Parser(prog="nanfuzz", description="NaN-poisoning fuzzer for paged-attention Triton kernels")
     parser.add_argument("--version", action="version", version=f"nanfuzz {__version__}")
@@ -38,13 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(p):
         p.add_argument("--device", choices=("cpu", "cuda"), help="cuda: the GPU; cpu: Triton's interpreter (default: GPU if present)")
-        p.add_argument("--vllm-src", metavar="DIR", help="a vLLM source tree or unpacked wheel for the vllm:* kernels")
-        p.add_argument("--aiter-src", metavar="DIR",
-                       help="an AITER source tree or unpacked amd-aiter wheel for the aiter:* kernels")
-        p.add_argument("--fa-src", metavar="DIR",
-                       help="an unpacked flash-attn source distribution or checkout for the fa_amd:* kernels")
-        p.add_argument("--sglang-src", metavar="DIR",
-                       help="an SGLang source tree or unpacked sglang wheel for the sglang:* kernels")
+        add_source_options(p)
         p.add_argument("--state-dir", metavar="DIR",
                        help="pending-case journals and the example database (default $NANFUZZ_STATE_DIR or .nanfuzz)")
         p.add_argument("--launch-timeout", type=float, metavar="S",

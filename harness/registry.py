@@ -10,6 +10,7 @@ import importlib
 import sys
 from dataclasses import replace
 
+from nanfuzz.harness.adapters.sources import SOURCES
 from nanfuzz.harness.import_path import import_user_module
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.capabilities import Capabilities
@@ -21,7 +22,7 @@ BUILTIN_MODULES = ("paged_decode", "prefix_prefill", "unified", "split_decode")
 # harness.adapters (its kernel(name, source) and KERNEL_NAMES), and the keyword its
 # source tree travels as: resolve()'s and Settings' field, the command line's option
 # with a dash (--vllm-src, --fa-src).
-LIBRARIES = {"vllm": "vllm_src", "aiter": "aiter_src", "fa_amd": "fa_src", "sglang": "sglang_src"}
+LIBRARIES = {library: keyword for library, (keyword, _) in SOURCES.items()}
 
 
 def builtin_kernels() -> dict[str, Kernel]:

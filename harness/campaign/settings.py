@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from nanfuzz.harness.adapters.sources import SOURCES
 from nanfuzz.harness.campaign.focus import Focus
 
 # Generous: a correct launch of the largest generated case takes milliseconds
@@ -94,10 +95,7 @@ class Settings:
             "state_dir": Path(env.get("NANFUZZ_STATE_DIR") or ".nanfuzz"),
             "examples_dir": Path(env["NANFUZZ_EXAMPLES_DIR"]) if env.get("NANFUZZ_EXAMPLES_DIR") else None,
             "example_db": env.get("NANFUZZ_EXAMPLE_DB") or None,
-            "vllm_src": env.get("NANFUZZ_VLLM_SRC") or None,
-            "aiter_src": env.get("NANFUZZ_AITER_SRC") or None,
-            "fa_src": env.get("NANFUZZ_FA_SRC") or None,
-            "sglang_src": env.get("NANFUZZ_SGLANG_SRC") or None,
+            **{keyword: env.get(f"NANFUZZ_{keyword.upper()}") or None for keyword, _ in SOURCES.values()},
             "profile": env.get("NANFUZZ_PROFILE") or ("ci" if env.get("CI") else "dev"),
         }
         if (env.get("NANFUZZ_CAMPAIGNS_PER_DEVICE") or "").strip():

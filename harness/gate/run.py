@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+from nanfuzz.harness.adapters.sources import add_source_options
 from nanfuzz.harness.gate.plan import PLAN_ENV, SLOT_ENV, Plan
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -61,14 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="kernel to gate (repeatable): family@variant, vllm:rocm_attn, aiter:unified_attention (see "
                         "nanfuzz list) or package.module:callable (default: the fixed built-in variants, plus vllm:*, "
                         "aiter:*, sglang:* and fa_amd:* when that library's source is configured)")
-    p.add_argument("--vllm-src", metavar="DIR",
-                   help="vLLM source tree or unpacked wheel for vllm:* (or NANFUZZ_VLLM_SRC)")
-    p.add_argument("--aiter-src", metavar="DIR",
-                   help="AITER source tree or unpacked amd-aiter wheel for aiter:* (or NANFUZZ_AITER_SRC)")
-    p.add_argument("--sglang-src", metavar="DIR",
-                   help="SGLang source tree or unpacked sglang wheel for sglang:* (or NANFUZZ_SGLANG_SRC)")
-    p.add_argument("--fa-src", metavar="DIR",
-                   help="unpacked flash-attn source distribution or checkout for fa_amd:* (or NANFUZZ_FA_SRC)")
+    add_source_options(p)
     p.add_argument("--profile", choices=("pr-gate", "nightly"), default="pr-gate",
                    help="campaign profile (default pr-gate)")
     p.add_argument("--time-budget", type=float, metavar="SECONDS",
