@@ -24,7 +24,7 @@ from nanfuzz.reference.case import Case
 from nanfuzz.reference.materialize import host_to_device, token_layout
 from nanfuzz.reference.precision import FLOAT64, Arithmetic
 from nanfuzz.reference.quantization import live_values
-from nanfuzz.reference.semantics import live_key_range
+from nanfuzz.reference.semantics import allowed_mask, live_key_range
 
 # Gathered K plus V per chunk, in float64 elements (2 x 2**27 x 8 B = 2 GiB).
 _CHUNK_ELEMENTS = 1 << 27
@@ -148,12 +148,8 @@ def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gat
     position = context[:, None] + rows[None, :]                                # [n, max_q]
     key = keys[None, None, :]
     pos = position[:, :, None]
-    allowed = (rows[None, :, None] < query_len[:, None, None]) & (key < seq_len[:, None, None])
-    if case.causal:
-        allowed &= key <= pos
-    if case.sliding_window > 0:
-        distance = (pos - key) if case.causal else (pos - key).abs()
-        allowed &= distance < case.sliding_window
+    allowed = (rows[None, :, None] < query_len[:, None, None]) & allowed_mask(
+        pos, key, seq_len[:, None, None], case.sliding_window, case.causal)
 
     sinks = batch.sinks.view(1, hkv, group, 1, 1) if batch.sinks is not None else None
     return _Gathered(case, q, k, v, allowed, sinks, tok_seq, tok_row)

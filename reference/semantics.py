@@ -11,6 +11,7 @@ import enum
 import functools
 
 import numpy as np
+import torch
 
 from nanfuzz.reference.case import NULL_BLOCK, Case, Sequence
 
@@ -26,6 +27,19 @@ def allowed(position: int, key: int, seq_len: int, window: int, causal: bool) ->
         if distance >= window:
             return False
     return True
+
+
+def allowed_mask(position, key, seq_len, window: int, causal: bool):
+    """``allowed`` over tensors: ``position`` and ``key`` (tensors) and ``seq_len`` (a tensor or an
+    int) broadcast against each other; a bool tensor of the broadcast shape."""
+    position, key = torch.broadcast_tensors(position, key)
+    mask = (key >= 0) & (key < seq_len)
+    if causal:
+        mask = mask & (key <= position)
+    if window > 0:
+        distance = (position - key) if causal else (position - key).abs()
+        mask = mask & (distance < window)
+    return mask
 
 
 def live_key_range(case: Case, seq: Sequence) -> tuple[int, int]:

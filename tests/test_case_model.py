@@ -2,12 +2,13 @@
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from nanfuzz.reference.errors import CaseError
 from nanfuzz.reference.materialize import live_mask, materialize
-from nanfuzz.reference.semantics import Dead, slot_reasons
+from nanfuzz.reference.semantics import Dead, allowed, allowed_mask, slot_reasons
 from nanfuzz.strategies import paged_cases
 
 EVERYTHING = Capabilities(non_causal=True, sinks=True)
@@ -91,3 +92,10 @@ def test_malformed_json_is_one_clear_error(text):
     with pytest.raises(CaseError) as info:
         Case.from_json(text)
     assert "\n" not in str(info.value)
+
+
+@given(seq_len=st.integers(0, 12), window=st.integers(0, 6), causal=st.booleans())
+def test_the_tensor_allowed_set_is_the_scalar_definition(seq_len, window, causal):
+    positions, keys = torch.arange(-1, 14)[:, None], torch.arange(-1, 14)[None, :]
+    mask = allowed_mask(positions, keys, seq_len, window, causal)
+    assert mask.tolist() == [[allowed(p, k, seq_len, window, causal) for k in range(-1, 14)] for p in range(-1, 14)]

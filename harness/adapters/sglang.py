@@ -45,7 +45,7 @@ from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.layouts import scheduled, token_indices
-from nanfuzz.reference.semantics import allowed
+from nanfuzz.reference.semantics import allowed_mask
 
 DECODE, EXTEND = "sglang:decode", "sglang:extend"
 KERNEL_NAMES = (DECODE, EXTEND)
@@ -163,14 +163,16 @@ def run_decode(batch: PagedBatch, out: torch.Tensor, *, page: str | None = None,
 
 def custom_mask(case: Case, device) -> tuple[torch.Tensor, torch.Tensor]:
     """SGLang's ``custom_mask`` (int8, each request's ``[query_len, seq_len]`` allowed set, flat) and
-    ``mask_indptr``, over the scheduled requests."""
-    rows, starts = [], [0]
+    ``mask_indptr``, over the scheduled requests; built on ``device`` (a prefill of 1k queries over
+    128k keys is 2^27 entries)."""
+    parts, starts = [], [0]
     for seq in (s for s in case.sequences if s.query_len):
-        for i in range(seq.query_len):
-            position = seq.context_len + i
-            rows += [allowed(position, k, seq.seq_len, case.sliding_window, case.causal) for k in range(seq.seq_len)]
-        starts.append(len(rows))
-    return (torch.tensor(rows, dtype=torch.int8).to(device), torch.tensor(starts, dtype=torch.int32).to(device))
+        positions = torch.arange(seq.context_len, seq.seq_len, device=device)[:, None]
+        keys = torch.arange(seq.seq_len, device=device)[None, :]
+        parts.append(allowed_mask(positions, keys, seq.seq_len, case.sliding_window, case.causal).flatten())
+        starts.append(starts[-1] + parts[-1].numel())
+    mask = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool, device=device)
+    return mask.to(torch.int8), torch.tensor(starts, dtype=torch.int32, device=device)
 
 
 def run_extend(batch: PagedBatch, out: torch.Tensor, *, page: str | None = None, mask: bool = False,

@@ -27,7 +27,7 @@ JUDGING = (
                                 "codes_of", "as_encoding", "quantize", "decode", "token_head_scales", "_pick",
                                 "finite_codes", "hostile_codes", "garbage_scales", "hostile_scales", "live_values",
                                 "values_at"), ()),
-    ("reference.semantics", ("live_key_range",), ()),
+    ("reference.semantics", ("allowed_mask", "live_key_range"), ()),
     ("reference.materialize", ("TORCH_DTYPES", "host_to_device", "token_layout"), ()),
     ("reference.precision", None, ()),
     ("reference.oracle", None, ()),
