@@ -55,8 +55,8 @@ def recording() -> Iterator[set[str]]:
         _recorders.remove(found)
 
 
-def _note(case: Case, pages: list[int], page_size: int) -> None:
-    if not _recorders or not pages:
+def _note(case: Case, pages: np.ndarray, page_size: int) -> None:
+    if not _recorders or not len(pages):
         return
     bs = case.geometry.block_size
     slots = (np.asarray(pages, dtype=np.int64)[:, None] * page_size + np.arange(page_size)).reshape(-1)
@@ -147,22 +147,29 @@ def token_indices(batch: PagedBatch, *, page_size: int = 1, keys: str = "live",
                            "so that each page is contiguous in the cache")
     sequences = tuple(i for i, s in enumerate(case.sequences) if s.query_len > 0)
     per_block = bs // page_size
-    indptr, indices, starts, last = [0], [], [], []
+    indptr, pieces, starts, last = [0], [], [], []
     for i in sequences:
         seq = case.sequences[i]
         lo = 0 if keys == "all" else seq.live_range(case.sliding_window)[0]
         hi = seq.context_len if keys == "context" else seq.seq_len
         first, end = lo // page_size, -(-hi // page_size)  # logical pages [first, end)
-        indices += [seq.block_table[p // per_block] * per_block + p % per_block for p in range(first, end)]
-        indptr.append(len(indices))
+        pieces.append(_pages(seq, per_block, first, end))
+        indptr.append(indptr[-1] + len(pieces[-1]))
         starts.append(first * page_size)
         last.append(hi - (end - 1) * page_size if end > first else 0)
-    indices += dead_pages(case, page_size, _padded_length(len(indices), capacity))
+    pieces.append(dead_pages(case, page_size, _padded_length(indptr[-1], capacity)))
+    indices = np.concatenate(pieces)
     _note(case, indices, page_size)
     device = batch.block_table.device
-    as_tensor = lambda values: torch.tensor(values, dtype=torch.int32).to(device)  # noqa: E731
+    as_tensor = lambda values: torch.as_tensor(np.asarray(values, dtype=np.int32)).to(device)  # noqa: E731
     return TokenIndices(page_size, as_tensor(indptr), as_tensor(indices), as_tensor(starts), as_tensor(last),
                         sequences)
+
+
+def _pages(seq, per_block: int, first: int, end: int) -> np.ndarray:
+    """The page ids of ``seq``'s logical pages ``[first, end)`` (pages of ``block_size / per_block`` slots)."""
+    logical = np.arange(first, end, dtype=np.int64)
+    return np.asarray(seq.block_table, dtype=np.int64)[logical // per_block] * per_block + logical % per_block
 
 
 def req_to_token(batch: PagedBatch, *, width: int | None = None) -> torch.Tensor:
@@ -177,16 +184,16 @@ def req_to_token(batch: PagedBatch, *, width: int | None = None) -> torch.Tensor
     for s in (s for s in case.sequences if s.query_len > 0):
         if s.seq_len > width:
             raise NanfuzzError(f"req_to_token(width={width}) is narrower than a sequence of {s.seq_len} keys")
-        live = [s.block_table[k // bs] * bs + k % bs for k in range(s.seq_len)]
-        rows.append(live + dead_pages(case, 1, width - s.seq_len))
-    _note(case, [slot for row in rows for slot in row], 1)
-    return torch.tensor(rows, dtype=torch.int32).view(len(rows), width).to(batch.block_table.device)
+        rows.append(np.concatenate([_pages(s, bs, 0, s.seq_len), dead_pages(case, 1, width - s.seq_len)]))
+    table = np.stack(rows) if rows else np.zeros((0, width), dtype=np.int64)
+    _note(case, table.reshape(-1), 1)
+    return torch.as_tensor(table.astype(np.int32)).to(batch.block_table.device)
 
 
-def dead_pages(case: Case, page_size: int, count: int) -> list[int]:
+def dead_pages(case: Case, page_size: int, count: int) -> np.ndarray:
     """``count`` page ids (of ``page_size`` slots) inside the padding block, cycling through it."""
     per_block = case.geometry.block_size // page_size
-    return [case.padding_block * per_block + j % per_block for j in range(count)]
+    return case.padding_block * per_block + np.arange(count, dtype=np.int64) % per_block
 
 
 def _padded_length(used: int, capacity: int | None) -> int:
