@@ -19,6 +19,7 @@ from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.kernels._common import INTERPRETED
 from nanfuzz.harness.registry import resolve
+from nanfuzz.reference.case import Poison
 from nanfuzz.reference.errors import NanfuzzError
 from tests.cases import consecutive_case
 
@@ -77,6 +78,34 @@ def test_the_contiguous_cache_is_each_row_s_blocks_in_table_order():
     cache = torch.arange(4 * 2 * 1 * 1, dtype=torch.float32).view(4, 2, 1, 1)
     table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
     assert fa_amd.contiguous_cache(cache, table).flatten().tolist() == [4, 5, 0, 1, 2, 3, 6, 7]
+
+
+def test_the_contiguous_cache_sits_in_nan_margins_past_each_row_and_past_the_last(fa_amd_source):
+    """A kernel reading past a row of the gathered cache reads NaN, as past any tensor nanfuzz hands it:
+    2.8.3.post2's later tiles of one 65-key sequence read past its 80-slot row (no dead slot is
+    poisoned, so nothing else holds NaN), and with finite margins the same case passes."""
+    import torch
+
+    cache = torch.arange(4 * 2 * 1 * 1, dtype=torch.float32).view(4, 2, 1, 1)
+    view = fa_amd.contiguous_cache(cache, torch.tensor([[2, 0], [1, 3]], dtype=torch.int32))
+    base = view._base
+    assert base.shape[:2] == (3, 6) and view.data_ptr() == base.data_ptr()
+    assert torch.isnan(base[:2, 4:]).all() and torch.isnan(base[2]).all()
+
+    case = consecutive_case(seqs=[(2, 2), (2, 65)], q_heads=1, kv_heads=1, head_size=32, spare_entries=0,
+                            poison=Poison(sites=()))
+    real = kernel("fa_amd:kvcache@contiguous", fa_amd_source)
+    outcome = check(real, case, DEVICE)
+    assert outcome.verdict.value == "NONFINITE", outcome.summary
+    assert "past the end of a tensor" in outcome.summary
+
+    def finite_margins(cache, table, gathered=fa_amd.contiguous_cache):
+        view = gathered(cache, table)
+        view._base.nan_to_num_(0.0)
+        return view
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fa_amd, "contiguous_cache", finite_margins)
+        assert check(real, case, DEVICE).verdict.value == "PASS"
 
 
 def test_the_paged_call_reads_the_block_of_its_batch_index_not_its_table(fa_amd_source):

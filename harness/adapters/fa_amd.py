@@ -71,9 +71,18 @@ CONTIGUOUS_CAPABILITIES = CAPABILITIES.restrict(block_sizes=Capabilities().block
 
 def contiguous_cache(cache: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``[blocks, B, H, D]`` and an int32 table ``[n, width]`` -> ``[n, width * B, H, D]``: each row's
-    blocks in table order, copied whole (dead slots and padding entries included)."""
+    blocks in table order, copied whole (dead slots and padding entries included).
+
+    The copy is a view into a NaN allocation one block of slots wider per row and one row longer,
+    as every tensor nanfuzz hands a kernel is (``reference.redzones``): a kernel that reads past a
+    row reads NaN on every run, not whatever memory follows the copy."""
     blocks, block_size, heads, head_size = cache.shape
-    return cache[table.long()].reshape(table.shape[0], table.shape[1] * block_size, heads, head_size)
+    rows, width = table.shape
+    base = torch.full((rows + 1, (width + 1) * block_size, heads, head_size), float("nan"), dtype=cache.dtype,
+                      device=cache.device)
+    view = base[:rows, :width * block_size]
+    view.copy_(cache[table.long()].reshape(rows, width * block_size, heads, head_size))
+    return view
 
 
 def run_kvcache(batch: PagedBatch, out: torch.Tensor, *, paged: bool = True, source: str | None = None

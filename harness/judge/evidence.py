@@ -81,5 +81,6 @@ def span(xs: list[int]) -> str:
 
 def classes_line(evidence: dict) -> str:
     classes = sorted({c for per_seq in evidence["reachable_poison"].values() for c in per_seq})
-    line = ", ".join(classes) if classes else "no poisoned slot in its table (check unreferenced blocks)"
+    line = ", ".join(classes) if classes else ("no poisoned slot in its table (the NaN came from elsewhere: blocks it does not list, "
+                                               "or past the end of a tensor)")
     return line + (f" (poison in {evidence['poison_in']})" if "poison_in" in evidence else "")
