@@ -6,7 +6,9 @@ is K, and its first ``rank`` entries are V.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,7 @@ from nanfuzz.harness.campaign.runner import fuzz
 from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.kernels._common import INTERPRETED
 from nanfuzz.harness.registry import resolve
+from nanfuzz.harness.report.repro import load_repro
 from nanfuzz.reference.case import Poison
 from tests.cases import consecutive_case
 
@@ -22,6 +25,9 @@ DEVICE = "cpu" if INTERPRETED else "cuda"
 MODULE = "vllm/v1/attention/ops/triton_decode_attention.py"
 # the grouped stage-1 kernel's load of the latent K tile, which is also V under is_mla
 LATENT_LOAD_MASK = "mask=(offs_n[None, :] < split_kv_end) & (mask_d[:, None]),"
+# the per-head stage-1 kernel's scores, summed in the inputs' dtype
+PER_HEAD_QK = "qk = tl.sum(q[None, :] * k, 1)"
+REGRESSIONS = Path(__file__).parent / "regressions"
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 
 
@@ -83,9 +89,33 @@ def test_the_capabilities_are_the_backend_s():
     assert (512, 64) in caps.mla and set(caps.dtypes) == {"float16", "bfloat16"}
 
 
+def _grouped_only(case):
+    return "one query head: the per-head stage 1 (on file)" if case.geometry.num_q_heads == 1 else None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["vllm:triton_mla", "vllm:triton_mla@page1"])
-def test_a_gpu_campaign_passes(name, vllm_source, tmp_path):
-    kernel = resolve(name, vllm_src=str(vllm_source))
+def test_a_gpu_campaign_past_the_finding_on_file_passes(name, vllm_source, tmp_path):
+    """Two query heads or more take the grouped stage 1 (tl.dot), which is right on GPU."""
+    kernel = dataclasses.replace(resolve(name, vllm_src=str(vllm_source)), supports=_grouped_only)
     campaign = fuzz(kernel, device="cuda", max_examples=200, seed=1, use_database=False, state_dir=tmp_path)
     assert not campaign.failed, campaign.failure.summary
+
+
+@pytest.mark.gpu
+def test_the_per_head_stage_1_summed_in_float32_passes_the_case_on_file(vllm_source, tmp_path):
+    """The bfloat16 MISMATCH on file: with one query head, 0.33.0 takes _fwd_kernel_stage1, which sums
+    ``q[None, :] * k`` in the cache's dtype (triton_decode_attention.py:151; tl.sum keeps bf16/fp16).
+    Summed in float32, as SGLang's copy of the kernel does, the same case passes.  (Under the
+    interpreter numpy sums half precision in float32, so only a GPU shows it.)"""
+    record = load_repro(REGRESSIONS / "vllm_triton_mla-per-head-stage-1-sums-qk-in-bf16.json")
+    released = check(resolve("vllm:triton_mla", vllm_src=str(vllm_source)), record["case"], "cuda")
+    assert released.verdict.value == "MISMATCH", released.summary
+    assert sorted(released.paths) == ["_fwd_kernel_stage1", "_fwd_kernel_stage2"]
+    shutil.copytree(vllm_source, tmp_path / "tree")
+    path = tmp_path / "tree" / MODULE
+    text = path.read_text()
+    assert text.count(PER_HEAD_QK) == 1
+    path.write_text(text.replace(PER_HEAD_QK, "qk = tl.sum((q[None, :] * k).to(tl.float32), 1)"))
+    fixed = check(resolve("vllm:triton_mla", vllm_src=str(tmp_path / "tree")), record["case"], "cuda")
+    assert fixed.verdict.value == "PASS", fixed.summary
