@@ -127,6 +127,16 @@ def test_a_job_killed_outright_leaves_no_process_of_its_kernel_behind(tmp_path):
     _nothing_left(mark)
 
 
+def test_the_command_killed_outright_leaves_no_process_of_its_kernel_behind(tmp_path):
+    # kill -9 of the command: its worker dies with it (PR_SET_PDEATHSIG), and the worker's guard, which
+    # outlives it by design, ends the worker's group, and with it what the kernel started
+    proc, mark = _campaign(tmp_path, "tests.subjects:starts_a_child", 1)
+    _when(proc, lambda: len(_lines(tmp_path / "children.txt")) >= 1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=_PATIENCE)
+    _nothing_left(mark)
+
+
 def _parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[1])

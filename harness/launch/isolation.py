@@ -8,7 +8,9 @@ process (``end_group``), so a kernel's children go with their worker.  Such a
 process also dies the moment the process that forked it does (Linux's
 ``PR_SET_PDEATHSIG``; elsewhere within a second, by a watching thread): a kernel
 that kills the fork server its worker came from is a CRASH of the very case that
-did it, and no worker runs on after its campaign.
+did it, and no worker runs on after its campaign.  Each one forks a guard into its
+group first, which ends the group when the process dies, however it dies: what a
+kernel started goes with its worker even when the campaign is killed outright.
 
 The ``nanfuzz`` command itself adopts the orphans of its descendants (Linux's
 ``PR_SET_CHILD_SUBREAPER``) and, as it ends, ends every group an isolated
@@ -25,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from typing import Callable
 
 _PR_SET_PDEATHSIG = 1         # <linux/prctl.h>
@@ -32,6 +35,7 @@ _PR_SET_CHILD_SUBREAPER = 36
 _PARENT_POLL = 1.0     # seconds between a watching thread's looks at its parent, where prctl is missing
 # Signals a process that runs a kernel takes as any program does, whatever its parent did with them.
 _DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_GUARD_SIGNAL = signal.SIGUSR2  # what tells a group's guard that the process it guards has died
 
 
 def isolate() -> None:
@@ -50,6 +54,37 @@ def isolate() -> None:
         threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="nanfuzz-parent-watch").start()
     if os.getppid() != parent:  # the parent died before the request took effect
         end_own_group()
+    _start_guard()
+
+
+def _start_guard() -> None:
+    """A process of this group that outlives this one by a moment: when this process dies, however
+    it dies (SIGKILL with its parent included), the guard ends the group, and so whatever this
+    process's kernel started.  It is forked before any kernel code runs and waits, idle, for
+    Linux's death signal (elsewhere it looks at its parent every second)."""
+    leader = os.getpid()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # a fork beside a watching thread (no prctl)
+        if os.fork():
+            return
+    try:
+        signal.signal(_GUARD_SIGNAL, lambda *_: _end_guarded_group(leader))
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)  # a kernel signalling its group ends its worker, then the guard the rest
+        watched = _prctl(_PR_SET_PDEATHSIG, _GUARD_SIGNAL)
+        while os.getppid() == leader:
+            if watched:
+                signal.pause()
+            else:
+                time.sleep(_PARENT_POLL)
+    finally:
+        _end_guarded_group(leader)
+
+
+def _end_guarded_group(leader: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(leader, signal.SIGKILL)  # the guard is of that group: this ends it too
+    os._exit(0)
 
 
 _holding = [0]                         # how deep this process is in ``interrupts_held``
