@@ -46,6 +46,7 @@ from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.layouts import scheduled, token_indices
 from nanfuzz.reference.semantics import allowed_mask
+from nanfuzz.reference.windows import window_left
 
 DECODE, EXTEND = "sglang:decode", "sglang:extend"
 KERNEL_NAMES = (DECODE, EXTEND)
@@ -187,10 +188,9 @@ def run_extend(batch: PagedBatch, out: torch.Tensor, *, page: str | None = None,
     device = batch.q.device
     k_buffer, v_buffer = _token_pool(batch.key_cache), _token_pool(batch.value_cache)
     masks = custom_mask(case, device) if mask else (None, None)
-    window = case.sliding_window - 1 if case.sliding_window else -1
     options = _keywords(
-        entry, k_scale=1.0, v_scale=1.0, sm_scale=case.scale, sliding_window_size=window, sinks=batch.sinks,
-        window_kv_offsets=prefix.kv_start, page_size=page_size(case, page),
+        entry, k_scale=1.0, v_scale=1.0, sm_scale=case.scale, sliding_window_size=window_left(case),
+        sinks=batch.sinks, window_kv_offsets=prefix.kv_start, page_size=page_size(case, page),
         extend_seq_lens_cpu=[s.query_len for s in case.sequences if s.query_len])
     with loaded.active():
         entry(batch.q, batch.k, batch.v, out, k_buffer, v_buffer, kept.query_start_loc, prefix.kv_indptr,

@@ -71,6 +71,11 @@ def describe_rows(case: Case, mask: torch.Tensor) -> dict:
     return found
 
 
+# Where non-finite rows come from when no slot a row's sequence lists is poisoned.
+NO_POISON_IN_TABLE = ("no poisoned slot in its table (the NaN came from elsewhere: blocks it does not list, "
+                      "or past the end of a tensor)")
+
+
 def span(xs: list[int]) -> str:
     if not xs:
         return "-"
@@ -81,6 +86,5 @@ def span(xs: list[int]) -> str:
 
 def classes_line(evidence: dict) -> str:
     classes = sorted({c for per_seq in evidence["reachable_poison"].values() for c in per_seq})
-    line = ", ".join(classes) if classes else ("no poisoned slot in its table (the NaN came from elsewhere: blocks it does not list, "
-                                               "or past the end of a tensor)")
+    line = ", ".join(classes) if classes else NO_POISON_IN_TABLE
     return line + (f" (poison in {evidence['poison_in']})" if "poison_in" in evidence else "")

@@ -69,8 +69,9 @@ def _start_guard() -> None:
             return
     try:
         signal.signal(_GUARD_SIGNAL, lambda *_: _end_guarded_group(leader))
+        # a kernel signalling its group ends its worker; the guard then ends the rest
         for signum in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_IGN)  # a kernel signalling its group ends its worker, then the guard the rest
+            signal.signal(signum, signal.SIG_IGN)
         watched = _prctl(_PR_SET_PDEATHSIG, _GUARD_SIGNAL)
         while os.getppid() == leader:
             if watched:
