@@ -42,9 +42,8 @@ def _backend_choice_stays_in_its_test():
         os.environ["TRITON_INTERPRET"] = before
 
 
-def _fetched_tree(release, version: str):
-    """A released wheel's kernel tree (``release``, a ``harness.adapters.fetch.Release``), fetched
-    once with pip into nanfuzz's cache.
+def _fetched_tree(project: str, version: str, cached, ensure, cache_dir):
+    """A released wheel's kernel tree, fetched once with pip into nanfuzz's cache.
 
     A failed fetch fails the test, in CI and elsewhere; with NANFUZZ_OFFLINE=1
     nothing is fetched and the test is skipped unless the tree is cached.
@@ -52,43 +51,46 @@ def _fetched_tree(release, version: str):
     from nanfuzz.harness.adapters.fetch import FetchError
 
     if os.environ.get(OFFLINE_VAR) == "1":
-        path = release.cached(version)
+        path = cached(version)
         if path is None:
-            pytest.skip(f"{OFFLINE_VAR}=1: {release.project}=={version} is not cached in "
-                        f"{release.cache_dir(version)} and is not fetched")
+            pytest.skip(f"{OFFLINE_VAR}=1: {project}=={version} is not cached in {cache_dir(version)} and is not fetched")
         return path
     try:
-        return release.ensure(version)
+        return ensure(version)
     except FetchError as exc:
         pytest.fail(f"{exc}; set {OFFLINE_VAR}=1 to skip the tests that need it", pytrace=False)
 
 
 def vllm_tree(version: str = VLLM_VERSION):
     """vLLM ``version``'s kernel tree (see ``_fetched_tree``)."""
-    from nanfuzz.harness.adapters.vllm_fetch import VLLM
+    from nanfuzz.harness.adapters import vllm_fetch
 
-    return _fetched_tree(VLLM, version)
+    return _fetched_tree("vllm", version, vllm_fetch.cached_vllm_source, vllm_fetch.ensure_vllm_source,
+                         vllm_fetch.cache_dir)
 
 
 def aiter_tree(version: str = AITER_VERSION):
     """AITER ``version``'s Triton kernel tree from the amd-aiter wheel (see ``_fetched_tree``)."""
-    from nanfuzz.harness.adapters.aiter_fetch import AITER
+    from nanfuzz.harness.adapters import aiter_fetch
 
-    return _fetched_tree(AITER, version)
+    return _fetched_tree("amd-aiter", version, aiter_fetch.cached_aiter_source, aiter_fetch.ensure_aiter_source,
+                         aiter_fetch.cache_dir)
 
 
 def sglang_tree(version: str = SGLANG_VERSION):
     """SGLang ``version``'s Triton attention files from its wheel (see ``_fetched_tree``)."""
-    from nanfuzz.harness.adapters.sglang_fetch import SGLANG
+    from nanfuzz.harness.adapters import sglang_fetch
 
-    return _fetched_tree(SGLANG, version)
+    return _fetched_tree("sglang", version, sglang_fetch.cached_sglang_source, sglang_fetch.ensure_sglang_source,
+                         sglang_fetch.cache_dir)
 
 
 def fa_tree(version: str = FA_VERSION):
     """flash-attn ``version``'s AMD Triton backend from its source distribution (see ``_fetched_tree``)."""
-    from nanfuzz.harness.adapters.fa_fetch import FLASH_ATTN
+    from nanfuzz.harness.adapters import fa_fetch
 
-    return _fetched_tree(FLASH_ATTN, version)
+    return _fetched_tree("flash-attn", version, fa_fetch.cached_fa_source, fa_fetch.ensure_fa_source,
+                         fa_fetch.cache_dir)
 
 
 @pytest.fixture(scope="session")
