@@ -179,13 +179,17 @@ def summary_json(result: GateResult, found_by: dict, runners: list[Runner], *, e
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _Parser(prog="nanfuzz gate merge", description=__doc__.split("\n\n")[0])
     parser.add_argument("runners", nargs="+", metavar="RUNNER_OUTPUT",
                         help="a gate runner's output folder (with summary.json), or a folder of them")
     parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"merged output (default {DEFAULT_OUT}/)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        args = parser.parse_args(argv)
+        args = parse_args(argv)
         runners = load_runners(find_summaries(args.runners))
         out = Path(args.out).resolve()
         shutil.rmtree(out / "repros", ignore_errors=True)
