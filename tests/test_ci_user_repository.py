@@ -1,8 +1,8 @@
 """The workflow template run end to end on the CPU, in a scratch repository holding tests/example_repo/.
 
 Every step's commands run as the workflow has them, under bash, in the order
-of its jobs: the plan, nanfuzz installed as pinned (``nanfuzz==VERSION`` from
-a local package folder standing in for the index), the repository installed
+of its jobs: the plan, nanfuzz installed as pinned (a wheel built with
+``pip wheel`` and kept in the repository, as ci/README.md says), the repository installed
 with the default command, ``nanfuzz gate`` on its adapters (the correct
 kernel and the one with unmasked V loads), the repository's own pytest
 selection, and the merge.  The environment is a fresh virtual environment
@@ -44,17 +44,17 @@ def _venv_without_nanfuzz(tmp_path: Path) -> Path:
     return venv
 
 
-def _package_index(tmp_path: Path) -> Path:
-    """nanfuzz built into a wheel from a copy of this checkout: the index ``nanfuzz==VERSION`` resolves in."""
+def _wheel(tmp_path: Path, wheel_dir: Path) -> Path:
+    """nanfuzz built into a wheel from a copy of this checkout, as the docs say (``pip wheel --no-deps``),
+    into ``wheel_dir``."""
     source = tmp_path / "nanfuzz-src"
     for name in ("nanfuzz", "reference", "strategies", "harness"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copyfile(ROOT / name, source / name)
-    index = tmp_path / "index"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(index), str(source)], check=True, capture_output=True)
-    return index
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheel_dir),
+                    str(source)], check=True, capture_output=True)
+    return next(wheel_dir.glob("nanfuzz-*.whl"))
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="the workflow's steps are bash")
@@ -62,14 +62,14 @@ def test_the_workflow_s_steps_gate_a_user_repository_on_the_cpu(tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "tests" / "example_repo", repo, ignore=shutil.ignore_patterns("__pycache__"))
     venv = _venv_without_nanfuzz(tmp_path)
-    index = _package_index(tmp_path)
+    wheel = _wheel(tmp_path, repo / "ci")
     github = {name: tmp_path / name.lower() for name in ("GITHUB_OUTPUT", "GITHUB_ENV", "GITHUB_STEP_SUMMARY")}
     for path in github.values():
         path.write_text("")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NANFUZZ_", "PYTEST_", "GITHUB_", "VIRTUAL_ENV"))}
     base.update({"PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", "VIRTUAL_ENV": str(venv),
-                 # pip finds the pinned nanfuzz in the local folder, and builds the repository with what is installed
-                 "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "PIP_NO_BUILD_ISOLATION": "0",
+                 # pip installs the wheel kept in the repository, and builds the repository with what is installed
+                 "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0",
                  "PIP_DISABLE_PIP_VERSION_CHECK": "1", "GITHUB_WORKSPACE": str(repo),
                  **{k: str(v) for k, v in github.items()}})
 
@@ -77,7 +77,8 @@ def test_the_workflow_s_steps_gate_a_user_repository_on_the_cpu(tmp_path):
         return subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", _run_script(name)],
                               cwd=cwd, env={**base, **env}, capture_output=True, text=True, timeout=600)
 
-    requirement = f"nanfuzz=={__version__}"
+    requirement = str(wheel.relative_to(repo))
+    assert requirement == f"ci/nanfuzz-{__version__}-py3-none-any.whl"  # the form ci/README.md gives
     plan = step("Plan the gate", EVENT="pull_request", INPUT_PROFILE="", INPUT_BUDGET="", PR_BUDGET="12",
                 NIGHTLY_BUDGET="7200", SETUP_MINUTES="20", RUNNERS="1", **{**PINNED, "REQUIREMENT": requirement})
     assert plan.returncode == 0, plan.stdout + plan.stderr

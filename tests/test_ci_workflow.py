@@ -230,14 +230,14 @@ def _run_script_line(name: str) -> str:
 
 def test_every_action_is_pinned_to_a_commit_with_its_tag_beside_it():
     uses = re.findall(r"^\s+uses: (.+)$", TEXT, re.MULTILINE)
-    assert len(uses) == 8
+    assert len(uses) == 9
     for line in uses:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+(/[\w.-]+)?@[0-9a-f]{40} # v\d+\.\d+\.\d+", line), line
 
 
 def test_checkouts_leave_no_credentials_behind():
     checkouts = [block for block in TEXT.split("      - name: ")[1:] if "uses: actions/checkout@" in block]
-    assert len(checkouts) == 1
+    assert len(checkouts) == 2  # the pull request for the gate; for the merge, a wheel of nanfuzz kept in it
     for block in checkouts:
         assert re.search(r"^\s+persist-credentials: false$", block, re.MULTILINE), block
 
@@ -314,9 +314,16 @@ def test_plan_and_merge_run_on_hosted_runners_and_only_the_gate_takes_a_gpu():
     assert "image: ${{ vars.NANFUZZ_IMAGE }}" in _job("gate") and ":latest" not in TEXT
 
 
+WHEEL = "nanfuzz-0.2.0-py3-none-any.whl"
+
+
 @pytest.mark.parametrize("name, value, message", [
     ("REQUIREMENT", "nanfuzz", "NANFUZZ_REQUIREMENT='nanfuzz' is not pinned"),
     ("REQUIREMENT", "nanfuzz @ git+https://example.org/nanfuzz@main", "is not pinned"),
+    ("REQUIREMENT", f"https://example.org/{WHEEL}", "is not pinned"),                          # no hash: may change
+    ("REQUIREMENT", f"http://example.org/{WHEEL}#sha256=" + "0" * 64, "is not pinned"),       # not https
+    ("REQUIREMENT", f"/opt/wheels/{WHEEL}", "is not pinned"),                                 # outside the checkout
+    ("REQUIREMENT", f"ci/../../{WHEEL}", "is not pinned"),
     ("IMAGE", "rocm/pytorch:latest", "NANFUZZ_IMAGE='rocm/pytorch:latest' is not pinned by digest"),
     ("IMAGE", "", "is not pinned by digest"),
 ])
@@ -326,8 +333,32 @@ def test_the_plan_refuses_a_gate_that_is_not_pinned(tmp_path, name, value, messa
            **PINNED, name: value}
     proc = _bash(_run_script("Plan the gate"), env)
     assert proc.returncode == 1 and message in proc.stdout, proc.stdout
-    commit = "nanfuzz @ git+https://example.org/nanfuzz@" + "a" * 40
-    assert _plan(tmp_path, EVENT="pull_request", REQUIREMENT=commit)["run"] == "true"
+
+
+
+def _documented_requirements() -> list[str]:
+    """The pinned forms of NANFUZZ_REQUIREMENT in ci/README.md's table, as it writes them."""
+    text = (ROOT / "ci" / "README.md").read_text()
+    table = text[text.index("| `NANFUZZ_REQUIREMENT` |"):].split("\n\n")[0]
+    return re.findall(r"^\| `([^`]+)` \|", table, re.MULTILINE)[1:]  # the header row names the column
+
+
+def _filled(form: str) -> str:
+    for placeholder, value in (("<64 hex>", "0" * 64), ("<40-hex commit>", "a" * 40), ("HOST", "example.org"),
+                               ("PATH", "team/nanfuzz")):
+        form = form.replace(placeholder, value)
+    return form
+
+
+def test_every_form_the_docs_give_passes_the_plan_and_the_workflow_names_it(tmp_path):
+    forms = _documented_requirements()
+    assert len(forms) == 4, forms
+    header = TEXT[:TEXT.index("\nname:")]
+    for form in forms:
+        assert f'"{form}"' in header, f"the workflow's header does not give {form}"
+        assert _plan(tmp_path, EVENT="pull_request", REQUIREMENT=_filled(form))["run"] == "true", form
+    # sensitivity: the unpinned spellings of the same forms are refused (test_the_plan_refuses_...)
+    assert _filled("https://HOST/x.whl#sha256=<64 hex>") == "https://example.org/x.whl#sha256=" + "0" * 64
 
 
 @pytest.mark.parametrize("head, association, fork_prs, run, environment", [
