@@ -9,7 +9,7 @@ torch and Triton are not imported here.
 
 Adapters find what they convert the canonical batch into here too: the scheduled
 sequences, live key ranges, token indices, window conventions and a loader for a
-library's kernel files (see README's contract).
+library's kernel files (see docs/adapters.md).
 """
 from __future__ import annotations
 

@@ -150,27 +150,3 @@ def test_a_kernel_file_that_needs_more_than_the_stand_ins_is_one_clear_error(tre
     with pytest.raises(NanfuzzError, match="is not a directory"):
         nanfuzz.load_kernel_files(tree / "nowhere", ["mylib.ops.helpers"])
 
-
-def _contract(readme: str) -> str:
-    """README's adapter contract: from "The contract:" to the capabilities table."""
-    start = readme.index("The contract:")
-    return readme[start:readme.index("| field |", start)]
-
-
-def _unlisted(text: str, names) -> list[str]:
-    """The names ``text`` never gives in code spans (`name`, `name(...)`, `nanfuzz.name`)."""
-    import re
-
-    spans = re.findall(r"`([^`]+)`", text)
-    return [n for n in names if not any(re.match(rf"(nanfuzz\.)?{re.escape(n)}\b", span) for span in spans)]
-
-
-def test_the_readme_contract_lists_every_public_name():
-    from pathlib import Path
-
-    contract = _contract((Path(__file__).resolve().parent.parent / "README.md").read_text())
-    public = [n for n in nanfuzz.__all__ if n != "__version__"]
-    assert _unlisted(contract, public) == []
-    # sensitivity: a name the text leaves out, or gives only as part of a longer name, is found
-    assert _unlisted(contract.replace("`TokenIndices`", "TokenIndices"), public) == ["TokenIndices"]
-    assert _unlisted("`scheduled_batches(b)` and `nanfuzz.window_size`", ["scheduled", "window_size"]) == ["scheduled"]

@@ -70,7 +70,7 @@ def test_the_summary_gives_the_highest_ratio_the_search_reached(monkeypatch, tmp
 
 
 def test_the_measuring_scripts_run_and_print_their_figures(tmp_path):
-    # ci/targeting.py and ci/read_overhead.py are how the README's figures are measured: they must keep running
+    # ci/targeting.py and ci/read_overhead.py are how the docs' figures are measured: they must keep running
     import json
     import re
     import subprocess

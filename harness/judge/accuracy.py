@@ -5,7 +5,7 @@ reference's error (``max_error_ratio``, harness/judge/tolerance.py).  An
 :class:`Accuracy` tallies those per arithmetic ("bfloat16", "float32/tf32")
 in quarter-octave bins, so a campaign can say "fp16: median 0.9x, 99.9th
 percentile 2.1x, worst 2.8x, bound 4x", jobs can merge their tallies, and the
-bound itself is calibrated from these figures (see ci/README.md).
+bound itself is calibrated from these figures (see docs/error-model.md).
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from nanfuzz.reference.precision import arithmetic_name
 
 UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32/ieee": 2.0**-24, "float32/tf32": 2.0**-11}
 
-# CALIBRATION.  `python ci/tolerance_survey.py` (ci/README.md) on one H200 (torch 2.11,
+# CALIBRATION.  `python ci/tolerance_survey.py` (docs/error-model.md) on one H200 (torch 2.11,
 # Triton 3.6), with the bound switched off so the whole distribution shows: the worst
 # row ratio of every passing example, FLOOR = 0.5, campaigns of --pool 2 x 14 jobs
 # (paged_decode fp16: the kernel's own pool of 16).
