@@ -253,3 +253,16 @@ def test_export_usage_errors_are_one_line(tmp_path, capsys):
     shutil.copyfile(REGRESSIONS / "paged_decode-tail-past-seq-len.json", copy)
     assert cli(["export", str(copy), "--pytest", "--markdown"]) == 2
     assert "give one of them" in capsys.readouterr().err
+
+
+def test_a_scripts_pass_line_names_what_it_checked_and_claims_no_traced_read():
+    from nanfuzz.harness.report.export.runtime import Finding, Verdicts
+
+    line = Verdicts([]).report()
+    assert line.startswith("PASS: the output is finite wherever the float64 reference is;")
+    assert "a second launch on identical inputs gave the same bits" in line and "dead slot read" not in line
+    assert line.endswith("(the kernel's loads are not traced here, so a read of a dead slot that leaves the output "
+                         "unchanged is not seen)")
+    nondeterministic = Verdicts([], compared_repeats=False).report()
+    assert "second launch" not in nondeterministic and "identical launches not compared" in nondeterministic
+    assert Verdicts([Finding("LEAK", "the output changes")]).report() == "LEAK: the output changes"
