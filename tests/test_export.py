@@ -94,7 +94,11 @@ def test_a_builtin_repro_exports_a_script_that_fails_until_the_fix(tmp_path, rep
     assert fix.stdout.splitlines()[-1].startswith("PASS")
 
 
-@pytest.mark.parametrize("repro, fixed", BUILTIN)
+# The pytest file runs the script's code in a process of its own: two kernels show it does.
+PYTEST_BUILTIN = [BUILTIN[0], BUILTIN[3]]  # paged_decode@unmasked, unified@overshoot
+
+
+@pytest.mark.parametrize("repro, fixed", PYTEST_BUILTIN)
 def test_a_builtin_repro_exports_a_pytest_file_that_fails_until_the_fix(tmp_path, repro, fixed):
     test_file = _export(tmp_path, repro, "--pytest")
     assert test_file.name.startswith("test_") and not _imports_nanfuzz(test_file.read_text())
