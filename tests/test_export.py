@@ -44,8 +44,10 @@ def _imports_nanfuzz(text: str) -> bool:
                isinstance(n, ast.Import) and any(a.name.split(".")[0] == "nanfuzz" for a in n.names) for n in nodes)
 
 
-def _without_nanfuzz(tmp_path: Path, *argv: str, path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
-    """``python *argv`` where nanfuzz does not import; ``path``: folders on sys.path after the shadow."""
+def _without_nanfuzz(tmp_path: Path, *argv: str, path: tuple[Path, ...] = (),
+                     gpu: bool = False) -> subprocess.CompletedProcess:
+    """``python *argv`` where nanfuzz does not import, under Triton's interpreter unless ``gpu``;
+    ``path``: folders on sys.path after the shadow."""
     shadow = tmp_path / "shadow" / "nanfuzz"
     shadow.mkdir(parents=True, exist_ok=True)
     (shadow / "__init__.py").write_text('raise ImportError("nanfuzz is not importable here")\n')
@@ -53,6 +55,8 @@ def _without_nanfuzz(tmp_path: Path, *argv: str, path: tuple[Path, ...] = ()) ->
            if not k.startswith(("NANFUZZ_", "PYTEST_")) and k not in ("VLLM_SRC", "AITER_SRC")}
     env.update(PYTHONPATH=os.pathsep.join(map(str, (shadow.parent, *path))), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                TRITON_INTERPRET="1")
+    if gpu:
+        del env["TRITON_INTERPRET"]
     return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -103,6 +107,23 @@ def test_a_builtin_repro_exports_a_pytest_file_that_fails_until_the_fix(tmp_path
     test_file = _export(tmp_path, repro, "--pytest")
     assert test_file.name.startswith("test_") and not _imports_nanfuzz(test_file.read_text())
     _pytest_both(tmp_path, test_file, lambda text: text.replace("ARGS.variant = ", f"ARGS.variant = {fixed!r}  # ", 1))
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_builtin_repro_s_script_and_test_fail_until_the_fix(tmp_path):
+    repro, fixed = BUILTIN[0]
+    script = _export(tmp_path, repro)
+    bug = _without_nanfuzz(tmp_path, script.name, gpu=True)
+    assert bug.returncode == 1 and "running on cuda" in bug.stdout and "NONFINITE:" in bug.stdout, \
+        bug.stdout + bug.stderr[-3000:]
+    fix = _without_nanfuzz(tmp_path, script.name, "--variant", fixed, gpu=True)
+    assert fix.returncode == 0 and fix.stdout.splitlines()[-1].startswith("PASS"), fix.stdout + fix.stderr[-3000:]
+    test_file = _export(tmp_path, repro, "--pytest")
+    fixed_file = test_file.with_name(test_file.stem + "_fixed.py")
+    fixed_file.write_text(test_file.read_text().replace("ARGS.variant = ", f"ARGS.variant = {fixed!r}  # ", 1))
+    proc = _without_nanfuzz(tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file.name, fixed_file.name,
+                            gpu=True)
+    assert proc.returncode == 1 and proc.stdout.splitlines()[-1].startswith("1 failed, 9 passed"), proc.stdout[-3000:]
 
 
 # The fix of vLLM 0.33.0's decode kernel: its K/V loads masked by the window as well as by seq_len.

@@ -85,15 +85,17 @@ def without_nanfuzz(tmp_path_factory) -> Path:
     return venv_without(tmp_path_factory.mktemp("venv"))
 
 
-def _run(python: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+def _run(python: Path, cwd: Path, *argv: str, gpu: bool = False) -> subprocess.CompletedProcess:
+    """``python *argv`` in ``cwd``: under Triton's interpreter (a GPU runner's devices hidden), or ``gpu``."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "PYTHONPATH", "VIRTUAL_ENV") and not k.startswith(("NANFUZZ_", "PYTEST_"))}
-    env.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")  # Triton's interpreter, on a GPU runner too
+    if not gpu:
+        env.update(CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
     return subprocess.run([str(python), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
-def _pytest(python: Path, cwd: Path, *files: str) -> subprocess.CompletedProcess:
-    return _run(python, cwd, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *files)
+def _pytest(python: Path, cwd: Path, *files: str, gpu: bool = False) -> subprocess.CompletedProcess:
+    return _run(python, cwd, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", *files, gpu=gpu)
 
 
 def test_the_exported_files_fail_on_the_bug_and_pass_on_the_fix_without_nanfuzz(exported, without_nanfuzz):
@@ -122,6 +124,21 @@ def test_the_exported_files_fail_on_the_bug_and_pass_on_the_fix_without_nanfuzz(
     assert fixed_suite.stdout.splitlines()[-1].startswith("6 passed"), fixed_suite.stdout[-3000:]
     # the exported tests changed nothing a later test of the session sees
     assert json.loads((exported / "unrelated.json").read_text()) == {"TRITON_INTERPRET": None, "mykernels": False}
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_exported_files_fail_on_the_bug_and_pass_on_the_fix_without_nanfuzz(exported, without_nanfuzz):
+    bug = _run(without_nanfuzz, exported, "standalone.py", gpu=True)
+    assert bug.returncode == 1 and "running on cuda" in bug.stdout and "NONFINITE:" in bug.stdout, \
+        bug.stdout + bug.stderr[-3000:]
+    fixed_script = exported / "fixed_on_the_gpu.py"
+    fixed_script.write_text((exported / "standalone.py").read_text().replace(BROKEN, FIXED))
+    fixed = _run(without_nanfuzz, exported, fixed_script.name, gpu=True)
+    assert fixed.returncode == 0 and fixed.stdout.splitlines()[-1].startswith("PASS"), fixed.stdout + fixed.stderr
+    broken = _pytest(without_nanfuzz, exported, "test_broken.py", gpu=True)
+    assert broken.returncode == 1 and broken.stdout.splitlines()[-1].startswith("1 failed, 4 passed"), broken.stdout
+    passing = _pytest(without_nanfuzz, exported, "test_fixed.py", gpu=True)
+    assert passing.returncode == 0 and passing.stdout.splitlines()[-1].startswith("5 passed"), passing.stdout
 
 
 def _one_line(proc: subprocess.CompletedProcess, *words: str, loaded: bool = False) -> str:
