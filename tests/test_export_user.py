@@ -190,7 +190,7 @@ def _hostile(exported: Path, adapter: str, exported_name: str) -> Path:
     ("imports_what_the_stand_in_lacks", 2, "cannot import name 'fuzz' from 'nanfuzz'"),
     ("raises_at_launch", 1, "FAIL CRASH: the kernel raised"),
     ("imports_a_missing_module_at_launch", 2, "cannot load the kernel: no module named 'mykernels_extension'"),
-], ids=lambda value: value if value in HOSTILE else "")
+], ids=["exits_on_import", "imports_what_the_stand_in_lacks", "raises_at_launch", "imports_a_missing_module_at_launch"])
 def test_a_kernel_that_cannot_load_is_no_finding_and_one_that_raises_is(exported, without_nanfuzz, adapter, status,
                                                                          shown):
     script = _hostile(exported, adapter, "standalone.py")
