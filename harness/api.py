@@ -2,19 +2,31 @@
 
 Each takes a kernel as a :class:`Kernel` or a name (``family@variant``,
 ``vllm:...``, ``package.module:attr``) and decides the backend first, so a
-caller need not know about ``TRITON_INTERPRET``.  Like the CLI, they are an
-edge: the ``NANFUZZ_*`` environment is read here, into the settings.
+caller need not know about ``TRITON_INTERPRET``.  A Triton kernel imported
+before that, for the other mode, is a NanfuzzError before any verdict, as in
+the pytest plugin.  Like the CLI, they are an edge: the ``NANFUZZ_*``
+environment is read here, into the settings.
 """
 from __future__ import annotations
 
 from nanfuzz.harness.kernel import Kernel
 
+# What to do about a Triton kernel imported for the other mode, by the device chosen.
+_WRONG_MODE_FIX = {
+    "cpu": "set TRITON_INTERPRET=1 before they are imported (in the environment, or first thing in the "
+           "conftest), or leave them unimported and pass the kernel by name ('package.module:attr')",
+    "cuda": "import them with TRITON_INTERPRET unset, or pass device='cpu'",
+}
+
 
 def _settings(device: str | None, **options):
-    from nanfuzz.harness.launch.backend import choose_backend
+    from nanfuzz.harness.launch.backend import choose_backend, refuse_wrong_mode_kernels
     from nanfuzz.harness.campaign.settings import Settings
 
-    return Settings.from_environment(device=choose_backend(device), **options)
+    device = choose_backend(device)
+    # a kernel named by the caller is imported after this, in the mode chosen; one imported before is here now
+    refuse_wrong_mode_kernels(device, _WRONG_MODE_FIX[device])
+    return Settings.from_environment(device=device, **options)
 
 
 def _kernel(kernel: Kernel | str, settings) -> Kernel:

@@ -135,7 +135,7 @@ def _activate(config, *, early: bool) -> str:
     use = config.stash[_USE]
     if use.device is not None:
         return use.device
-    from nanfuzz.harness.launch.backend import choose_backend, host_threads, wrong_mode_kernels, wrong_mode_message
+    from nanfuzz.harness.launch.backend import choose_backend, host_threads, refuse_wrong_mode_kernels
 
     requested = config.getoption("nanfuzz_device")
     if requested == "cuda" and os.environ.get("TRITON_INTERPRET") == "1":
@@ -146,9 +146,7 @@ def _activate(config, *, early: bool) -> str:
             device = choose_backend(requested)
         except NanfuzzError as exc:
             raise NanfuzzError(str(exc).replace("--device", "--nanfuzz-device")) from None
-        stray = wrong_mode_kernels(device)
-        if stray:
-            raise NanfuzzError(wrong_mode_message(device, stray, _wrong_mode_fix(device, early)))
+        refuse_wrong_mode_kernels(device, _wrong_mode_fix(device, early))
     except NanfuzzError:
         use.undo.close()
         raise

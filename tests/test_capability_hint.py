@@ -26,6 +26,16 @@ def test_a_kernel_that_ignores_windows_is_told_to_declare_none():
     assert any("declare Capabilities(sliding_window=False)" in note for note in campaign.notes)
 
 
+def test_on_a_variant_expected_to_be_caught_the_note_explains_the_bug_and_advises_nothing():
+    old_variant = dataclasses.replace(IGNORES_WINDOWS, expect="caught")
+    campaign = nanfuzz.fuzz(old_variant, device="cpu", max_examples=200, seed=2, isolation=False,
+                            use_database=False)
+    assert campaign.failed and campaign.failure.evidence["capability"] == "sliding_window"
+    assert not any("declare Capabilities(" in note for note in campaign.notes), campaign.notes
+    assert any("fails only with sliding windows: the same case without them passes, so what this variant gets "
+               "wrong is its handling of sliding windows" in note for note in campaign.notes), campaign.notes
+
+
 def test_a_bug_that_is_no_capability_s_names_none():
     campaign = nanfuzz.fuzz(MASK_MULTIPLY, device="cpu", max_examples=200, seed=2, isolation=False,
                             use_database=False)

@@ -96,6 +96,13 @@ def test_the_key_space_separates_what_would_replay_different_cases():
     assert label not in labels and len(labels) == len(variants)
 
 
+def test_a_known_failure_replayed_first_is_one_of_the_examples_asked_for(tmp_path):
+    assert campaign(BUGGY, tmp_path, "state", None, isolation=False).failed
+    fixed = campaign(FIXED, tmp_path, "state", None, isolation=False, max_examples=5)
+    assert not fixed.failed and fixed.examples == 5  # the replay of the stored failure, then 4 drawn
+    assert fixed.statistics.examples == 5
+
+
 # -- a real server -----------------------------------------------------------------------
 
 def test_a_second_campaign_on_the_server_replays_the_first_s_failure_first(tmp_path, redis_server):

@@ -44,8 +44,10 @@ def _imports_nanfuzz(text: str) -> bool:
                isinstance(n, ast.Import) and any(a.name.split(".")[0] == "nanfuzz" for a in n.names) for n in nodes)
 
 
-def _without_nanfuzz(tmp_path: Path, *argv: str, path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess:
-    """``python *argv`` where nanfuzz does not import; ``path``: folders on sys.path after the shadow."""
+def _without_nanfuzz(tmp_path: Path, *argv: str, path: tuple[Path, ...] = (),
+                     gpu: bool = False) -> subprocess.CompletedProcess:
+    """``python *argv`` where nanfuzz does not import, under Triton's interpreter unless ``gpu``;
+    ``path``: folders on sys.path after the shadow."""
     shadow = tmp_path / "shadow" / "nanfuzz"
     shadow.mkdir(parents=True, exist_ok=True)
     (shadow / "__init__.py").write_text('raise ImportError("nanfuzz is not importable here")\n')
@@ -53,6 +55,8 @@ def _without_nanfuzz(tmp_path: Path, *argv: str, path: tuple[Path, ...] = ()) ->
            if not k.startswith(("NANFUZZ_", "PYTEST_")) and k not in ("VLLM_SRC", "AITER_SRC")}
     env.update(PYTHONPATH=os.pathsep.join(map(str, (shadow.parent, *path))), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                TRITON_INTERPRET="1")
+    if gpu:
+        del env["TRITON_INTERPRET"]
     return subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -66,12 +70,12 @@ def _export(tmp_path: Path, repro: str, *options: str) -> Path:
     return tmp_path / next((kind[o] for o in options if o in kind), f"{stem}_standalone.py")
 
 
-def _pytest_both(tmp_path: Path, test_file: Path, fix) -> None:
+def _pytest_both(tmp_path: Path, test_file: Path, fix, gpu: bool = False) -> None:
     """The exported test file as recorded (every NONFINITE test fails) and fixed (all pass), in one run."""
     fixed = test_file.with_name(test_file.stem + "_fixed.py")
     fixed.write_text(fix(test_file.read_text()))
     proc = _without_nanfuzz(tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", test_file.name,
-                            fixed.name)
+                            fixed.name, gpu=gpu)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     failed = [line for line in lines if line.startswith("FAILED")]
@@ -94,11 +98,29 @@ def test_a_builtin_repro_exports_a_script_that_fails_until_the_fix(tmp_path, rep
     assert fix.stdout.splitlines()[-1].startswith("PASS")
 
 
-@pytest.mark.parametrize("repro, fixed", BUILTIN)
+# The pytest file runs the script's code in a process of its own: two kernels show it does.
+PYTEST_BUILTIN = [BUILTIN[0], BUILTIN[3]]  # paged_decode@unmasked, unified@overshoot
+
+
+@pytest.mark.parametrize("repro, fixed", PYTEST_BUILTIN)
 def test_a_builtin_repro_exports_a_pytest_file_that_fails_until_the_fix(tmp_path, repro, fixed):
     test_file = _export(tmp_path, repro, "--pytest")
     assert test_file.name.startswith("test_") and not _imports_nanfuzz(test_file.read_text())
     _pytest_both(tmp_path, test_file, lambda text: text.replace("ARGS.variant = ", f"ARGS.variant = {fixed!r}  # ", 1))
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_builtin_repro_s_script_and_test_fail_until_the_fix(tmp_path):
+    repro, fixed = BUILTIN[0]
+    script = _export(tmp_path, repro)
+    bug = _without_nanfuzz(tmp_path, script.name, gpu=True)
+    assert bug.returncode == 1 and "running on cuda" in bug.stdout and "NONFINITE:" in bug.stdout, \
+        bug.stdout + bug.stderr[-3000:]
+    fix = _without_nanfuzz(tmp_path, script.name, "--variant", fixed, gpu=True)
+    assert fix.returncode == 0 and fix.stdout.splitlines()[-1].startswith("PASS"), fix.stdout + fix.stderr[-3000:]
+    test_file = _export(tmp_path, repro, "--pytest")
+    _pytest_both(tmp_path, test_file, lambda text: text.replace("ARGS.variant = ", f"ARGS.variant = {fixed!r}  # ", 1),
+                 gpu=True)
 
 
 # The fix of vLLM 0.33.0's decode kernel: its K/V loads masked by the window as well as by seq_len.
@@ -253,3 +275,16 @@ def test_export_usage_errors_are_one_line(tmp_path, capsys):
     shutil.copyfile(REGRESSIONS / "paged_decode-tail-past-seq-len.json", copy)
     assert cli(["export", str(copy), "--pytest", "--markdown"]) == 2
     assert "give one of them" in capsys.readouterr().err
+
+
+def test_a_scripts_pass_line_names_what_it_checked_and_claims_no_traced_read():
+    from nanfuzz.harness.report.export.runtime import Finding, Verdicts
+
+    line = Verdicts([]).report()
+    assert line.startswith("PASS: the output is finite wherever the float64 reference is;")
+    assert "a second launch on identical inputs gave the same bits" in line and "dead slot read" not in line
+    assert line.endswith("(the kernel's loads are not traced here, so a read of a dead slot that leaves the output "
+                         "unchanged is not seen)")
+    nondeterministic = Verdicts([], compared_repeats=False).report()
+    assert "second launch" not in nondeterministic and "identical launches not compared" in nondeterministic
+    assert Verdicts([Finding("LEAK", "the output changes")]).report() == "LEAK: the output changes"

@@ -82,7 +82,23 @@ def test_shrinking_has_no_estimate():
     clock.now += 4
     progress.update(31, "shrinking")
     last = stream.getvalue().splitlines()[-1]
-    assert last.endswith("shrinking a failure (20 examples, 4s so far)") and "left" not in last
+    assert last.endswith("shrinking a failure (20 smaller cases tried, 4s so far)") and "left" not in last
+
+
+def test_a_shrink_past_the_target_counts_apart_and_never_past_100_percent():
+    progress, clock, stream = _progress(target_examples=24, every=1.0)
+    progress.update(0)
+    clock.now += 1
+    progress.update(20, "searching")
+    clock.now += 1
+    progress.update(21, "shrinking")   # the 21st example failed; Hypothesis shrinks from here
+    clock.now += 60
+    progress.update(99, "shrinking")
+    progress.finish()
+    lines = stream.getvalue().splitlines()
+    assert lines[-2].startswith("k@v: 21/24 examples (88%), 1m02s, ") and "412%" not in lines[-2]
+    assert lines[-2].endswith("shrinking a failure (78 smaller cases tried, 1m00s so far)")
+    assert lines[-1].startswith("k@v: 21 examples and 78 smaller cases tried while shrinking in 1m02s")
 
 
 def test_plain_lines_to_a_file_and_one_rewritten_line_on_a_terminal():

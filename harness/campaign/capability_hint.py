@@ -5,6 +5,9 @@ a kernel without windows gets windowed cases and a MISMATCH on each, which
 looks like a bug of the kernel.  When the shrunk failing case has one of
 these features and the same case without it passes, the evidence names the
 capability field, so that its author can tell a wrong declaration from a bug.
+On a kernel expected to be caught (the self-check's old variants) the note
+explains what the variant gets wrong instead: its declaration is right, and
+hiding the feature would hide the bug.
 """
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ FEATURES = (
 )
 
 
-def name_the_capability(campaign: Campaign, caps: Capabilities, subject, interpreter: bool) -> None:
-    """Judge the failing case once without each declared feature it has; note the first whose absence passes."""
+def name_the_capability(campaign: Campaign, caps: Capabilities, subject, interpreter: bool, *,
+                        expected: bool = False) -> None:
+    """Judge the failing case once without each declared feature it has; note the first whose absence passes
+    (``expected``: the finding is the one the kernel is kept to show)."""
     failure, case = campaign.failure, campaign.failing_case
     if failure is None or failure.verdict is Verdict.HANG:  # a HANG's check costs a whole timeout
         return
@@ -40,8 +45,12 @@ def name_the_capability(campaign: Campaign, caps: Capabilities, subject, interpr
             continue  # the feature is what makes the case a valid batch (a live key in the null block without it)
         if caps.unsupported(other, interpreter=interpreter) or subject.check(other).failed:
             continue
-        note = (f"fails only with {what}: the same case without them passes; if the kernel does not take {what}, "
-                f"declare Capabilities({field}=False)")
+        if expected:
+            note = (f"fails only with {what}: the same case without them passes, so what this variant gets wrong "
+                    f"is its handling of {what} (the finding it is expected to show)")
+        else:
+            note = (f"fails only with {what}: the same case without them passes; if the kernel does not take "
+                    f"{what}, declare Capabilities({field}=False)")
         failure.evidence = {**failure.evidence, "capability": field, "capability_note": note}
         campaign.notes.append(f"{campaign.kernel}: {note}")
         return

@@ -143,7 +143,8 @@ class CampaignRunner:
             self.remember_failure()
             self.confirm()
             if not self.campaign.interrupted:
-                name_the_capability(self.campaign, self.caps, self.subject, self.settings.device == "cpu")
+                name_the_capability(self.campaign, self.caps, self.subject, self.settings.device == "cpu",
+                                    expected=self.kernel.expect == "caught")
         except KeyboardInterrupt:  # Ctrl-C or a stop signal outside the search (which keeps its own)
             if not self.campaign.failed:
                 raise

@@ -128,7 +128,7 @@ class Search:
     def __call__(self) -> None:
         """Hypothesis runs until the examples or the time are spent, or a failure is shrunk."""
         campaign, run = self.campaign, self.run
-        remaining = run.max_examples
+        remaining = run.max_examples - campaign.examples  # the known failures replayed first are examples too
         chunk_index = 0
         while remaining > 0:
             size = self._chunk_size(remaining)

@@ -92,6 +92,15 @@ def wrong_mode_message(device: str, kernels: list[str], fix: str) -> str:
     return f"nanfuzz: Triton kernels {shown} {why}; {fix}"
 
 
+def refuse_wrong_mode_kernels(device: str, fix: str) -> None:
+    """A NanfuzzError (``wrong_mode_message``) when a Triton kernel was imported for the other mode
+    than ``device``'s: every front door checks this before its first verdict, since each launch of
+    such a kernel would fail and read as the kernel's CRASH."""
+    stray = wrong_mode_kernels(device)
+    if stray:
+        raise NanfuzzError(wrong_mode_message(device, stray, fix))
+
+
 def usable_cores() -> int:
     """The cores this process may run on."""
     try:

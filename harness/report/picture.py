@@ -54,6 +54,20 @@ def _head(g) -> str:
     return f"head {g.head_size}"
 
 
+# Blocks in no table named one by one; the rest are counted.
+MAX_LOOSE_BLOCKS_SHOWN = 16
+
+
+def _loose_blocks(blocks: np.ndarray, poisoned_slots: np.ndarray, bs: int) -> str:
+    """``blocks in no table: block 0 (0 of 16 slots poisoned), block 5 (16 of 16 slots poisoned)``."""
+    shown = ", ".join(f"block {b} ({n} of {bs} slots poisoned)" for b, n in
+                      zip(blocks[:MAX_LOOSE_BLOCKS_SHOWN].tolist(), poisoned_slots[:MAX_LOOSE_BLOCKS_SHOWN].tolist()))
+    rest = blocks.size - MAX_LOOSE_BLOCKS_SHOWN
+    more = (f", and {rest} more block{'s' if rest > 1 else ''} ({int(poisoned_slots[MAX_LOOSE_BLOCKS_SHOWN:].sum())} "
+            f"of {rest * bs} slots poisoned)") if rest > 0 else ""
+    return f"blocks in no table: {shown}{more}"
+
+
 def picture(case: Case) -> str:
     g = case.geometry
     bs = g.block_size
@@ -121,8 +135,5 @@ def picture(case: Case) -> str:
         referenced[list(seq.block_table)] = True
     loose = np.flatnonzero(~referenced)
     if loose.size:
-        per_block = poisoned[loose].sum(axis=1)
-        counts = ", ".join(f"{b} ({n}/{bs} poisoned)" for b, n in zip(loose[:16].tolist(), per_block[:16].tolist()))
-        more = f", ... {loose.size - 16} more ({int(per_block[16:].sum())} slots poisoned)" if loose.size > 16 else ""
-        lines.append(f"blocks in no table: {counts}{more}")
+        lines.append(_loose_blocks(loose, poisoned[loose].sum(axis=1), bs))
     return "\n".join(lines)

@@ -40,7 +40,9 @@ class Progress:
     The rate counts from the first ``update``, so start-up (imports, the
     first compile) does not drag it down for the rest of the run.  While
     shrinking there is no estimate: shrinking ends when no smaller failing
-    case is left, which no rate predicts.
+    case is left, which no rate predicts.  The smaller cases a shrink tries
+    are counted apart from the search's examples, which alone are measured
+    against ``target_examples``.
     """
 
     def __init__(self, kernel_name: str, target_examples: int | None = None, time_budget: float | None = None,
@@ -75,13 +77,19 @@ class Progress:
             self._last_print = now
             self._write(self.line(now))
 
+    def _searched(self) -> int:
+        """The examples of the search: a shrink's candidates come after them, and count apart."""
+        return self._shrink_start[1] if self._shrink_start is not None else self._examples
+
     def finish(self) -> None:
         """End the report: a last line with the totals, if any line was printed at all."""
         if self._printed:
             now = self._clock()
             elapsed = now - self._start
             rate = f", {self._rate(now):.1f} ex/s" if self._rate(now) is not None else ""
-            self._write(f"{self.kernel_name}: {self._examples} examples in {duration(elapsed)}{rate}, done")
+            shrunk = self._examples - self._searched()
+            tried = f" and {shrunk} smaller cases tried while shrinking" if shrunk else ""
+            self._write(f"{self.kernel_name}: {self._searched()} examples{tried} in {duration(elapsed)}{rate}, done")
             if self._tty:
                 self.stream.write("\n")
                 self.stream.flush()
@@ -100,11 +108,12 @@ class Progress:
         now = self._clock() if now is None else now
         elapsed = now - self._start
         parts = []
+        searched = self._searched()
         if self.target_examples:
-            percent = 100 * self._examples / self.target_examples
-            parts.append(f"{self._examples}/{self.target_examples} examples ({percent:.0f}%)")
+            percent = 100 * searched / self.target_examples
+            parts.append(f"{searched}/{self.target_examples} examples ({percent:.0f}%)")
         else:
-            parts.append(f"{self._examples} examples")
+            parts.append(f"{searched} examples")
         if self.time_budget:
             parts.append(f"{duration(elapsed)} of {duration(self.time_budget)}")
         else:
@@ -114,7 +123,7 @@ class Progress:
             parts.append(f"{rate:.1f} ex/s")
         if self._state == "shrinking":
             since, at = self._shrink_start or (now, self._examples)
-            parts.append(f"shrinking a failure ({self._examples - at} examples, {duration(now - since)} so far)")
+            parts.append(f"shrinking a failure ({self._examples - at} smaller cases tried, {duration(now - since)} so far)")
         else:
             left = self._time_left(elapsed, rate)
             parts.append("searching" + (f", about {duration(left)} left" if left is not None else ""))

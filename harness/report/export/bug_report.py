@@ -10,7 +10,7 @@ import json
 
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.report.export.parts import kernel_part
-from nanfuzz.harness.report.export.script import case_literal, poison_literal
+from nanfuzz.harness.report.export.script import case_literal, needs, poison_literal
 from nanfuzz.harness.report.picture import picture
 
 
@@ -35,6 +35,7 @@ def bug_report(record: dict, kernel: Kernel, import_path: str, script_name: str)
         "## Evidence", "",
         "```json", json.dumps(evidence, indent=1), "```", "",
         "## Reproduce", "",
-        f"`{script_name}` needs {part.needs}, not nanfuzz; it exits 1 while the kernel shows the finding and 0 "
-        "once it passes (`nanfuzz export --pytest` writes the same as a regression test):", "",
+        f"`{script_name}` needs {needs(part)}, not nanfuzz; it exits 1 while the kernel shows a finding, 0 once "
+        "it passes and 2 when it cannot be loaded or run here (`nanfuzz export --pytest` writes the same as a "
+        "regression test)." + (f" {part.stand_in_note}" if part.stand_in_note else ""), "",
         "```bash", f"python {script_name}", "```", ""])

@@ -21,8 +21,9 @@ import sys
 from pathlib import Path
 
 
-class LibraryMissing(RuntimeError):
-    """The library's kernel files are not where the script was told to look."""
+class LibraryMissing(ImportError):
+    """The library's kernel files are not where the script was told to look: the kernel cannot be
+    loaded, as when a module it imports is missing (exit status 2, not a finding)."""
 
 
 class LoadedFiles:

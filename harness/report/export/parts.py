@@ -5,7 +5,8 @@ and ``export/runtime.py``.  The kernel part depends on where the kernel
 lives: a built-in carries its family's Triton source; a vLLM or AITER kernel
 carries the stand-ins for the library's runtime, the loader of its kernel
 files and the adapter's own function that calls the library; a user's
-adapter is imported from the repository the script runs in.
+adapter is imported from the repository the script runs in, and the script
+carries what such an adapter imports from nanfuzz (``export/stand_in.py``).
 """
 from __future__ import annotations
 
@@ -36,7 +37,23 @@ JUDGING = (
     ("harness.judge.tolerance", None, ()),
     ("harness.judge.encodings", ("TRITON_TYPES", "_every_code", "_correct_interpreter_decode"), ()),
     ("harness.report.export.runtime", None, ()),
+    ("harness.report.export.reproduce", None, ()),
 )
+# What a user's adapter may import from nanfuzz, for the stand-in that takes nanfuzz's place where it is
+# not installed: the kernel contract and the layout and window helpers (``stand_in.GIVEN``).
+USER_PARTS = (
+    ("reference.capabilities", None, ()),
+    ("reference.layouts", ("KEYS", "Scheduled", "scheduled", "live_key_ranges", "TokenIndices", "token_indices",
+                           "_pages", "req_to_token", "dead_pages", "_padded_length"), ()),
+    ("reference.windows", None, ()),
+    ("harness.kernel", ("Kernel",), ()),
+    ("harness.report.export.stand_in", None, ()),
+)
+# The layout helpers tell nanfuzz's statistics what their index buffers point at (``layouts._note``,
+# read only while a check records them); a script keeps no statistics.
+USER_GLUE = '''def _note(case, pages, page_size):
+    """What an index buffer points at, for statistics this script does not keep."""
+'''
 
 # What a library kernel's script needs besides the adapter's call: the stand-ins and the loader.
 LIBRARY_PARTS = {
@@ -105,11 +122,17 @@ class KernelPart:
 
     source: str
     call: str
-    needs: str
+    needs: str | None  # what the kernel needs besides torch, Triton and numpy (None: nothing)
     constants: list[tuple[str, str, str]] = field(default_factory=list)  # (name, literal, comment)
     options: list[Option] = field(default_factory=list)  # the script's options beside --device
     library: str | None = None
-    setup_errors: str = "()"  # exceptions that mean the kernel could not be loaded (exit 2, not a CRASH)
+    # The body of ``load_kernel()``, which imports the kernel before the first launch; None: nothing to
+    # import apart (a library's files load on the first call, and failing to is an ImportError too).
+    load: str | None = None
+    # Code placed after the judging parts, whose definitions it may use at import (a user's stand-in
+    # for nanfuzz), and what the header says of it.
+    stand_in: str = ""
+    stand_in_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -165,7 +188,7 @@ def _builtin(kernel: Kernel, name: str) -> KernelPart:
                     (f"harness.kernels.{family}", None, ("CAPABILITIES", "KERNELS"))))
     return KernelPart(
         source=source, call=f"return {run.func.__name__}(batch, out, variant=ARGS.variant)",
-        needs="torch and Triton",
+        needs=None,
         options=[Option("--variant", repr(variant), f"the kernel's variant (recorded: {variant}; the fixed one: {fixed})",
                         choices=tuple(_variants(family)))])
 
@@ -198,16 +221,23 @@ def _library(kernel: Kernel, library: str) -> KernelPart:
     call = f"return {name}(batch, out, {keywords + ', ' if keywords else ''}source=ARGS.{library}_src){launch}"
     option = Option(f"--{library}-src", f"os.environ.get({library.upper() + '_SRC'!r})",
                     f"the folder that holds {library}/ (default ${library.upper()}_SRC; none: the installed {library})")
-    return KernelPart(source=source, call=call, needs="torch, Triton and " + LIBRARY_NEEDS[library],
-                      options=[option], library=library, setup_errors="(LibraryMissing,)")
+    return KernelPart(source=source, call=call, needs=LIBRARY_NEEDS[library],
+                      options=[option], library=library)
 
 
 def _user(spec: str) -> KernelPart:
     module, _, attr = spec.partition(":")
-    call = (f"sys.path.insert(0, os.getcwd())  # the adapter imports from the repository root, as under python -m\n"
+    load = (f"if os.getcwd() not in sys.path:  # the adapter imports from the repository root, as under python -m\n"
+            f"        sys.path.insert(0, os.getcwd())\n"
+            f"    provide_nanfuzz()  # for the adapter's `from nanfuzz import ...` where nanfuzz is not installed\n"
             f"    kernel = importlib.import_module({module!r})\n"
             f"    for part in {attr.split('.')!r}:\n"
             f"        kernel = getattr(kernel, part)\n"
-            f"    return (kernel.run if hasattr(kernel, 'run') else kernel)(batch, out)")
-    return KernelPart(source="import importlib\n", call=call,
-                      needs=f"torch, Triton and your adapter {spec} (which imports nanfuzz for its Kernel object)")
+            f"    return kernel.run if hasattr(kernel, 'run') else kernel")
+    package = module.partition(".")[0]
+    return KernelPart(source="", stand_in=_part(USER_PARTS) + "\n\n" + USER_GLUE, load=load,
+                      call=f"return load_kernel()(batch, out)  # the adapter's run(batch, out): {spec}",
+                      needs=f"your adapter {spec} (run this from the folder {package} is imported from)",
+                      stand_in_note="Where nanfuzz is not installed, the adapter's `from nanfuzz import ...` gets "
+                                    "the script's stand-in for it (`provide_nanfuzz`): the kernel contract and its "
+                                    "layout and window helpers, copied from nanfuzz.")
