@@ -199,6 +199,7 @@ def build_batch(case: Case, poison: dict, device: str, *, garbage_seed: int = 0,
         base, _ = _surround(tensor, before, after, _margin(name, tensor, case, streams, nan))
         bases[name] = base.to(device)
         views[name] = bases[name][before:before + tensor.shape[0]]
+    views["block_table"] = views["block_table"][:, :case.table_width]  # its trap columns beside it, as nanfuzz's
     return Batch(case=case, bases=bases, **views)
 
 
