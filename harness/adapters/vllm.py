@@ -30,6 +30,10 @@
     The TRITON_ATTN_DIFFKV backend: ``unified_attention_diffkv`` over the packed cache of a model
     whose V head size differs from K's (``harness.adapters.vllm_diffkv``).
 
+``vllm:rocm_segmented_attn``
+    The ROCM_SEGMENTED_ATTN backend: ``segmented_attention``, token-major segmented attention
+    for RDNA GPUs (``harness.adapters.vllm_segmented``).
+
 Both paged adapters convert the window as their backend does (W keys, the query's
 own position included): ROCM_ATTN receives ``sliding_window=W``,
 ``unified_attention`` ``window_size=(W-1, 0)`` causal and ``(W-1, W-1)``
@@ -61,7 +65,7 @@ import functools
 
 import torch
 
-from nanfuzz.harness.adapters import vllm_diffkv, vllm_loader, vllm_mla
+from nanfuzz.harness.adapters import vllm_diffkv, vllm_loader, vllm_mla, vllm_segmented
 from nanfuzz.harness.adapters.vllm_loader import platform_fp8
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
@@ -72,7 +76,7 @@ from nanfuzz.reference.layouts import scheduled
 from nanfuzz.reference.quantization import codes_of
 from nanfuzz.reference.windows import window_size
 
-KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn", vllm_mla.NAME, vllm_diffkv.NAME)
+KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn", vllm_mla.NAME, vllm_diffkv.NAME, vllm_segmented.NAME)
 UNIFIED_PATHS = ("2d", "3d")
 VARIANTS = (*(f"vllm:triton_attn@{p}" for p in UNIFIED_PATHS), *vllm_mla.VARIANTS, *vllm_diffkv.VARIANTS)
 
@@ -261,7 +265,7 @@ def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
 
 def kernel(name: str, source: str | None = None) -> Kernel:
     """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` (or ``@2d`` / ``@3d``), ``vllm:triton_mla``
-    (``harness.adapters.vllm_mla``) or ``vllm:triton_attn_diffkv``, with vLLM's
+    (``harness.adapters.vllm_mla``), ``vllm:triton_attn_diffkv`` or ``vllm:rocm_segmented_attn``, with vLLM's
     kernel files from ``source`` (a source tree or unpacked wheel; None: the installed vllm).
 
     The kernel files are loaded here, so a missing or unusable vLLM source is
@@ -284,4 +288,6 @@ def kernel(name: str, source: str | None = None) -> Kernel:
         return vllm_mla.kernel(name, source)
     if name in (vllm_diffkv.NAME, *vllm_diffkv.VARIANTS):
         return vllm_diffkv.kernel(name, source)
+    if name == vllm_segmented.NAME:
+        return vllm_segmented.kernel(name, source)
     raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {', '.join((*KERNEL_NAMES, *VARIANTS))}")

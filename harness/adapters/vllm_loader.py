@@ -31,6 +31,12 @@ GROUPS: dict[str, tuple[KernelModule, ...]] = {
         KernelModule("triton_unified_attention_diffkv", ("unified_attention_diffkv", "kernel_unified_attention_diffkv",
                                                          "kernel_reduce_segments_diffkv")),
     ),
+    "rocm_segmented_attn": (
+        KernelModule("triton_attention_helpers", (), optional=True),
+        KernelModule("triton_unified_attention", ("unified_attention",)),
+        KernelModule("segmented_attention", ("segmented_attention", "can_use_segmented_attention",
+                                             "_segmented_attention_stage", "_segmented_attention_reduce")),
+    ),
     "triton_mla": (
         KernelModule("triton_decode_attention", ("decode_attention_fwd", "_fwd_grouped_kernel_stage1",
                                                  "_fwd_kernel_stage2")),
