@@ -58,8 +58,9 @@ def test_the_packed_cache_holds_k_then_v_of_every_slot_inside_the_caches_margins
     assert codes.dtype == torch.uint8 and torch.equal(codes[..., 64:], fp8.value_cache.view(torch.uint8))
 
 
-@pytest.mark.parametrize("name", ["vllm:triton_attn_diffkv@2d", "vllm:triton_attn_diffkv@3d"])
-@pytest.mark.parametrize("heads", [(64, 32), (32, 64), (96, 48)])
+@pytest.mark.parametrize("name, heads", [("vllm:triton_attn_diffkv@2d", (64, 32)),
+                                         ("vllm:triton_attn_diffkv@3d", (32, 64)),
+                                         ("vllm:triton_attn_diffkv@3d", (96, 48))])
 def test_every_dead_slot_stays_out_of_the_output(name, heads, vllm_source):
     """Tails, the null block, padding and an expired block under a window of 5, NaN in K and V:
     0.33.0 masks K by tile, scores by the allowed set, and zeroes V below each query block's window."""
