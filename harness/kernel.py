@@ -2,7 +2,7 @@
 
 A kernel is a callable ``run(batch, out)`` plus its capabilities.  ``batch``
 is the canonical :class:`~nanfuzz.reference.batch.PagedBatch`; ``out`` is a
-``[num_tokens, num_q_heads, head_size]`` buffer pre-filled with NaN that the
+``[num_tokens, num_q_heads, v_head_size]`` buffer (V's head size) pre-filled with NaN that the
 callable writes into (or it returns a tensor of that shape).
 """
 from __future__ import annotations

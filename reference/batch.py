@@ -29,6 +29,9 @@ class PagedBatch:
     values (code x scale) rounded to the query dtype, so a kernel that reads
     new tokens from them sees what the cache holds.
 
+    ``v_head_size`` is ``head_size`` unless the case gives V a head size of its own
+    (``Geometry.head_size_v``); the output then has that many columns too.
+
     A latent (MLA) cache (``Geometry.latent_rank``) is one cache: ``key_cache``
     ``[num_blocks, block_size, 1, kv_lora_rank + rope_dim]``, and ``value_cache``
     the view of its first ``kv_lora_rank`` entries (no allocation of its own, no
@@ -38,9 +41,9 @@ class PagedBatch:
     case: Case
     q: torch.Tensor             # [num_tokens, num_q_heads, head_size]
     k: torch.Tensor             # [num_tokens, num_kv_heads, head_size]
-    v: torch.Tensor             # [num_tokens, num_kv_heads, head_size]
+    v: torch.Tensor             # [num_tokens, num_kv_heads, v_head_size]
     key_cache: torch.Tensor     # [num_blocks, block_size, num_kv_heads, head_size]
-    value_cache: torch.Tensor   # [num_blocks, block_size, num_kv_heads, head_size]
+    value_cache: torch.Tensor   # [num_blocks, block_size, num_kv_heads, v_head_size]
     block_table: torch.Tensor   # int32 [num_seqs, table_width]
     seq_lens: torch.Tensor      # int32 [num_seqs]
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1]

@@ -66,6 +66,10 @@ class Capabilities:
     # with one KV head for every query head; every case it gets is such a case, and
     # head_sizes follows (each pair's sum).  Empty: separate K and V caches.
     mla: tuple[tuple[int, int], ...] = ()
+    # -- V head sizes other than K's (Geometry.head_size_v) ------------------------
+    # (K head size, V head size) pairs, the two different, that the kernel takes in separate
+    # K and V caches, besides every one of head_sizes with V as wide as K.
+    diff_kv: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
         if self.mla:
@@ -79,6 +83,16 @@ class Capabilities:
                                    "is named by its row width and rank, so give each width once")
             object.__setattr__(self, "mla", pairs)
             object.__setattr__(self, "head_sizes", tuple(sums))
+        if self.diff_kv:
+            pairs = tuple(tuple(pair) for pair in self.diff_kv)
+            if not all(len(pair) == 2 and all(type(x) is int and x > 0 for x in pair) and pair[0] != pair[1]
+                       for pair in pairs):
+                raise NanfuzzError(f"Capabilities(diff_kv={self.diff_kv!r}) must be (K head size, V head size) pairs "
+                                   "of different positive whole numbers, e.g. ((192, 128),)")
+            if self.mla:
+                raise NanfuzzError("Capabilities(diff_kv=..., mla=...): a latent cache's V is part of its one row; "
+                                   "give one of them")
+            object.__setattr__(self, "diff_kv", tuple(sorted(set(pairs))))
         if type(self.min_window) is not int or self.min_window < 1:
             raise NanfuzzError(f"Capabilities(min_window={self.min_window!r}) must be a whole number >= 1: "
                                "the narrowest sliding window, in keys, the kernel takes")
@@ -93,6 +107,11 @@ class Capabilities:
     def latent_rank(self, head_size: int) -> int:
         """The kv_lora_rank of a case of ``head_size`` for an MLA kernel (``mla``); 0 for any other."""
         return next((rank for rank, rope in self.mla if rank + rope == head_size), 0)
+
+    def head_size_pairs(self) -> tuple[tuple[int, int], ...]:
+        """Every (K, V) head-size pair a case may have, simplest first: V as wide as K for each of
+        ``head_sizes`` (smallest first), then the ``diff_kv`` pairs, so shrinking moves toward V as wide as K."""
+        return tuple((h, h) for h in sorted(self.head_sizes)) + self.diff_kv
 
     def kv_head_limit(self, limit: int) -> int:
         """The most KV heads a case may have, at most ``limit``: one for an MLA kernel."""
@@ -123,7 +142,11 @@ class Capabilities:
         if g.dtype not in dtypes:
             where = " under the interpreter" if interpreter else ""
             return f"dtype {g.dtype} (supported{where}: {', '.join(dtypes)})"
-        if g.head_size not in self.head_sizes:
+        if g.diff_kv:
+            if (g.head_size, g.head_size_v) not in self.diff_kv:
+                return (f"head sizes K {g.head_size} / V {g.head_size_v} (supported: "
+                        f"{self.describe_diff_kv() or 'V as wide as K'})")
+        elif g.head_size not in self.head_sizes:
             return f"head_size {g.head_size} (supported: {self.head_sizes})"
         if self.mla and (g.latent_rank, g.head_size - g.latent_rank) not in self.mla:
             return (f"a cache that is not an MLA latent cache of {self.describe_mla()}" if not g.latent else
@@ -181,6 +204,10 @@ class Capabilities:
         """``512+64,128+64``: the latent caches an MLA kernel reads (rank + rope)."""
         return ",".join(f"{rank}+{rope}" for rank, rope in self.mla)
 
+    def describe_diff_kv(self) -> str:
+        """``192/128,128/64``: the (K / V) head sizes the kernel takes besides V as wide as K."""
+        return ",".join(f"{k}/{v}" for k, v in self.diff_kv)
+
     def describe(self) -> str:
         parts = [
             "/".join(d.replace("float", "fp").replace("bfp16", "bf16") for d in self.dtypes),
@@ -196,6 +223,8 @@ class Capabilities:
         if "float32" in self.dtypes:
             parts.append(f"fp32-products {self.precision}")
         parts.append(f"mla {self.describe_mla()}" if self.mla else "heads " + ",".join(map(str, self.head_sizes)))
+        if self.diff_kv:
+            parts.append(f"k/v-heads {self.describe_diff_kv()}")
         limits = [f"{label} {value}" for label, value in (("max-group", self.max_group), ("max-seq", self.max_seq_len),
                                                           ("max-seqs", self.max_sequences),
                                                           ("max-blocks", self.max_blocks)) if value is not None]

@@ -15,7 +15,10 @@ from typing import Any
 
 from nanfuzz.reference.errors import CaseError
 
-SCHEMA_VERSION = 1
+# The JSON format of a case.  2: ``geometry.head_size_v`` (V's head size where it differs from K's);
+# every version in READABLE_SCHEMA_VERSIONS still reads (a field it lacks takes its default).
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 DTYPES = ("float16", "bfloat16", "float32")
 POISON_VALUES = ("nan", "inf", "-inf", "max", "garbage", "bits")
@@ -63,9 +66,13 @@ SEQUENCE_KINDS = (DECODE, PREFILL, CHUNKED_PREFILL, PADDING)
 
 @dataclass(frozen=True)
 class Geometry:
-    """``latent_rank`` > 0 makes the cache an MLA latent cache: one KV head whose row of
+    """``head_size`` is K's (and q's) head size.  ``head_size_v`` > 0 gives V a head size of its
+    own (separate K and V caches of different widths, as MiMo's DiffKV layers have); the output
+    has ``v_head_size`` columns.
+
+    ``latent_rank`` > 0 makes the cache an MLA latent cache instead: one KV head whose row of
     ``head_size`` = kv_lora_rank + rope_dim entries is K, and whose first ``latent_rank``
-    entries are V (DeepSeek's absorbed MLA decode); the output has ``v_head_size`` columns."""
+    entries are V (DeepSeek's absorbed MLA decode)."""
 
     num_q_heads: int
     num_kv_heads: int
@@ -74,6 +81,7 @@ class Geometry:
     num_blocks: int
     dtype: str
     latent_rank: int = 0
+    head_size_v: int = 0  # 0: V as wide as K
 
     @property
     def queries_per_kv(self) -> int:
@@ -89,9 +97,26 @@ class Geometry:
         return self.head_size - self.latent_rank if self.latent else 0
 
     @property
+    def diff_kv(self) -> bool:
+        """Do separate K and V caches have different head sizes?"""
+        return self.head_size_v > 0
+
+    @property
     def v_head_size(self) -> int:
-        """V's width, and the output's: ``latent_rank`` for a latent cache, else ``head_size``."""
-        return self.latent_rank if self.latent else self.head_size
+        """V's width, and the output's: ``latent_rank`` for a latent cache, ``head_size_v`` where
+        it is given, else ``head_size``."""
+        if self.latent:
+            return self.latent_rank
+        return self.head_size_v or self.head_size
+
+    @property
+    def slot_width(self) -> int:
+        """The entries one slot holds per KV head over the caches: K's and V's, or a latent cache's one row."""
+        return self.head_size if self.latent else self.head_size + self.v_head_size
+
+    def cache_head_size(self, which: str) -> int:
+        """The head size of cache ``which`` ("k" or "v"); a latent cache's "k" is its whole row."""
+        return self.head_size if which == "k" else self.v_head_size
 
 
 @dataclass(frozen=True)
@@ -244,7 +269,7 @@ class Case:
         """Built on its device, only the cache blocks holding live keys (and the blocks poison sites
         name) written; every other block holds NaN in every run (``reference.device_build``)."""
         g = self.geometry
-        caches = (1 if g.latent else 2) * g.num_blocks * g.block_size * g.num_kv_heads * g.head_size
+        caches = g.num_blocks * g.block_size * g.num_kv_heads * g.slot_width
         return caches + self.num_tokens * g.num_q_heads * g.head_size > LARGE_ELEMENTS
 
     @property
@@ -273,8 +298,9 @@ class Case:
         g = self.geometry
         compact = len(self.sequences) * self.table_width > LARGE_TABLE
         record = {
+            # a field at its default is left out: such a geometry reads as it did before the field existed
             "geometry": {name: value for name, value in dataclasses.asdict(g).items()
-                         if name != "latent_rank" or g.latent},  # as it read before latent caches
+                         if name not in ("latent_rank", "head_size_v") or value},
             "sequences": [
                 {"query_len": s.query_len, "seq_len": s.seq_len,
                  "block_table": list(s.block_table[:s.used_blocks(g.block_size)] if compact else s.block_table)}
@@ -377,6 +403,13 @@ class Case:
                    "with a rotary part after it)")
             _check(g.num_kv_heads == 1, f"a latent cache has one KV head, not num_kv_heads={g.num_kv_heads}")
             _check(self.kv_cache == KVCache(), "a latent cache is unquantized (kv_cache.dtype 'auto')")
+        if g.head_size_v:
+            _check(1 <= g.head_size_v <= LIMITS["head_size"],
+                   f"head_size_v={g.head_size_v} must lie in 1..{LIMITS['head_size']} (0: V as wide as K)")
+            _check(g.head_size_v != g.head_size,
+                   f"head_size_v={g.head_size_v} equals head_size; leave it out (0) for V as wide as K")
+            _check(not g.latent, "head_size_v and latent_rank exclude each other (a latent cache's V is its "
+                                 "first latent_rank entries)")
         _check(len(self.sequences) >= 1, "a case needs at least one sequence")
         _check(self.sliding_window >= 0, f"sliding_window={self.sliding_window} must be >= 0 (0 = no window)")
         _check(0 <= self.padding_block < g.num_blocks,

@@ -143,23 +143,24 @@ def _caches(case: Case, physical: torch.Tensor, live: torch.Tensor, poison: torc
     g = case.geometry
     kv = case.kv_cache
     device = physical.device
-    width = g.num_kv_heads * g.head_size
+    widths = {"key_cache": g.num_kv_heads * g.head_size, "value_cache": g.num_kv_heads * g.v_head_size}
     rows = physical.numel()
     dtype = torch.uint8 if kv.quantized else TORCH_DTYPES[g.dtype]
     names = ("key_cache", "value_cache")[:len(cache_sides(case))]
-    caches = {name: torch.empty(rows, width, dtype=dtype, device=device) for name in names}
+    caches = {name: torch.empty(rows, widths[name], dtype=dtype, device=device) for name in names}
     if kv.token_head:
         for name in ("k_scale_cache", "v_scale_cache"):
             caches[name] = torch.empty(rows, g.num_kv_heads, dtype=torch.float32, device=device)
     live_rows = torch.nonzero(live).flatten()
-    for part in _chunks(live_rows, width):
-        rows_here = live_rows[part]
-        for which, name in (("k", "key_cache"), ("v", "value_cache"))[:len(names)]:
+    for which, name in (("k", "key_cache"), ("v", "value_cache"))[:len(names)]:
+        width = widths[name]
+        for part in _chunks(live_rows, width):
+            rows_here = live_rows[part]
             x = values.uniform(case.data_seed, f"cache_{which}", _element_index(physical[rows_here], width))
             if not kv.quantized:
                 caches[name][rows_here] = x.to(caches[name].dtype)
             elif kv.token_head:
-                x = x.view(-1, g.num_kv_heads, g.head_size)
+                x = x.view(-1, g.num_kv_heads, g.cache_head_size(which))
                 scale = quantization.token_head_scales(x, kv.dtype)
                 caches[name][rows_here] = quantization.quantize(x, scale.double()[..., None], kv.dtype).view(-1, width)
                 caches[f"{which}_scale_cache"][rows_here] = scale
@@ -168,12 +169,13 @@ def _caches(case: Case, physical: torch.Tensor, live: torch.Tensor, poison: torc
     dead_rows = torch.nonzero(~live).flatten()
     _write_dead(case, caches, dead_rows, physical[dead_rows], None if poison is None else poison[dead_rows],
                 garbage_seed)
-    shape = (rows // g.block_size, g.block_size, g.num_kv_heads, g.head_size)
+    slots = (rows // g.block_size, g.block_size, g.num_kv_heads)
     for name in names:
-        caches[name] = (quantization.as_encoding(caches[name], kv.dtype) if kv.quantized else caches[name]).view(shape)
+        cache = quantization.as_encoding(caches[name], kv.dtype) if kv.quantized else caches[name]
+        caches[name] = cache.view(*slots, widths[name] // g.num_kv_heads)
     for name in ("k_scale_cache", "v_scale_cache"):
         if name in caches:
-            caches[name] = caches[name].view(shape[:3])
+            caches[name] = caches[name].view(slots)
     return caches
 
 
@@ -184,16 +186,16 @@ def _write_dead(case: Case, caches: dict[str, torch.Tensor], rows: torch.Tensor,
     g = case.geometry
     kv = case.kv_cache
     p = case.poison
-    width = g.num_kv_heads * g.head_size
-    flat = {name: (quantization.codes_of(t) if kv.quantized and name in ("key_cache", "value_cache") else t)
-            .reshape(-1, width if name in ("key_cache", "value_cache") else g.num_kv_heads)
+    per_slot = {"key_cache": g.num_kv_heads * g.head_size, "value_cache": g.num_kv_heads * g.v_head_size}
+    flat = {name: (quantization.codes_of(t) if kv.quantized and name in per_slot else t)
+            .reshape(-1, per_slot.get(name, g.num_kv_heads))
             for name, t in caches.items()}
     garbage = _derive(case.data_seed, 2, garbage_seed)
     hostile = _derive(case.data_seed, 1)
     for (which, hit), name in zip(cache_sides(case), ("key_cache", "value_cache")):
         codes_hit = poisoned if (poisoned is not None and hit and p.hits_data) else None
         scales_hit = poisoned if (poisoned is not None and hit and p.hits_scales and kv.token_head) else None
-        _fill_dead(case, which, flat[name], rows, physical, codes_hit, width, garbage, hostile)
+        _fill_dead(case, which, flat[name], rows, physical, codes_hit, flat[name].shape[1], garbage, hostile)
         if kv.token_head:
             _fill_dead_scales(case, which, flat[f"{which}_scale_cache"], rows, physical, scales_hit, garbage, hostile)
 

@@ -75,6 +75,8 @@ def case_features(case: Case) -> set[str]:
         found.add("gqa")
     if g.latent:
         found.add(f"mla:{g.latent_rank}+{g.rope_dim}")
+    if g.diff_kv:
+        found.add("v-head-size!=k")
     if case.sinks:
         found.add("sinks")
     why = reasons(case)
@@ -150,11 +152,11 @@ def size_features(case: Case) -> set[str]:
         found.add("gqa-group>16")
     if g.num_q_heads >= 64:
         found.add("q-heads>=64")
-    if g.head_size >= 192:
+    if max(g.head_size, g.v_head_size) >= 192:
         found.add("head-size>=192")
-    per_block = g.block_size * g.num_kv_heads * g.head_size
+    per_block = g.block_size * g.num_kv_heads * max(g.head_size, g.v_head_size)
     element = 1 if case.kv_cache.quantized else (4 if g.dtype == "float32" else 2)
-    if 2 * g.num_blocks * per_block * element >= 8 << 30:
+    if g.num_blocks * g.block_size * g.num_kv_heads * g.slot_width * element >= 8 << 30:
         found.add("cache>=8GiB")
     highest = max((max(s.block_table[:s.used_blocks(g.block_size)], default=0) for s in case.sequences), default=0)
     if highest * per_block >= 1 << 31:

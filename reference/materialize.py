@@ -134,8 +134,8 @@ def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed:
     if case.kv_cache.quantized:
         return _quantized_cache(case, which, slots, garbage_seed)
     g = case.geometry
-    shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
-    cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads * g.head_size,
+    shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.cache_head_size(which))
+    cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads * shape[-1],
                         dtype=TORCH_DTYPES[g.dtype], device=slots["live"].device)
     _fill(cache, slots["live"], lambda index: values.uniform(case.data_seed, f"cache_{which}", index))
     _fill(cache, slots["garbage"],
@@ -156,7 +156,8 @@ def _quantized_cache(case: Case, which: str, slots: dict[str, torch.Tensor], gar
     g = case.geometry
     kv = case.kv_cache
     live = slots["live"]
-    width = g.num_kv_heads * g.head_size
+    head_size = g.cache_head_size(which)
+    width = g.num_kv_heads * head_size
     codes = torch.empty(g.num_blocks * g.block_size, width, dtype=torch.uint8, device=live.device)
     scale_cache = None
     if kv.token_head:
@@ -164,7 +165,7 @@ def _quantized_cache(case: Case, which: str, slots: dict[str, torch.Tensor], gar
     if live.numel():
         x = values.uniform(case.data_seed, f"cache_{which}", _element_index(live, width))
         if kv.token_head:
-            x = x.view(-1, g.num_kv_heads, g.head_size)
+            x = x.view(-1, g.num_kv_heads, head_size)
             scale = quantization.token_head_scales(x, kv.dtype)
             codes[live] = quantization.quantize(x, scale.double()[..., None], kv.dtype).view(-1, width)
             scale_cache[live] = scale
@@ -181,7 +182,7 @@ def _quantized_cache(case: Case, which: str, slots: dict[str, torch.Tensor], gar
         stream = f"poison_scale_{which}"
         scale_cache[slots["poison_scales"]] = quantization.hostile_scales(
             case.poison.value, values.random_bits(seed, stream, index), values.uniform(seed, stream, index))
-    cache = quantization.as_encoding(codes, kv.dtype).view(g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
+    cache = quantization.as_encoding(codes, kv.dtype).view(g.num_blocks, g.block_size, g.num_kv_heads, head_size)
     if scale_cache is not None:
         scale_cache = scale_cache.view(g.num_blocks, g.block_size, g.num_kv_heads)
     return cache, scale_cache
@@ -410,7 +411,7 @@ def refill_dead_slots(batch: PagedBatch, garbage_seed: int) -> PagedBatch:
     sides = (("k", copy.key_cache, copy.k_scale_cache), ("v", copy.value_cache, copy.v_scale_cache))
     for which, cache, scale_cache in sides[:len(cache_sides(case))]:
         if quantized:
-            codes = quantization.codes_of(cache).reshape(-1, g.num_kv_heads * g.head_size)
+            codes = quantization.codes_of(cache).reshape(-1, g.num_kv_heads * g.cache_head_size(which))
             scales = None if scale_cache is None else scale_cache.reshape(-1, g.num_kv_heads)
             _fill_dead_codes(case, which, codes, scales, dead, dead, garbage_seed)
         else:

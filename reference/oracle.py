@@ -35,7 +35,8 @@ _SCORE_ELEMENTS = 1 << 26
 
 def oracle(batch: PagedBatch) -> torch.Tensor:
     """float64 ``[num_tokens, num_q_heads, v_head_size]`` on the batch's device (``v_head_size`` is
-    ``head_size`` but for a latent cache, whose V is its first ``latent_rank`` entries)."""
+    V's head size: ``head_size`` unless ``head_size_v`` says otherwise, or for a latent cache, whose
+    V is its first ``latent_rank`` entries)."""
     return computed_in(batch, FLOAT64)
 
 
@@ -61,7 +62,7 @@ def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
     if case.num_tokens == 0:
         return outs
     seq_of, _ = token_layout(case)
-    per_seq = max(1, case.max_seq_len) * g.num_kv_heads * g.head_size
+    per_seq = max(1, case.max_seq_len) * g.num_kv_heads * max(g.head_size, g.v_head_size)
     chunk = max(1, _CHUNK_ELEMENTS // per_seq)
     starts = case.query_start_loc()
     for first in range(0, len(case.sequences), chunk):

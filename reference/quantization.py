@@ -152,7 +152,7 @@ def hostile_scales(kind: str, bits: torch.Tensor, uniform: torch.Tensor) -> torc
 
 
 def live_values(batch, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 K and V ``[len(slots), num_kv_heads, head_size]`` of the flat cache
+    """float64 K ``[len(slots), num_kv_heads, head_size]`` and V ``[..., v_head_size]`` of the flat cache
     slots ``block * block_size + offset``: the codes times their scales (a latent
     cache's V: the first ``latent_rank`` entries of K).
 
@@ -168,13 +168,14 @@ def live_values(batch, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 def values_at(case, cache: torch.Tensor, scale: float, scale_cache: torch.Tensor | None,
               slots: torch.Tensor) -> torch.Tensor:
-    """float64 ``[len(slots), num_kv_heads, head_size]``: one cache's values at ``slots``
+    """float64 ``[len(slots), num_kv_heads, its head size]``: one cache's values at ``slots``
     (``scale``: its per-tensor scale; ``scale_cache``: its per-token-head scales)."""
     g = case.geometry
     kv: KVCache = case.kv_cache
+    width = cache.shape[-1]
     if not kv.quantized:
-        return cache.reshape(-1, g.num_kv_heads, g.head_size)[slots].double()
-    codes = codes_of(cache).reshape(-1, g.num_kv_heads, g.head_size)[slots]
+        return cache.reshape(-1, g.num_kv_heads, width)[slots].double()
+    codes = codes_of(cache).reshape(-1, g.num_kv_heads, width)[slots]
     values = decode(codes, kv.dtype)
     if kv.token_head:
         return values * scale_cache.reshape(-1, g.num_kv_heads)[slots].double()[..., None]

@@ -79,7 +79,7 @@ def paged_cases(capabilities: Capabilities = Capabilities(), *,
     """A valid, poisoned paged-attention batch that ``capabilities`` accepts.
 
     Shrinks toward one decode sequence of one key, one KV head, the smallest
-    head size, no window, an unquantized cache (then per-tensor fp8, then
+    head size with V as wide as K, no window, an unquantized cache (then per-tensor fp8, then
     per-token-head scales), and NaN in V of a single dead slot.  ``poison_classes``
     aims the poison at some dead-slot classes only (see ``strategies.poison``).
     ``pool`` fixes the compile-time part (shape, causality, window, sinks, cache dtype) to
@@ -157,7 +157,7 @@ def _small_cases(capabilities: Capabilities, interpreter: bool, size: Size | Non
 
         unpoisoned = Case(
             geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, bs,
-                              tables.num_blocks, shape.dtype, caps.latent_rank(shape.head_size)),
+                              tables.num_blocks, shape.dtype, caps.latent_rank(shape.head_size), shape.head_size_v),
             sequences=tuple(Sequence(x.query_len, x.seq_len, row) for x, row in zip(lengths, tables.rows)),
             sliding_window=window, causal=causal, sinks=sinks,
             padding_block=tables.padding_block, poison=Poison(), data_seed=0, kv_cache=kv_cache)

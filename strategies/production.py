@@ -33,7 +33,7 @@ from nanfuzz.reference.features import POISON_CLASS_FLAGS
 from nanfuzz.reference.semantics import reasons
 from nanfuzz.strategies.batches import Lengths, allowed_kinds, causal_flags
 from nanfuzz.strategies.draws import BOOLEANS, integers, pick
-from nanfuzz.strategies.geometry import Shape
+from nanfuzz.strategies.geometry import Shape, head_sizes
 from nanfuzz.strategies.poison import FIRST_VALUE_WEIGHT, TENSOR_WEIGHTS, poison_values
 from nanfuzz.strategies.quantization import kv_caches
 
@@ -152,7 +152,7 @@ def _shapes(caps: Capabilities, max_kv_heads: int, interpreter: bool):
     """Shrinks toward the first dtype, one KV head, MHA, the smallest head size, the first block size.
     Generated, a third of the groups are wider than 16 where the kernel takes them."""
     dtypes = caps.runnable_dtypes(interpreter)
-    head_sizes = tuple(sorted(caps.head_sizes))
+    pairs = caps.head_size_pairs()
 
     @st.composite
     def shape(draw) -> Shape:
@@ -165,9 +165,9 @@ def _shapes(caps: Capabilities, max_kv_heads: int, interpreter: bool):
             group = draw(integers(17, widest))
         else:
             group = draw(integers(1, min(16, widest)))
-        head_size = pick(draw, head_sizes)
+        heads = head_sizes(pick(draw, pairs))
         block_size = pick(draw, caps.block_sizes)
-        return Shape(dtype, kv_heads * group, kv_heads, head_size, block_size)
+        return Shape(dtype, kv_heads * group, kv_heads, block_size=block_size, **heads)
 
     return shape()
 
@@ -331,7 +331,7 @@ class _Tables:
 
 def _huge_threshold(shape: Shape, size: ProductionSize) -> int | None:
     """The first block whose element offset passes 2^31, if a cache past it fits the size's bytes."""
-    per_block = shape.block_size * shape.num_kv_heads * shape.head_size
+    per_block = shape.block_size * shape.num_kv_heads * max(shape.head_size, shape.head_size_v)
     threshold = -(-OFFSET_BOUNDARY // per_block)
     element = 4 if shape.dtype == "float32" else 2
     blocks = threshold + HIGH_BLOCKS + 2 * 64
@@ -492,7 +492,7 @@ def production_case(draw, caps: Capabilities, size: ProductionSize, interpreter:
         num_blocks = tables.num_blocks
     unpoisoned = Case(
         geometry=Geometry(shape.num_q_heads, shape.num_kv_heads, shape.head_size, shape.block_size, num_blocks,
-                          shape.dtype, caps.latent_rank(shape.head_size)),
+                          shape.dtype, caps.latent_rank(shape.head_size), shape.head_size_v),
         sequences=tuple(Sequence(x.query_len, x.seq_len, tuple(row)) for x, row in zip(lengths, tables.rows)),
         sliding_window=window, causal=causal, sinks=sinks, padding_block=tables.padding_block, poison=Poison(),
         data_seed=0, kv_cache=kv_cache)
@@ -538,7 +538,7 @@ def wide_entries(caps: Capabilities, count: int, seed: int, *, interpreter: bool
     rng = random.Random(f"nanfuzz-wide:{seed}")
     dtypes = caps.runnable_dtypes(interpreter)
     caches = kv_cache_options(caps)
-    heads = sorted(caps.head_sizes)
+    heads = sorted(caps.head_size_pairs(), key=max)
     windowed = [causal for causal in caps.modes() if caps.windowed(causal)]
     found: dict = {}
     for _ in range(50 * count):
@@ -548,7 +548,7 @@ def wide_entries(caps: Capabilities, count: int, seed: int, *, interpreter: bool
         widest = caps.max_q_heads // kv if caps.max_group is None else min(caps.max_group, caps.max_q_heads // kv)
         group = rng.randint(17, widest) if widest > 16 and rng.random() < 0.5 else rng.randint(1, min(16, widest))
         head = heads[-1] if rng.random() < 0.5 else rng.choice(heads)
-        shape = Shape(rng.choice(dtypes), kv * group, kv, head, rng.choice(caps.block_sizes))
+        shape = Shape(rng.choice(dtypes), kv * group, kv, block_size=rng.choice(caps.block_sizes), **head_sizes(head))
         window = rng.choice(_windows(caps)) if windowed and rng.random() < WINDOW_SHARE else 0
         causal = rng.choice(windowed if window else caps.modes())
         entry = Specialisation(shape, causal, window, caps.sinks and rng.random() < 0.5,

@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from nanfuzz.reference.capabilities import Capabilities
-from nanfuzz.strategies.geometry import Shape
+from nanfuzz.strategies.geometry import Shape, head_sizes
 from nanfuzz.strategies.quantization import kv_cache_options
 
 # Widths for pool entries: one key, block-edge neighbours of 16/32/64 and a
@@ -47,7 +47,7 @@ class Specialisation:
         order = caps.dtypes.index(s.dtype), caps.block_sizes.index(s.block_size)
         options = kv_cache_options(caps)
         kv = options.index(self.kv_cache) if self.kv_cache in options else len(options)
-        return (s.num_kv_heads, s.num_q_heads, s.head_size, *order,
+        return (s.num_kv_heads, s.num_q_heads, s.head_size, s.head_size_v != 0, s.head_size_v, *order,
                 self.window != 0, not self.causal, self.sinks, self.window, kv)
 
 
@@ -68,8 +68,10 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
     rng = random.Random(f"nanfuzz-pool:{seed}")
     dtypes = caps.runnable_dtypes(interpreter)
     kv_cap = caps.kv_head_limit(max_kv_heads)
-    smallest = Shape(dtypes[0], 1, 1, min(caps.head_sizes), caps.block_sizes[0])
+    smallest = Shape(dtypes[0], 1, 1, block_size=caps.block_sizes[0], **head_sizes(caps.head_size_pairs()[0]))
     caches = kv_cache_options(caps)
+    # caps.head_sizes in its own order, then the diff_kv pairs: the draws of kernels without them are as before
+    pairs = tuple((h, h) for h in caps.head_sizes) + caps.diff_kv
     windowed_modes = [causal for causal in caps.modes() if caps.windowed(causal)]
     menu = tuple(w for w in WINDOW_MENU if w >= caps.min_window) or (caps.min_window,)
     simplest = []
@@ -84,7 +86,7 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
             break
         kv = rng.randint(1, kv_cap)
         shape = Shape(rng.choice(dtypes), kv * rng.randint(1, caps.max_q_heads // kv), kv,
-                      rng.choice(caps.head_sizes), rng.choice(caps.block_sizes))
+                      block_size=rng.choice(caps.block_sizes), **head_sizes(rng.choice(pairs)))
         # The window first, then a mode that takes it: a kernel that windows one mode only
         # meets windows as often as one that windows both.
         window = rng.choice(menu) if windowed_modes and rng.random() < WINDOW_SHARE else 0

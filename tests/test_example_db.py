@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from nanfuzz.harness.campaign import example_db
+from nanfuzz.harness.campaign import example_db, known_failures
 from nanfuzz.harness.campaign.runner import fuzz
 from nanfuzz.harness.campaign.search import database_label
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.reference.case import SCHEMA_VERSION
 from nanfuzz.reference.errors import NanfuzzError
 from tests.fleet_subjects import STOP_PID_VAR
 from tests.redis_server import redis_server  # noqa: F401 (a fixture)
@@ -105,12 +106,28 @@ def test_a_known_failure_replayed_first_is_one_of_the_examples_asked_for(tmp_pat
 
 # -- a real server -----------------------------------------------------------------------
 
+KNOWN_KEY = b"nanfuzz:" + known_failures.key("torch@window-off-by-one", "cpu", "")
+
+
+def test_known_failures_kept_under_an_older_case_schema_are_replayed_and_forgotten_there():
+    from hypothesis.database import InMemoryExampleDatabase
+
+    from tests.cases import consecutive_case
+
+    database, case = InMemoryExampleDatabase(), consecutive_case([(1, 5)])
+    old_key, key = (known_failures.key("k", "cpu", "", version) for version in (1, SCHEMA_VERSION))
+    database.save(old_key, case.to_json().encode())
+    [(raw, found)] = known_failures.known(database, key)
+    assert found == case and key.endswith(f":case-v{SCHEMA_VERSION}".encode())
+    known_failures.forget(database, key, raw)
+    assert not list(database.fetch(old_key)) and not known_failures.known(database, key)
+
 def test_a_second_campaign_on_the_server_replays_the_first_s_failure_first(tmp_path, redis_server):
     server = redis_server()
     first = campaign(BUGGY, tmp_path, "runner-a", server.url)
     assert first.failed and first.examples_to_first_failure > 1  # found by searching
     keys = stored(server)
-    known = b"nanfuzz:failures:torch@window-off-by-one:cpu::case-v1"
+    known = KNOWN_KEY
     assert known in keys and len(keys) >= 2  # the case, and Hypothesis's own entries under its digest
 
     second = campaign(BUGGY, tmp_path, "runner-b", server.url)
@@ -129,7 +146,7 @@ def test_another_strategy_version_does_not_replay_the_stored_bytes(tmp_path, red
     server = redis_server()
     assert campaign(BUGGY, tmp_path, "a", server.url).failed
     client = server.client()
-    client.delete(b"nanfuzz:failures:torch@window-off-by-one:cpu::case-v1")
+    client.delete(KNOWN_KEY)
     client.close()
     import nanfuzz.harness.campaign.search as fuzz_module
 
@@ -154,7 +171,7 @@ def test_readonly_reads_the_team_s_corpus_and_writes_only_its_own_folder(tmp_pat
     assert not fixed.failed and stored(server) == corpus
     # a writing run of the fixed kernel forgets the known failure
     campaign(FIXED, tmp_path, "main-fixed", server.url, max_examples=3)
-    assert b"nanfuzz:failures:torch@window-off-by-one:cpu::case-v1" not in stored(server)
+    assert KNOWN_KEY not in stored(server)
 
 
 def _cli(tmp_path, *args, **env):

@@ -162,6 +162,50 @@ def test_a_vllm_rocm_attn_repro_exports_a_script_and_a_test_that_fail_until_the_
     _pytest_both(tmp_path, test_file, lambda text: text.replace(str(vllm_source), str(fixed_vllm)))
 
 
+def test_a_vllm_segmented_repro_exports_a_script_that_fails_until_the_fix(tmp_path, vllm_source):
+    from tests.test_vllm_segmented import MODULE, TILE_BOUNDS, TILE_BOUNDS_IN_WINDOW
+
+    fixed = tmp_path / "vllm-fixed"
+    shutil.copytree(vllm_source, fixed)
+    kernel = fixed / MODULE
+    kernel.write_text(kernel.read_text().replace(TILE_BOUNDS, TILE_BOUNDS_IN_WINDOW))
+    script = _export(tmp_path, "vllm_rocm_segmented_attn-window-first-tile-loads-expired-v", "--vllm-src",
+                     str(vllm_source))
+    text = script.read_text()
+    assert not _imports_nanfuzz(text) and not missing_names(text) and "def run_rocm_segmented_attn(" in text
+    bug = _without_nanfuzz(tmp_path, script.name, "--vllm-src", str(vllm_source))
+    assert bug.returncode == 1 and "NONFINITE:" in bug.stdout, bug.stdout + bug.stderr[-3000:]
+    fix = _without_nanfuzz(tmp_path, script.name, "--vllm-src", str(fixed))
+    assert fix.returncode == 0 and fix.stdout.splitlines()[-1].startswith("PASS"), fix.stdout + fix.stderr[-3000:]
+
+
+def test_a_vllm_diffkv_case_exports_a_script_that_tells_a_v_tile_from_below_the_window(tmp_path, vllm_source):
+    """No finding of the released diffkv kernel is on file: its repro here is a passing case, which a
+    copy without the kernel's zeroing of V below the window fails."""
+    from nanfuzz.harness.judge.check import check
+    from nanfuzz.harness.registry import resolve
+    from nanfuzz.harness.report.repro import write_repro
+    from nanfuzz.reference.case import Poison
+    from tests.cases import consecutive_case
+    from tests.test_vllm_diffkv import MODULE, V_WINDOW_ZEROING
+
+    mutated = tmp_path / "vllm-mutated"
+    shutil.copytree(vllm_source, mutated)
+    kernel_file = mutated / MODULE
+    kernel_file.write_text(kernel_file.read_text().replace(V_WINDOW_ZEROING,
+                                                           V_WINDOW_ZEROING.replace("if SLIDING_WINDOW:", "if False:")))
+    kernel = resolve("vllm:triton_attn_diffkv@2d", vllm_src=str(vllm_source))
+    case = consecutive_case([(1, 40)], head_size=64, head_size_v=32, window=5, poison=Poison("nan", "v"))
+    [record, *_] = write_repro(kernel, case, check(kernel, case, "cpu"), tmp_path / "found", "cpu")
+    assert cli(["export", str(record), "--vllm-src", str(vllm_source)]) == 0
+    script = next((tmp_path / "found").glob("*_standalone.py"))
+    assert not _imports_nanfuzz(script.read_text()) and "head_size_v=32" in script.read_text()
+    released = _without_nanfuzz(script.parent, script.name, "--vllm-src", str(vllm_source))
+    assert released.returncode == 0 and released.stdout.splitlines()[-1].startswith("PASS"), released.stdout
+    broken = _without_nanfuzz(script.parent, script.name, "--vllm-src", str(mutated))
+    assert broken.returncode == 1 and "NONFINITE:" in broken.stdout, broken.stdout + broken.stderr[-3000:]
+
+
 # The fix of AITER's unified_attention: every tile's K/V loads masked at the longest prefix, as the
 # tiles that are not one whole block already are (a tile of one block is loaded unmasked, tail included).
 AITER_FIX = (

@@ -26,6 +26,14 @@
     The TRITON_MLA backend's decode: ``decode_attention_fwd`` over the latent cache
     (``harness.adapters.vllm_mla``).
 
+``vllm:triton_attn_diffkv``
+    The TRITON_ATTN_DIFFKV backend: ``unified_attention_diffkv`` over the packed cache of a model
+    whose V head size differs from K's (``harness.adapters.vllm_diffkv``).
+
+``vllm:rocm_segmented_attn``
+    The ROCM_SEGMENTED_ATTN backend: ``segmented_attention``, token-major segmented attention
+    for RDNA GPUs (``harness.adapters.vllm_segmented``).
+
 Both paged adapters convert the window as their backend does (W keys, the query's
 own position included): ROCM_ATTN receives ``sliding_window=W``,
 ``unified_attention`` ``window_size=(W-1, 0)`` causal and ``(W-1, W-1)``
@@ -57,7 +65,8 @@ import functools
 
 import torch
 
-from nanfuzz.harness.adapters import vllm_loader, vllm_mla
+from nanfuzz.harness.adapters import vllm_diffkv, vllm_loader, vllm_mla, vllm_segmented
+from nanfuzz.harness.adapters.vllm_loader import platform_fp8
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
@@ -67,9 +76,9 @@ from nanfuzz.reference.layouts import scheduled
 from nanfuzz.reference.quantization import codes_of
 from nanfuzz.reference.windows import window_size
 
-KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn", vllm_mla.NAME)
+KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn", vllm_mla.NAME, vllm_diffkv.NAME, vllm_segmented.NAME)
 UNIFIED_PATHS = ("2d", "3d")
-VARIANTS = (*(f"vllm:triton_attn@{p}" for p in UNIFIED_PATHS), *vllm_mla.VARIANTS)
+VARIANTS = (*(f"vllm:triton_attn@{p}" for p in UNIFIED_PATHS), *vllm_mla.VARIANTS, *vllm_diffkv.VARIANTS)
 
 # Both backends take any multiple of 16 (MultipleOf(16)); 48 stands for the
 # non-power-of-two sizes of hybrid models, which ROCM_ATTN tiles by 32.
@@ -93,15 +102,6 @@ BOTH_BACKENDS = Capabilities(
     sinks=True,
     specialisation_pool=POOL,
 )
-
-
-def platform_fp8(loaded, module: str) -> str:
-    """The platform's fp8 cache dtype as the loaded kernels see it: "fp8_e4m3fn" or "fp8_e4m3fnuz"."""
-    dtype = loaded[module].current_platform.fp8_dtype()
-    names = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}
-    if dtype not in names:
-        raise NanfuzzError(f"vLLM's current_platform.fp8_dtype() is {dtype}, which nanfuzz has no cache dtype for")
-    return names[dtype]
 
 
 # -- vllm:rocm_attn ----------------------------------------------------------------
@@ -264,8 +264,8 @@ def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
 # -- registry entry -----------------------------------------------------------------
 
 def kernel(name: str, source: str | None = None) -> Kernel:
-    """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` (or ``@2d`` / ``@3d``) or ``vllm:triton_mla``
-    (``harness.adapters.vllm_mla``), with vLLM's
+    """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` (or ``@2d`` / ``@3d``), ``vllm:triton_mla``
+    (``harness.adapters.vllm_mla``), ``vllm:triton_attn_diffkv`` or ``vllm:rocm_segmented_attn``, with vLLM's
     kernel files from ``source`` (a source tree or unpacked wheel; None: the installed vllm).
 
     The kernel files are loaded here, so a missing or unusable vLLM source is
@@ -286,4 +286,8 @@ def kernel(name: str, source: str | None = None) -> Kernel:
                       capabilities=caps, source=source)
     if name in (vllm_mla.NAME, *vllm_mla.VARIANTS):
         return vllm_mla.kernel(name, source)
+    if name in (vllm_diffkv.NAME, *vllm_diffkv.VARIANTS):
+        return vllm_diffkv.kernel(name, source)
+    if name == vllm_segmented.NAME:
+        return vllm_segmented.kernel(name, source)
     raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {', '.join((*KERNEL_NAMES, *VARIANTS))}")

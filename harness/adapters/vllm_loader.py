@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from nanfuzz.harness.adapters import loader, vllm_standins
 from nanfuzz.harness.adapters.loader import KernelModule, LoadedKernels
+from nanfuzz.reference.errors import NanfuzzError
 
 ENV_VAR = "NANFUZZ_VLLM_SRC"
 
@@ -22,6 +25,17 @@ GROUPS: dict[str, tuple[KernelModule, ...]] = {
     "triton_attn": (
         KernelModule("triton_attention_helpers", (), optional=True),
         KernelModule("triton_unified_attention", ("unified_attention", "kernel_unified_attention", "reduce_segments")),
+    ),
+    "triton_attn_diffkv": (
+        KernelModule("triton_attention_helpers", ()),
+        KernelModule("triton_unified_attention_diffkv", ("unified_attention_diffkv", "kernel_unified_attention_diffkv",
+                                                         "kernel_reduce_segments_diffkv")),
+    ),
+    "rocm_segmented_attn": (
+        KernelModule("triton_attention_helpers", (), optional=True),
+        KernelModule("triton_unified_attention", ("unified_attention",)),
+        KernelModule("segmented_attention", ("segmented_attention", "can_use_segmented_attention",
+                                             "_segmented_attention_stage", "_segmented_attention_reduce")),
     ),
     "triton_mla": (
         KernelModule("triton_decode_attention", ("decode_attention_fwd", "_fwd_grouped_kernel_stage1",
@@ -47,9 +61,21 @@ _cache = loader._cache  # every library's loaded kernels, one per (library, grou
 
 
 def load(group: str, source: str | os.PathLike | None = None) -> LoadedKernels:
-    """The kernel modules of ``group`` ("rocm_attn", "triton_attn" or "triton_mla"), loaded once per source.
+    """The kernel modules of ``group`` (a key of ``GROUPS``), loaded once per source.
 
     ``source`` is a vLLM source tree or unpacked wheel (``--vllm-src``, or
     ``$NANFUZZ_VLLM_SRC`` read at the edge); None: the installed vllm.
     """
     return loader.load(VLLM, group, source)
+
+
+def platform_fp8(loaded, module: str | None = None) -> str:
+    """The platform's fp8 cache dtype as the loaded kernels see it: "fp8_e4m3fn" or "fp8_e4m3fnuz".
+    ``module``: a loaded module that imports ``current_platform``; None (kernel files that do not ask
+    the platform themselves): the stand-in's answer from torch."""
+    platform = loaded[module].current_platform if module else vllm_standins.Platform()
+    dtype = platform.fp8_dtype()
+    names = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}
+    if dtype not in names:
+        raise NanfuzzError(f"vLLM's current_platform.fp8_dtype() is {dtype}, which nanfuzz has no cache dtype for")
+    return names[dtype]

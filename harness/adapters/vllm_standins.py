@@ -23,7 +23,7 @@ from nanfuzz.harness.adapters.standins import standin_module
 
 # Parents of the modules below; they hold no code, and an empty __path__ keeps
 # any other ``vllm.*`` import from silently reaching into a source tree.
-PACKAGES = ("vllm", "vllm.platforms", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops")
+PACKAGES = ("vllm", "vllm.platforms", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops", "vllm.v1.worker")
 
 
 class DeviceCapability(NamedTuple):
@@ -129,12 +129,37 @@ def _never_custom_paged_attention(*_args: Any, **_kwargs: Any) -> bool:
     return False
 
 
+def _on_rdna() -> bool:
+    # segmented_attention.py takes its Triton path only on RDNA (gfx1x; gfx12 for fp8 caches):
+    # every device stands in for one, so that path is the one under test everywhere
+    return True
+
+
+def get_kv_quant_mode(kv_cache_dtype: str) -> KVQuantMode:
+    """vLLM's map from a ``kv_cache_dtype`` string to its quantisation mode, for the per-tensor strings
+    segmented_attention.py passes on."""
+    modes = {"auto": KVQuantMode.NONE, "fp8": KVQuantMode.FP8_PER_TENSOR, "fp8_e4m3": KVQuantMode.FP8_PER_TENSOR}
+    if kv_cache_dtype not in modes:
+        raise ValueError(f"nanfuzz's stand-in for vllm.v1.kv_cache_interface has no mode for {kv_cache_dtype!r}")
+    return modes[kv_cache_dtype]
+
+
+def _no_workspace_manager() -> bool:
+    return False
+
+
+def _workspace_manager():
+    raise RuntimeError("nanfuzz's stand-in for vllm.v1.worker.workspace has no workspace manager")
+
+
 _module = functools.partial(standin_module, library="vLLM")
 
 
 def rocm_platform_module() -> types.ModuleType:
-    """``vllm.platforms.rocm`` as the kernels see it: the custom ROCm kernel is never chosen."""
-    return _module("vllm.platforms.rocm", {"use_rocm_custom_paged_attention": _never_custom_paged_attention})
+    """``vllm.platforms.rocm`` as the kernels see it: the custom ROCm kernel is never chosen, and the
+    device is an RDNA GPU where segmented attention asks."""
+    return _module("vllm.platforms.rocm", {"use_rocm_custom_paged_attention": _never_custom_paged_attention,
+                                           "on_gfx1x": _on_rdna, "on_gfx12x": _on_rdna})
 
 
 def build() -> dict[str, types.ModuleType]:
@@ -147,7 +172,11 @@ def build() -> dict[str, types.ModuleType]:
         "vllm.triton_utils": _module("vllm.triton_utils", {"triton": triton, "tl": tl, "HAS_TRITON": True}),
         "vllm._custom_ops": _module("vllm._custom_ops", {"paged_attention_rocm": _refuse_rocm_custom_kernel}),
         "vllm.platforms.rocm": rocm_platform_module(),
-        "vllm.v1.kv_cache_interface": _module("vllm.v1.kv_cache_interface", {"KVQuantMode": KVQuantMode}),
+        "vllm.v1.kv_cache_interface": _module("vllm.v1.kv_cache_interface", {"KVQuantMode": KVQuantMode,
+                                                                            "get_kv_quant_mode": get_kv_quant_mode}),
+        "vllm.v1.worker.workspace": _module("vllm.v1.worker.workspace", {
+            "is_workspace_manager_initialized": _no_workspace_manager,
+            "current_workspace_manager": _workspace_manager}),
     })
     for name, module in modules.items():
         parent, _, child = name.rpartition(".")

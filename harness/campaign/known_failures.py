@@ -9,15 +9,23 @@ names only the kernel, the device, the campaign's focus and the case
 schema: every campaign of that kernel replays it before it searches, whatever
 its pool.  A known failure that passes is forgotten (in the stores that may
 be written); one that fails again is the campaign's failure, already shrunk.
+Entries kept under an older case schema that this nanfuzz still reads are
+replayed too, so an upgrade loses none; new ones go under the current key.
 """
 from __future__ import annotations
 
-from nanfuzz.reference.case import SCHEMA_VERSION, Case
+from nanfuzz.reference.case import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, Case
 from nanfuzz.reference.errors import NanfuzzError
 
 
-def key(kernel_name: str, device: str, focus_label: str) -> bytes:
-    return f"failures:{kernel_name}:{device}:{focus_label}:case-v{SCHEMA_VERSION}".encode()
+def key(kernel_name: str, device: str, focus_label: str, version: int = SCHEMA_VERSION) -> bytes:
+    return f"failures:{kernel_name}:{device}:{focus_label}:case-v{version}".encode()
+
+
+def _older_keys(key_: bytes) -> list[bytes]:
+    """``key_`` (a current key) under each older schema version this nanfuzz reads."""
+    stem, _, _ = key_.rpartition(b":case-v")
+    return [stem + f":case-v{version}".encode() for version in READABLE_SCHEMA_VERSIONS if version != SCHEMA_VERSION]
 
 
 def remember(database, key_: bytes, case: Case) -> None:
@@ -27,7 +35,7 @@ def remember(database, key_: bytes, case: Case) -> None:
 def known(database, key_: bytes) -> list[tuple[bytes, Case]]:
     """The stored cases, oldest encoding first; entries that no longer read as a case are dropped."""
     found = []
-    for raw in sorted(database.fetch(key_)):
+    for raw in sorted({raw for k in (key_, *_older_keys(key_)) for raw in database.fetch(k)}):
         try:
             found.append((raw, Case.from_json(raw.decode())))
         except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, NanfuzzError):
@@ -36,4 +44,6 @@ def known(database, key_: bytes) -> list[tuple[bytes, Case]]:
 
 
 def forget(database, key_: bytes, raw: bytes) -> None:
-    database.delete(key_, raw)
+    """Drop ``raw`` from ``key_`` and from its older-schema keys, wherever ``known`` found it."""
+    for k in (key_, *_older_keys(key_)):
+        database.delete(k, raw)

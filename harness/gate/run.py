@@ -36,7 +36,8 @@ from nanfuzz.reference.errors import NanfuzzError
 # the pytest module each worker runs: one test per kernel (harness.gate.campaigns)
 CAMPAIGN_TESTS = Path(__file__).resolve().parent / "campaigns.py"
 DEFAULT_OUT = "nanfuzz-gate"
-VLLM_KERNELS = ("vllm:rocm_attn", "vllm:triton_attn", "vllm:triton_mla")
+VLLM_KERNELS = ("vllm:rocm_attn", "vllm:triton_attn", "vllm:triton_mla", "vllm:triton_attn_diffkv",
+                "vllm:rocm_segmented_attn")
 AITER_KERNELS = ("aiter:unified_attention", "aiter:pa_decode", "aiter:pa_prefill", "aiter:chunked_pa_prefill")
 SGLANG_KERNELS = ("sglang:decode", "sglang:extend")
 FA_KERNELS = ("fa_amd:kvcache",)

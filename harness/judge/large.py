@@ -21,8 +21,8 @@ def large_case_bytes(case) -> int:
     g = case.geometry
     blocks = int(written_blocks(case).size)
     element = 4 if g.dtype == "float32" else 2
-    compact = (1 if g.latent else 2) * blocks * g.block_size * g.num_kv_heads * g.head_size * element
-    gathered = 2 * 8 * sum(s.seq_len for s in case.sequences[:64]) * g.num_kv_heads * g.head_size
+    compact = blocks * g.block_size * g.num_kv_heads * g.slot_width * element
+    gathered = 8 * sum(s.seq_len for s in case.sequences[:64]) * g.num_kv_heads * (g.head_size + g.v_head_size)
     return 3 * compact + min(gathered, 8 << 30)
 
 

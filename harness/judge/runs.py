@@ -92,9 +92,9 @@ def case_bytes(case: Case) -> int:
 
     g = case.geometry
     element = torch.empty((), dtype=TORCH_DTYPES[g.dtype]).element_size()
-    caches = (1 if g.latent else 2) * (g.num_blocks + CACHE_BLOCKS_BEFORE + CACHE_BLOCKS_AFTER) * g.block_size * g.num_kv_heads
-    tokens = (case.num_tokens + 2) * (g.num_q_heads + 2 * g.num_kv_heads)
-    return (caches + tokens) * g.head_size * element
+    caches = (g.num_blocks + CACHE_BLOCKS_BEFORE + CACHE_BLOCKS_AFTER) * g.block_size * g.num_kv_heads * g.slot_width
+    tokens = (case.num_tokens + 2) * (g.num_q_heads * g.head_size + g.num_kv_heads * (g.head_size + g.v_head_size))
+    return (caches + tokens) * element
 
 
 def refuse_if_too_large(case: Case, device: torch.device) -> None:

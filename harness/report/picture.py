@@ -48,9 +48,11 @@ def _shown_entries(seq: Sequence, lo: int, bs: int) -> list[int | None]:
 
 
 def _head(g) -> str:
-    """``head 64``, or for a latent cache ``latent cache 64 + rope 16 (V: the first 64)``."""
+    """``head 64``, ``head K 192 / V 128``, or for a latent cache ``latent cache 64 + rope 16 (V: the first 64)``."""
     if g.latent:
         return f"latent cache {g.latent_rank} + rope {g.rope_dim} (V: the first {g.latent_rank})"
+    if g.diff_kv:
+        return f"head K {g.head_size} / V {g.head_size_v}"
     return f"head {g.head_size}"
 
 

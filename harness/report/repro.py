@@ -13,7 +13,7 @@ from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.report.atomic import write_atomically
 from nanfuzz.harness.report.picture import picture
-from nanfuzz.reference.case import SCHEMA_VERSION, Case
+from nanfuzz.reference.case import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, Case
 from nanfuzz.reference.errors import NanfuzzError
 
 SCHEMA = "nanfuzz-repro"
@@ -145,8 +145,10 @@ def repro_from_json(text: str, path: str = "repro") -> dict:
         raise NanfuzzError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); a repro is the .json nanfuzz wrote") from None
     if not isinstance(record, dict) or record.get("schema") != SCHEMA:
         raise NanfuzzError(f"{path}: not a nanfuzz repro (missing \"schema\": \"{SCHEMA}\")")
-    if record.get("schema_version") != SCHEMA_VERSION:
-        raise NanfuzzError(f"{path}: repro schema version {record.get('schema_version')!r}; this nanfuzz reads {SCHEMA_VERSION}")
+    version = record.get("schema_version")
+    if type(version) is not int or version not in READABLE_SCHEMA_VERSIONS:
+        readable = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
+        raise NanfuzzError(f"{path}: repro schema version {version!r}; this nanfuzz reads {readable}")
     if not isinstance(record.get("kernel"), str) or "case" not in record:
         raise NanfuzzError(f"{path}: repro lacks \"kernel\" (a string) or \"case\"")
     record["case"] = Case.from_dict(record["case"])

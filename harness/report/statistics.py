@@ -31,7 +31,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("poisoned dead slots", ("poison:tail", "poison:out-of-window", "poison:null-block", "poison:padding",
                              "poison:unreferenced", "poison:single-slot"), ("poison:scale",)),
     ("blocks", ("expired-block", "expired-to-null", "reused-block", "shared-block"), ()),
-    ("heads", ("gqa", "sinks"), ("mla:",)),
+    ("heads", ("gqa", "sinks"), ("mla:", "v-head-size!=k")),
     ("sizes", SIZE_FEATURES, ()),
     ("kernel paths", (), ("path:",)),
     ("dtypes", (), ("dtype:",)),
@@ -59,7 +59,8 @@ _ORDER.update({f"poison-tensors:{t}": 100 + i for i, t in enumerate(POISON_TENSO
 def features(case: Case) -> set[str]:
     """``case_features(case)`` plus ``block:<block_size>`` and ``head:<head_size>``."""
     g = case.geometry
-    return case_features(case) | {f"block:{g.block_size}", f"head:{g.head_size}"}
+    head = f"{g.head_size}/{g.head_size_v}" if g.diff_kv else str(g.head_size)
+    return case_features(case) | {f"block:{g.block_size}", f"head:{head}"}
 
 
 def _sort_key(name: str) -> tuple:

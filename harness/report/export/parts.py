@@ -59,11 +59,12 @@ USER_GLUE = '''def _note(case, pages, page_size):
 LIBRARY_PARTS = {
     "vllm": (
         ("reference.layouts", ("Scheduled", "scheduled"), ()),
-        ("reference.windows", ("window_size",), ()),
+        ("reference.windows", ("window_size", "window_left"), ()),
         ("harness.adapters.standins", None, ()),
         ("harness.adapters.vllm_standins", None, ()),
         ("harness.adapters.loader", ("KernelModule",), ()),
         ("harness.adapters.vllm_loader", ("GROUPS", "_native_call_modules"), ()),
+        ("harness.adapters.launches", None, ()),
         ("harness.report.export.library_files", None, ()),
     ),
     "aiter": (
@@ -82,6 +83,9 @@ ADAPTER_CALLS = {
     "run_rocm_attn": ("rocm_key_cache", "rocm_value_cache", "run_rocm_attn"),
     "run_triton_attn": ("SOFTMAX_SEGMENTS", "SCALE_ELEMENTS", "offers_split_k",
                         "packed_token_head_caches", "token_head_views", "run_triton_attn"),
+    "run_triton_attn_diffkv": ("SOFTMAX_SEGMENTS", "packed_cache", "run_triton_attn_diffkv"),
+    "run_rocm_segmented_attn": ("NAME", "_StaleScratch", "_refuse_fallback", "_tensors_on_a_gpu",
+                                "_eligible_off_the_gpu", "bucketed_table", "run_rocm_segmented_attn"),
     # AITER's adapters build the launch in prepare_*() and the script calls what it returns
     "prepare_unified": ("_unit_scale", "_overrides", "prepare_unified"),
     "prepare_pa_decode": ("_COMPUTE_TYPES", "_unit_scale", "_overrides", "pa_decode_cache", "prepare_pa_decode"),
@@ -100,6 +104,7 @@ LIBRARY_GLUE = {
 vllm_standins = types.SimpleNamespace(build=build, rocm_platform_module=rocm_platform_module)
 vllm_loader = LibraryFiles("vllm", "vllm.v1.attention.ops", GROUPS, build, _native_call_modules,
                            env_var="VLLM_SRC", option="--vllm-src")
+launches = types.SimpleNamespace(portable_launches=portable_launches)
 ''',
     "aiter": '''import types
 
@@ -166,7 +171,8 @@ def kernel_part(kernel: Kernel, import_path: str) -> KernelPart:
         return _library(kernel, library)
     if library is not None:
         raise NanfuzzError(f"nanfuzz export writes no standalone script for {import_path} yet (vllm:rocm_attn, "
-                           "vllm:triton_attn, aiter:* and the built-in kernels only); `nanfuzz replay` and the "
+                           "vllm:triton_attn, vllm:triton_attn_diffkv, vllm:rocm_segmented_attn, aiter:* and the "
+                           "built-in kernels only); `nanfuzz replay` and the "
                            "repro's own .py run it")
     return _user(import_path)
 

@@ -99,11 +99,11 @@ def _poison(kind: str, shape, dtype: torch.dtype, streams: _Streams) -> torch.Te
 
 def _cache(case: Case, which: str, values: torch.Tensor, live: torch.Tensor, poisoned: torch.Tensor,
            poison: dict, streams: _Streams):
-    """One cache ``[num_blocks, block_size, heads, head_size]`` from float64 live ``values``,
+    """One cache ``[num_blocks, block_size, heads, its head size]`` from float64 live ``values``,
     and its per-token-head scale cache (else None)."""
     g = case.geometry
     kv = case.kv_cache
-    shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
+    shape = values.shape
     hits = poisoned if which in poison["tensors"] else torch.zeros_like(poisoned)
     if not kv.quantized:
         dtype = TORCH_DTYPES[g.dtype]
@@ -155,8 +155,9 @@ def build_batch(case: Case, poison: dict, device: str, *, garbage_seed: int = 0,
     if poisoned:
         for block, offset in poison["slots"]:
             hit[block, offset] = not live[block, offset]
-    shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.head_size)
-    k_values, v_values = streams.uniform(streams.live, shape), streams.uniform(streams.live, shape)
+    slots = (g.num_blocks, g.block_size, g.num_kv_heads)
+    k_values = streams.uniform(streams.live, (*slots, g.head_size))
+    v_values = streams.uniform(streams.live, (*slots, g.v_head_size))
     q = (streams.uniform(streams.live, (case.num_tokens, g.num_q_heads, g.head_size)) * Q_SPREAD).to(dtype)
     sinks = (streams.uniform(streams.live, (g.num_q_heads,)) * 2.0).to(torch.float32) if case.sinks else None
     key_cache, k_scale_cache = _cache(case, "k", k_values, live, hit, poison, streams)
@@ -168,7 +169,7 @@ def build_batch(case: Case, poison: dict, device: str, *, garbage_seed: int = 0,
     kv = case.kv_cache
     new = []
     for cache, scales, scale in ((key_cache, k_scale_cache, kv.k_scale), (value_cache, v_scale_cache, kv.v_scale)):
-        rows = cache.view(-1, g.num_kv_heads, g.head_size)[slots].to(torch.float64)
+        rows = cache.view(-1, g.num_kv_heads, cache.shape[-1])[slots].to(torch.float64)
         if scales is not None:
             rows = rows * scales.view(-1, g.num_kv_heads)[slots].double()[..., None]
         elif kv.quantized:
@@ -199,6 +200,7 @@ def build_batch(case: Case, poison: dict, device: str, *, garbage_seed: int = 0,
         base, _ = _surround(tensor, before, after, _margin(name, tensor, case, streams, nan))
         bases[name] = base.to(device)
         views[name] = bases[name][before:before + tensor.shape[0]]
+    views["block_table"] = views["block_table"][:, :case.table_width]  # its trap columns beside it, as nanfuzz's
     return Batch(case=case, bases=bases, **views)
 
 
@@ -263,7 +265,7 @@ class Verdicts:
 def launch(run_kernel, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(output rows, the output's allocation): ``out`` is pre-filled with NaN, rows past it are guard rows."""
     g = batch.case.geometry
-    base = torch.full((batch.case.num_tokens + GUARD_ROWS, g.num_q_heads, g.head_size), float("nan"),
+    base = torch.full((batch.case.num_tokens + GUARD_ROWS, g.num_q_heads, g.v_head_size), float("nan"),
                       dtype=TORCH_DTYPES[g.dtype], device=batch.q.device)
     out = base[:batch.case.num_tokens]
     result = run_kernel(batch, out)

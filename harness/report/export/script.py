@@ -57,7 +57,8 @@ def case_literal(case: Case) -> str:
     return (f"Case(\n"
             f"        geometry=Geometry(num_q_heads={g.num_q_heads}, num_kv_heads={g.num_kv_heads}, "
             f"head_size={g.head_size}, block_size={g.block_size},\n"
-            f"                          num_blocks={g.num_blocks}, dtype={g.dtype!r}),\n"
+            f"                          num_blocks={g.num_blocks}, dtype={g.dtype!r}"
+            + (f", head_size_v={g.head_size_v}" if g.diff_kv else "") + "),\n"
             f"        sequences=(\n{sequences}        ),\n"
             f"        sliding_window={case.sliding_window}, causal={case.causal}, sinks={case.sinks}, "
             f"padding_block={case.padding_block}, data_seed={case.data_seed},\n"
@@ -156,7 +157,7 @@ def _top(record: dict, part: KernelPart, caps: Capabilities) -> str:
             f"{load}"
             f"def run_kernel(batch, out):\n"
             f"    \"\"\"The launch as nanfuzz's adapter makes it: ``batch`` holds the canonical inputs\n"
-            f"    (caches [num_blocks, block_size, num_kv_heads, head_size]), ``out`` the output rows.\"\"\"\n"
+            f"    (caches [num_blocks, block_size, num_kv_heads, head size]), ``out`` the output rows.\"\"\"\n"
             f"    {part.call}\n")
 
 
