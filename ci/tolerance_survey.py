@@ -1,6 +1,13 @@
-"""Calibrate and check MISMATCH's bound (harness/judge/tolerance.py) on a device.
+"""Calibrate and check MISMATCH's error model (harness/judge/tolerance.py) on a device.
 
-Two parts, each optional:
+Three parts, each optional:
+
+* **tiled** (``--tiled N``, on the CPU): the correct plain-torch kernels of
+  tests/tiled_attention.py, which compute as Triton kernels do, on N small and N
+  production-size batches each (rows to 128k keys, batches to 64 sequences) and on
+  rows of 128k keys; prints the worst rows per arithmetic and size tier, and how
+  many batches the same kernels with one planted bug fail.  This is where the
+  model's factors come from, at full production lengths, in minutes.
 
 * **survey**: fuzz campaigns of correct kernels (``--run "KERNEL [fuzz flags]"``,
   repeatable), one per dtype, through the CLI.  Each campaign's summary holds
@@ -14,7 +21,12 @@ Two parts, each optional:
 
     python ci/tolerance_survey.py --device cuda --jobs 14 --examples 10000 \\
         --run "paged_decode@masked" --run "vllm:triton_attn --causal-only" \\
+        --run "vllm:rocm_attn --no-window --size production" \\
         --planted-seeds 5 --json survey.json
+    python ci/tolerance_survey.py --tiled 40
+
+Every table is per arithmetic and size tier ("float16" is the small tier, "float16 production"
+the batches past it): examples, median, p99, p99.9, worst and bound of the passing examples.
 
 Run it from the repository root (tests/planted_errors.py is imported from there).
 """
@@ -76,7 +88,7 @@ def survey(runs: list[str], dtypes: tuple[str, ...], examples: int, jobs: int, d
     return so_far()
 
 
-def sensitivity(seeds: int, examples: int, device: str) -> list[dict]:
+def sensitivity(seeds: int, examples: int, device: str, size: str | None = None) -> list[dict]:
     sys.path.insert(0, os.getcwd())
     from nanfuzz.harness.campaign.runner import fuzz
     from nanfuzz.harness.campaign.settings import Settings
@@ -87,7 +99,7 @@ def sensitivity(seeds: int, examples: int, device: str) -> list[dict]:
         found = []
         for seed in range(seeds):
             settings = Settings(device=device, max_examples=examples, seed=seed, shrink=False,
-                                use_database=False, isolation=False)
+                                use_database=False, isolation=False, size=size)
             campaign = fuzz(kernel, settings)
             verdict = campaign.failure.verdict.value if campaign.failed else "PASS"
             found.append({"seed": seed, "verdict": verdict, "examples": campaign.examples_to_first_failure,
@@ -99,6 +111,48 @@ def sensitivity(seeds: int, examples: int, device: str) -> list[dict]:
     return rows
 
 
+def tiled(count: int) -> dict:
+    """The tiled kernels' worst rows per arithmetic and tier, and the planted kernels' catches."""
+    import dataclasses
+
+    import torch
+
+    sys.path.insert(0, os.getcwd())
+    from nanfuzz.harness.judge.accuracy import Accuracy, size_tier
+    from nanfuzz.reference.case import KVCache
+    from tests import tiled_attention
+    from tests.cases import consecutive_case
+
+    torch.set_num_threads(1)  # thousands of small steps a row: threads only contend
+    long_rows = []
+    for dtype, kv in (("float16", "auto"), ("bfloat16", "fp8_e4m3fn"), ("float32", "fp8_e5m2")):
+        case = consecutive_case([(1, 1 << 17), (4, 20_000)], q_heads=4, kv_heads=1, head_size=64, block_size=48,
+                                dtype=dtype, seed=3)
+        if kv != "auto":
+            case = dataclasses.replace(case, kv_cache=KVCache(kv, "tensor", 0.75, 1.25)).validate()
+        long_rows.append(case)
+    accuracy, failures, started = Accuracy(), [], time.perf_counter()
+    for kernel in tiled_attention.CORRECT:
+        cases = tiled_attention.drawn_cases(kernel, count, tier="small") + tiled_attention.drawn_cases(kernel, count)
+        cases += [c for c in long_rows if kernel.capabilities.unsupported(c) is None]
+        for case in cases:
+            errors, _ = tiled_attention.judged(kernel, case)
+            worst = float(errors.ratio.max()) if errors.ratio.numel() else 0.0
+            if errors.off().any():
+                failures.append({"kernel": kernel.name, "ratio": worst, "case": case.to_dict()})
+            accuracy.add({"max_error_ratio": worst, "arithmetic": errors.arithmetic, "bound": errors.bound,
+                          "tier": size_tier(case)})
+        print(f"{kernel.name}: {len(cases)} batches, {time.perf_counter() - started:.0f} s so far", flush=True)
+    print(accuracy.table(), flush=True)
+    caught = {}
+    for kernel in tiled_attention.PLANTED:
+        cases = tiled_attention.drawn_cases(kernel, count, at=1)
+        caught[kernel.name] = sum(bool(tiled_attention.judged(kernel, c)[0].off().any()) for c in cases)
+        print(f"{kernel.name}: MISMATCH in {caught[kernel.name]}/{len(cases)} production batches", flush=True)
+    print(f"correct kernels: {len(failures)} failing batch(es)", flush=True)
+    return {"accuracy": accuracy.to_dict(), "failures": failures, "planted_caught": caught}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="append", default=[], metavar='"KERNEL [FLAGS]"')
@@ -106,8 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=10_000)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--tiled", type=int, default=0, metavar="N",
+                        help="judge the tiled plain-torch kernels on N small and N production batches each (CPU)")
     parser.add_argument("--planted-seeds", type=int, default=0)
     parser.add_argument("--planted-examples", type=int, default=300)
+    parser.add_argument("--planted-size", choices=("small", "production", "mixed"), default=None,
+                        help="the planted campaigns' size tier (default: the device's)")
     parser.add_argument("--fuzz-arg", action="append", default=[], help="passed to every fuzz campaign")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
@@ -123,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         save(survey(args.run, tuple(args.dtypes.split(",")), args.examples, args.jobs, args.device,
                     args.fuzz_arg, save))
     if args.planted_seeds:
-        save(sensitivity(args.planted_seeds, args.planted_examples, args.device), "sensitivity")
+        save(sensitivity(args.planted_seeds, args.planted_examples, args.device, args.planted_size), "sensitivity")
+    if args.tiled:
+        save(tiled(args.tiled), "tiled")
     return 0
 
 

@@ -8,7 +8,10 @@ processed in chunks so that the gathered K/V stay within a memory budget.
 
 :func:`attend_in` computes the same attention in several arithmetics (the
 oracle's float64 and a kernel's own precision, reference/precision.py) from
-one gather per chunk; :func:`computed_in` is that for one arithmetic.
+one gather per chunk; :func:`computed_in` is that for one arithmetic.  Asked
+to, its float64 pass also measures what each row sums (:class:`Summands`),
+which bounds how far a correct kernel's rounding may move the row
+(harness/judge/tolerance.py).
 """
 from __future__ import annotations
 
@@ -45,6 +48,56 @@ def computed_in(batch: PagedBatch, arithmetic: Arithmetic) -> torch.Tensor:
     return attend_in(batch, (arithmetic,))[0]
 
 
+@dataclass(frozen=True)
+class Summands:
+    """What each output row is a sum of, measured from the live keys alone.
+
+    A row is ``o = sum_k p_k v_k`` over its allowed keys, ``p`` the softmax weights
+    (summing to 1).  A kernel rounds the terms of that sum, not the sum: each figure
+    here is the size of one kind of rounding's effect on the row, per element of the
+    head dimension (``[tokens, q_heads, v_head_size]``) unless said otherwise, for the
+    error model of harness/judge/tolerance.py:
+
+    - ``weighted_abs``: ``sum_k p_k |v_k|``, the row's magnitude before cancellation (``|o|``
+      can be far smaller, a mean of signed values): a relative rounding of the running sums
+      moves the row by that much;
+    - ``rounded_spread``: ``sqrt(sum p_k^2 v_k^2)`` over every key but the row's largest
+      weight: independent relative roundings of P (``exp(s - max)`` is exactly 1 for the
+      largest) move the row by about that much;
+    - ``value_spread``: the same over every key: independent roundings of V's values;
+    - ``score_spread``: ``sqrt(sum p_k^2 (v_k - o)^2)``: an independent change ``e`` of each
+      score moves each weight by ``p_k e`` and the row by about that much times ``e``;
+    - ``keys`` ``[tokens, q_heads]``: how many keys the row sums;
+    - ``score_scale`` ``[tokens, q_heads]``: ``scale x |q|_2 x max|k|``, what a score's relative
+      rounding scales with;
+    - ``products`` ``[tokens, q_heads]``: how many products a score sums (the head size).
+
+    The spreads come from float32 products: they size an allowance, they are not compared.
+    """
+
+    weighted_abs: torch.Tensor
+    rounded_spread: torch.Tensor
+    value_spread: torch.Tensor
+    score_spread: torch.Tensor
+    keys: torch.Tensor
+    score_scale: torch.Tensor
+    products: torch.Tensor
+
+    @classmethod
+    def empty(cls, tokens: int, heads: int, v_head_size: int, device) -> "Summands":
+        def rows() -> torch.Tensor:
+            return torch.empty(tokens, heads, v_head_size, dtype=torch.float64, device=device)
+
+        def per_row() -> torch.Tensor:
+            return torch.empty(tokens, heads, dtype=torch.float64, device=device)
+
+        return cls(rows(), rows(), rows(), rows(), per_row(), per_row(), per_row())
+
+    def fill(self, at: slice, part: "Summands") -> None:
+        for name in self.__dataclass_fields__:
+            getattr(self, name)[at] = getattr(part, name)
+
+
 def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
               lap: Callable[[int], None] | None = None) -> tuple[torch.Tensor, ...]:
     """The oracle's attention in each of ``arithmetics`` (float64 ``[num_tokens,
@@ -54,6 +107,20 @@ def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
     ``lap(i)`` is called when arithmetic ``i`` is done with a chunk: the work
     since the previous call (a chunk's gather, for the first) was its own.
     """
+    return _attend(batch, arithmetics, lap, None)
+
+
+def attend_and_measure(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
+                       lap: Callable[[int], None] | None = None) -> tuple[tuple[torch.Tensor, ...], Summands]:
+    """:func:`attend_in`, and each row's :class:`Summands`, measured in the first arithmetic's
+    pass (the oracle's float64, where the judges ask for it) and timed with it."""
+    case = batch.case
+    g = case.geometry
+    summands = Summands.empty(case.num_tokens, g.num_q_heads, g.v_head_size, batch.q.device)
+    return _attend(batch, arithmetics, lap, summands), summands
+
+
+def _attend(batch: PagedBatch, arithmetics: Sequence[Arithmetic], lap, summands: Summands | None):
     case = batch.case
     g = case.geometry
     device = batch.q.device
@@ -70,8 +137,12 @@ def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
         if starts[last] == starts[first]:
             continue
         live = _gather(batch, first, last, seq_of[starts[first]:starts[last]])
+        rows = slice(starts[first], starts[last])
         for i, (arithmetic, out) in enumerate(zip(arithmetics, outs)):
-            out[starts[first]:starts[last]] = live.attend(arithmetic)
+            measure = i == 0 and summands is not None
+            out[rows], measured = live.attend(arithmetic, measure)
+            if measure:
+                summands.fill(rows, measured)
             if lap is not None:
                 lap(i)
     return outs
@@ -91,17 +162,35 @@ class _Gathered:
     tok_seq: torch.Tensor       # [chunk tokens]: its sequence in the chunk
     tok_row: torch.Tensor       # [chunk tokens]: its query row in the sequence
 
-    def attend(self, arithmetic: Arithmetic) -> torch.Tensor:
+    def attend(self, arithmetic: Arithmetic, measure: bool = False) -> tuple[torch.Tensor, Summands | None]:
         """float64 ``[chunk tokens, num_q_heads, v_head_size]`` in ``arithmetic``, a step of query rows
-        at a time (each row's softmax is its own)."""
+        at a time (each row's softmax is its own), and with ``measure`` the rows' :class:`Summands`
+        from the same weights."""
         g = self.case.geometry
         n, max_q, max_len = self.allowed.shape
         rows = max(1, _SCORE_ELEMENTS // max(1, n * g.num_q_heads * max_len))
         with _ieee_float32_matmuls():
             steps = [_softmax_pv(self.q[:, r:r + rows], self.k, self.v, self.allowed[:, r:r + rows], self.case.scale,
-                                 self.sinks, arithmetic) for r in range(0, max_q, rows)]
-        out = steps[0] if len(steps) == 1 else torch.cat(steps, dim=1)
-        return out[self.tok_seq, self.tok_row].reshape(len(self.tok_seq), g.num_q_heads, g.v_head_size).double()
+                                 self.sinks, arithmetic, measure) for r in range(0, max_q, rows)]
+        out, *measured = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1) for parts in zip(*steps))
+        out = out[self.tok_seq, self.tok_row].reshape(len(self.tok_seq), g.num_q_heads, g.v_head_size).double()
+        return out, (self.measure(measured) if measure else None)
+
+
+    def measure(self, part: tuple[torch.Tensor, ...]) -> Summands:
+        """The chunk's rows' :class:`Summands`, from the per-row figures of its float64 pass
+        (``[n, max_q, hkv, group, ...]``) and the gathered queries and keys."""
+        g = self.case.geometry
+        key_max = self.k.abs().amax(dim=(1, 3))[:, None, :, None]                              # [n, 1, hkv, 1]
+        score_scale = self.case.scale * self.q.norm(dim=-1) * key_max                          # [n, q, hkv, g]
+        keys = self.allowed.sum(dim=-1).double()[:, :, None, None].expand_as(score_scale)
+
+        def rows_of(x: torch.Tensor) -> torch.Tensor:
+            x = x[self.tok_seq, self.tok_row]
+            return x.reshape(len(self.tok_seq), g.num_q_heads, *x.shape[3:]).double()
+
+        products = torch.full_like(score_scale, self.q.shape[-1])
+        return Summands(*(rows_of(x) for x in part), rows_of(keys), rows_of(score_scale), rows_of(products))
 
 
 def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gathered:
@@ -189,10 +278,9 @@ class _IeeeMatmuls:
 _ieee_float32_matmuls = _IeeeMatmuls()
 
 
-def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic) -> torch.Tensor:
-    """softmax(scale * q.k) v over the allowed keys, in ``arithmetic``: ``[n, max_q, hkv, group, dv]``."""
-    acc = arithmetic.accumulate
-    q, k, v = (arithmetic.operand(x.to(acc)) for x in (q, k, v))
+def _softmax_weights(q, k, allowed, scale, sinks, acc: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``p = exp(score - max)`` over the allowed keys ``[n, hkv, group, max_q, max_len]`` and its
+    denominator ``[n, hkv, group, max_q, 1]`` (the sink's term included), in ``acc``."""
     scores = torch.einsum("sqhgd,slhd->shgql", q, k) * scale                   # [n, hkv, group, max_q, max_len]
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
     m = scores.amax(dim=-1, keepdim=True)
@@ -205,5 +293,39 @@ def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic) -> torch
     denom = p.sum(dim=-1, keepdim=True)
     if sink is not None:
         denom = denom + torch.exp(sink - m)
-    out = torch.einsum("shgql,slhe->sqhge", arithmetic.probabilities(p), v) / denom.permute(0, 3, 1, 2, 4)
-    return arithmetic.output(out)
+    return p, denom
+
+
+def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic, measure: bool = False
+                ) -> tuple[torch.Tensor, ...]:
+    """softmax(scale * q.k) v over the allowed keys, in ``arithmetic``: ``([n, max_q, hkv, group, dv],)``;
+    with ``measure``, also the rows' summands from the same weights (:func:`_spreads`)."""
+    acc = arithmetic.accumulate
+    q, k, v = (arithmetic.operand(x.to(acc)) for x in (q, k, v))
+    p, denom = _softmax_weights(q, k, allowed, scale, sinks, acc)
+    per_row = denom.permute(0, 3, 1, 2, 4)                                     # [n, max_q, hkv, group, 1]
+    out = torch.einsum("shgql,slhe->sqhge", arithmetic.probabilities(p), v) / per_row
+    if not measure:
+        return (arithmetic.output(out),)
+    return (arithmetic.output(out), *_spreads(p / denom, v, out))
+
+
+def _spreads(p: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """From normalised weights ``p`` ``[n, hkv, group, max_q, max_len]``, values ``v`` and the rows
+    ``out``: ``sum p|v|``, and the spreads of :class:`Summands` (``[n, max_q, hkv, group, dv]`` each)."""
+    p32, v32 = p.float(), v.float()
+    squared = p32 * p32
+    weighted_abs = torch.einsum("shgql,slhe->sqhge", p32, v32.abs())
+    square_sum = torch.einsum("shgql,slhe->sqhge", squared, v32 * v32)       # sum p^2 v^2
+    first_sum = torch.einsum("shgql,slhe->sqhge", squared, v32)               # sum p^2 v
+    weight_sum = squared.sum(dim=-1).permute(0, 3, 1, 2)[..., None]          # sum p^2
+    largest, at = p32.max(dim=-1)                                             # [n, hkv, group, max_q]
+    n, max_len, hkv, dv = v.shape
+    rows = at.permute(0, 3, 1, 2)                                             # [n, max_q, hkv, group]
+    v_at = v32[torch.arange(n, device=v.device)[:, None, None, None], rows,
+               torch.arange(hkv, device=v.device)[None, None, :, None]]       # [n, max_q, hkv, group, dv]
+    top = (largest.permute(0, 3, 1, 2)[..., None] * v_at) ** 2
+    o = out.float()
+    rounded = (square_sum - top).clamp_min(0).sqrt()
+    around = (square_sum - 2 * o * first_sum + o * o * weight_sum).clamp_min(0).sqrt()
+    return weighted_abs, rounded, square_sum.sqrt(), around

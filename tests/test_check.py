@@ -114,7 +114,7 @@ def test_a_device_fault_met_by_the_oracle_is_the_poisoned_runs_crash_and_our_own
     def faulting_oracle(*args, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    monkeypatch.setattr(checking, "attend_in", faulting_oracle)
+    monkeypatch.setattr(checking, "attend_and_measure", faulting_oracle)
     outcome = check(torch_kernel(), WINDOWED, "cpu")
     assert outcome.verdict is Verdict.CRASH and outcome.fatal
     assert outcome.summary.startswith("CRASH on the poisoned run: RuntimeError: CUDA error: an illegal memory")
@@ -122,7 +122,7 @@ def test_a_device_fault_met_by_the_oracle_is_the_poisoned_runs_crash_and_our_own
     def broken_oracle(*args, **kwargs):
         raise ValueError("a bug of the oracle's own")
 
-    monkeypatch.setattr(checking, "attend_in", broken_oracle)
+    monkeypatch.setattr(checking, "attend_and_measure", broken_oracle)
     with pytest.raises(ValueError, match="oracle's own"):  # never blamed on the kernel
         check(torch_kernel(), WINDOWED, "cpu")
 
@@ -134,7 +134,7 @@ def test_an_oracle_error_after_a_faulted_run_reports_the_fault_and_without_one_i
     def oracle_on_a_dead_context(*args, **kwargs):
         raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`")
 
-    monkeypatch.setattr(checking, "attend_in", oracle_on_a_dead_context)
+    monkeypatch.setattr(checking, "attend_and_measure", oracle_on_a_dead_context)
     with pytest.raises(RuntimeError, match="CUBLAS_STATUS_NOT_INITIALIZED"):  # the run itself was fine
         check(torch_kernel(), WINDOWED, "cpu")
 

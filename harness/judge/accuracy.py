@@ -1,11 +1,12 @@
-"""How close passing outputs came to MISMATCH's bound: a histogram per arithmetic.
+"""How close passing outputs came to MISMATCH's bound: a histogram per arithmetic and size tier.
 
-Every PASS carries its worst row's error in units of the same-precision
-reference's error (``max_error_ratio``, harness/judge/tolerance.py).  An
-:class:`Accuracy` tallies those per arithmetic ("bfloat16", "float32/tf32")
-in quarter-octave bins, so a campaign can say "fp16: median 0.9x, 99.9th
-percentile 2.1x, worst 2.8x, bound 4x", jobs can merge their tallies, and the
-bound itself is calibrated from these figures (see docs/error-model.md).
+Every PASS carries its worst row's error in units of what a correct kernel of
+its arithmetic may be off (``max_error_ratio``, harness/judge/tolerance.py).  An
+:class:`Accuracy` tallies those per arithmetic ("bfloat16", "float32/tf32") and
+size tier (small batches, production ones: ``size_tier``) in quarter-octave
+bins, so a campaign can say "fp16 production: median 0.4x, 99.9th percentile
+0.9x, worst 1.1x, bound 2.5x", jobs can merge their tallies, and the bound
+itself is calibrated from these figures (docs/error-model.md).
 """
 from __future__ import annotations
 
@@ -14,8 +15,23 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 _BINS_PER_OCTAVE = 4
+TIERS = ("small", "production")
+# The small tier's batches: up to 16 sequences of up to 512 keys (strategies.cases.Size at its
+# largest blocks); anything larger is production size, where rows are long and many.
+_SMALL_SEQUENCES, _SMALL_KEYS = 16, 512
 _ZERO_BIN = -10**6   # ratio 0 (an exact row): below every bin of a positive ratio
 QUANTILES = (0.5, 0.99, 0.999)
+
+
+def size_tier(case) -> str:
+    """"small" or "production": how large ``case``'s batch is, for the tallies."""
+    small = len(case.sequences) <= _SMALL_SEQUENCES and case.max_seq_len <= _SMALL_KEYS
+    return TIERS[0] if small else TIERS[1]
+
+
+def tally_name(arithmetic: str, tier: str) -> str:
+    """A tally's name: the arithmetic, and the tier when it is not the small one ("float16 production")."""
+    return arithmetic if tier == TIERS[0] else f"{arithmetic} {tier}"
 
 
 def _bin(ratio: float) -> int:
@@ -56,7 +72,8 @@ class Accuracy:
         ratio = evidence.get("max_error_ratio")
         if ratio is None:
             return
-        tally = self.tallies.setdefault(evidence["arithmetic"], Tally(bound=evidence["bound"]))
+        name = tally_name(evidence["arithmetic"], evidence.get("tier", TIERS[0]))
+        tally = self.tallies.setdefault(name, Tally(bound=evidence["bound"]))
         tally.examples += 1
         tally.worst = max(tally.worst, ratio)
         tally.bins[_bin(ratio)] += 1
@@ -70,7 +87,8 @@ class Accuracy:
         return self
 
     def highest(self) -> dict | None:
-        """The passing example that came closest to its bound: ``{"arithmetic", "ratio", "bound"}``."""
+        """The tally whose worst passing example came closest to its bound: ``{"arithmetic", "ratio", "bound"}``
+        (``arithmetic`` is the tally's name: the arithmetic and, past the small tier, the tier)."""
         if not self.tallies:
             return None
         name, tally = max(self.tallies.items(), key=lambda item: item[1].worst / item[1].bound)
@@ -96,7 +114,7 @@ class Accuracy:
     def table(self) -> str:
         if not self.tallies:
             return "accuracy: no passing example"
-        lines = ["accuracy of passing examples: worst row's error in units of the same-precision reference's"]
+        lines = ["accuracy of passing examples: worst row's error in units of what a correct kernel may be off"]
         header = ("arithmetic", "examples", "median", "p99", "p99.9", "worst", "bound")
         rows = [header] + [(name, str(t.examples), *(f"{t.quantile(q):.2f}x" for q in QUANTILES),
                             f"{t.worst:.2f}x", f"{t.bound:g}x") for name, t in sorted(self.tallies.items())]

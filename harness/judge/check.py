@@ -25,6 +25,7 @@ from nanfuzz.harness.judge.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.judge.outcome import Outcome, Verdict, crash as _crash, device_fault as _device_fault
 from nanfuzz.harness.judge.paths import recording_launches
 from nanfuzz.harness.judge.runs import await_runs as _await_runs, digest, launch, no_events, refuse_if_too_large
+from nanfuzz.harness.judge.accuracy import size_tier
 from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
 from nanfuzz.harness.judge.large import refuse_large_if_too_large
 from nanfuzz.harness.judge.pool import process_pool
@@ -37,7 +38,7 @@ from nanfuzz.reference.device_build import build_on_device, refill
 from nanfuzz.reference import layouts
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import build_on_host, refill_dead_slots
-from nanfuzz.reference.oracle import attend_in
+from nanfuzz.reference.oracle import attend_and_measure
 from nanfuzz.reference.precision import FLOAT64, same_precision
 from nanfuzz.reference.redzones import clone_together, shared_buffer
 
@@ -206,8 +207,10 @@ class CaseCheck:
             t0 = now
 
         try:
-            self.reference, yardstick = attend_in(self.pristine, (FLOAT64, same_precision(g.dtype, precision)), lap)
-            self.errors = row_errors(self.result.double(), self.reference, yardstick, g.dtype, precision)
+            (self.reference, yardstick), summands = attend_and_measure(
+                self.pristine, (FLOAT64, same_precision(g.dtype, precision)), lap)
+            self.errors = row_errors(self.result.double(), self.reference, yardstick, summands, g.dtype, precision,
+                                     self.case.kv_cache.quantized)
         except BaseException as exc:
             if _device_fault(exc):  # the poisoned run's fault, met where the oracle first waits for the device
                 return _crash(exc, "on the poisoned run")
@@ -267,7 +270,8 @@ class CaseCheck:
         if mismatches:
             return self._mismatch()
         return Outcome(Verdict.PASS, "PASS", {"max_abs_error": max_error, "max_error_ratio": max_ratio,
-                                              "arithmetic": self.errors.arithmetic, "bound": self.errors.bound})
+                                              "arithmetic": self.errors.arithmetic, "bound": self.errors.bound,
+                                              "tier": size_tier(case)})
 
     def _reads(self, outcome: Outcome) -> Outcome:
         t0 = time.perf_counter()  # mapping the traced loads is verdict time
@@ -352,9 +356,10 @@ class CaseCheck:
         ev.update(_worst_row(errors, self.result64, self.reference))
         return Outcome(Verdict.MISMATCH,
                        f"MISMATCH: {ev['bad_rows']}/{ev['total_rows']} output rows off the oracle beyond the bound; "
-                       f"worst token {ev['worst'][0]} head {ev['worst'][1]}: {ev['ratio']:.3g}x the {errors.arithmetic} "
-                       f"reference's error, bound {errors.bound:g}x (error {ev['max_abs_error']:.3g} vs "
-                       f"{ev['reference_error']:.3g}; element {ev['worst'][2]}: {ev['worst_value']:.6g}, "
+                       f"worst token {ev['worst'][0]} head {ev['worst'][1]}: {ev['ratio']:.3g}x what a correct "
+                       f"{errors.arithmetic} kernel may be off, bound {errors.bound:g}x (error {ev['max_abs_error']:.3g} vs "
+                       f"{ev['yardstick']:.3g}: the reference's error {ev['reference_error']:.3g} + rounding allowance "
+                       f"{ev['allowance']:.3g}; element {ev['worst'][2]}: {ev['worst_value']:.6g}, "
                        f"expected {ev['worst_expected']:.6g})", ev, digest(self.result))
 
     def _explain(self, outcome: Outcome) -> None:
@@ -380,6 +385,8 @@ def _worst_row(errors, result64: torch.Tensor, reference: torch.Tensor) -> dict:
     d = int(torch.argmax(row))
     return {"worst": [t, h, d], "ratio": float(ratio[t, h]), "bound": errors.bound, "arithmetic": errors.arithmetic,
             "max_abs_error": float(errors.kernel[t, h]), "reference_error": float(errors.reference[t, h]),
+            "yardstick": float(errors.denominator[t, h]),
+            "allowance": float(errors.denominator[t, h] - errors.reference[t, h]),
             "worst_value": float(result64[t, h, d]), "worst_expected": float(reference[t, h, d])}
 
 

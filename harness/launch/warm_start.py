@@ -52,7 +52,7 @@ def attend_tiny_case(kernel, device):
     from nanfuzz.reference.batch import PagedBatch
     from nanfuzz.reference.case import Case, Geometry, Sequence
     from nanfuzz.reference.materialize import build_on_host
-    from nanfuzz.reference.oracle import attend_in
+    from nanfuzz.reference.oracle import attend_and_measure
     from nanfuzz.reference.precision import FLOAT64, same_precision
     from nanfuzz.reference.redzones import Allocation
 
@@ -65,8 +65,8 @@ def attend_tiny_case(kernel, device):
     # pinned buffer, which the check running beside this thread is filling.
     batch = PagedBatch.from_allocations(case, {name: Allocation(a.base.to(device), a.index)
                                                for name, a in host.allocations.items()})
-    reference, yardstick = attend_in(batch, (FLOAT64, same_precision(dtype, precision)))
-    return row_errors(reference, reference, yardstick, dtype, precision)
+    (reference, yardstick), summands = attend_and_measure(batch, (FLOAT64, same_precision(dtype, precision)))
+    return row_errors(reference, reference, yardstick, summands, dtype, precision)
 
 
 hash_triton()  # on import: the fork server imports this module before it forks anything

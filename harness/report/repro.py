@@ -177,7 +177,7 @@ VERDICT_MEANINGS = {
     Verdict.CRASH: "the kernel raised, or its launch failed",
     Verdict.NONFINITE: "output rows hold NaN/Inf where the oracle is finite",
     Verdict.LEAK: "the output changes when only dead-slot contents change",
-    Verdict.MISMATCH: "a finite output row is off the float64 oracle by more than the bound times a same-precision reference's error",
+    Verdict.MISMATCH: "a finite output row is off the float64 oracle by more than the bound times what a correct kernel of its arithmetic may be off (a same-precision reference's error plus a rounding allowance)",
     Verdict.CLOBBER: "the kernel wrote outside its output rows or into its inputs",
     Verdict.DEAD_READ: "the kernel's loads addressed dead slots, though their values never reached the output "
                        "(a finding under --strict-reads)",

@@ -22,7 +22,7 @@ from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.materialize import TORCH_DTYPES
-from nanfuzz.reference.oracle import attend_in
+from nanfuzz.reference.oracle import attend_and_measure
 from nanfuzz.reference.precision import FLOAT64, same_precision
 from nanfuzz.reference.redzones import CACHE_BLOCKS_AFTER, CACHE_BLOCKS_BEFORE, TABLE_EXTRA_COLUMNS, TOKEN_ROWS_AFTER
 from nanfuzz.reference.quantization import (ENCODINGS, finite_codes, garbage_scales, hostile_codes, hostile_scales,
@@ -305,7 +305,7 @@ def judge(run_kernel, case: Case, poison: dict, device: str, *, precision: str =
     out, out_base = launch(run_kernel, poisoned)
     interpreter = out.device.type == "cpu"
     arithmetic = same_precision(g.dtype, effective_precision(precision, interpreter))
-    oracle, same = attend_in(reference, (FLOAT64, arithmetic))
+    (oracle, same), summands = attend_and_measure(reference, (FLOAT64, arithmetic))
     result = out.double()
     findings = []
     oracle_finite = torch.isfinite(oracle).all(dim=-1)
@@ -330,12 +330,13 @@ def judge(run_kernel, case: Case, poison: dict, device: str, *, precision: str =
         written.append("the output's guard rows")
     if written:
         findings.append(Finding("CLOBBER", "the kernel wrote outside its output rows: " + ", ".join(written)))
-    errors = row_errors(result, oracle, same, g.dtype, effective_precision(precision, interpreter))
+    errors = row_errors(result, oracle, same, summands, g.dtype,
+                        effective_precision(precision, interpreter), case.kv_cache.quantized)
     off = errors.off() & torch.isfinite(result).all(dim=-1) & oracle_finite
     if off.any():
         worst = float(errors.ratio[off].max())
         findings.append(Finding("MISMATCH", f"{int(off.sum())} finite output row(s) off the float64 reference by up "
-                                            f"to {worst:.3g}x the {errors.arithmetic} reference's error (bound "
+                                            f"to {worst:.3g}x what a correct {errors.arithmetic} kernel may be off (bound "
                                             f"{errors.bound:g}x)\n" + _shown_rows(off, out, oracle, case)))
     if not math.isfinite(float(oracle.abs().sum())):
         findings.append(Finding("ERROR", "the float64 reference itself is not finite: the case is not valid"))
