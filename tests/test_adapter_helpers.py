@@ -152,9 +152,13 @@ def test_a_kernel_file_that_needs_more_than_the_stand_ins_is_one_clear_error(tre
 
 
 def _contract(readme: str) -> str:
-    """README's adapter contract: from "The contract:" to the capabilities table."""
+    """README's adapter contract: from "The contract:" to the capabilities table; and the adapter
+    contract's page among the docs, where the README's sections move to."""
+    from pathlib import Path
+
     start = readme.index("The contract:")
-    return readme[start:readme.index("| field |", start)]
+    page = Path(__file__).resolve().parent.parent / "docs" / "adapters.md"
+    return readme[start:readme.index("| field |", start)] + (page.read_text() if page.is_file() else "")
 
 
 def _unlisted(text: str, names) -> list[str]:

@@ -43,6 +43,7 @@ LIBRARY_PARTS = {
     "vllm": (
         ("reference.layouts", ("Scheduled", "scheduled"), ()),
         ("reference.windows", ("window_size",), ()),
+        ("harness.device", None, ()),
         ("harness.adapters.standins", None, ()),
         ("harness.adapters.vllm_standins", None, ()),
         ("harness.adapters.loader", ("KernelModule",), ()),
@@ -52,6 +53,7 @@ LIBRARY_PARTS = {
     "aiter": (
         ("reference.layouts", ("Scheduled", "scheduled"), ()),
         ("reference.windows", ("window_size",), ()),
+        ("harness.device", None, ()),
         ("harness.adapters.standins", None, ()),
         ("harness.adapters.aiter_standins", None, ()),
         ("harness.adapters.loader", ("KernelModule",), ()),
