@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size", choices=("small", "production", "mixed"),
                    help="the size tier every shard draws (default: each kernel's own, else mixed on a GPU and small "
                         "under the interpreter)")
+    p.add_argument("--window-only", action="store_true",
+                   help="every shard draws only cases with a sliding window (name the kernels that take one with "
+                        "--kernel)")
     p.add_argument("--min-examples", type=int, metavar="N",
                    help="examples each kernel must reach, over its shards, for a PASS; fewer is INCOMPLETE, not green "
                         "(default: 300 on a GPU, 10 under the interpreter, at most what --max-examples allows)")
@@ -326,7 +329,7 @@ def _gate(args) -> int:
     plan = Plan(device=workers.device, profile=profile.name, kernels=kernels, slots=slots,
                 deadline=started + budget - finish_reserve(budget), max_examples=args.max_examples,
                 state_dir=str(state_dir), work_dir=str(work), example_db=example_db, shard=shard, shards=shards,
-                runner=runner, size=args.size)
+                runner=runner, size=args.size, window_only=args.window_only)
     plan_path = work / "plan.json"
     plan.write(plan_path)
     database = (f"{store.shown}, with {plan.examples_dir} in front" if store is not None and store.layered
