@@ -25,6 +25,10 @@ def _sized_by_the_device(batch, out):
     return attention(batch, out)
 
 
+sized_by_the_device = Kernel("torch@h200-sized", _sized_by_the_device, CAPS,
+                             spec="tests.test_device_properties:sized_by_the_device")
+
+
 def test_an_mi355x_by_default():
     props = device_properties()
     assert (props.name, props.arch, props.compute_units, props.capability, props.is_hip) == (
@@ -39,6 +43,22 @@ def test_the_kernel_s_declaration_is_what_its_launches_see():
     outcome = check(undeclared, CASE, "cpu")
     assert outcome.verdict.value == "CRASH" and "sized for AMD Instinct MI355X" in outcome.summary
     assert device_properties().name == MI355X.name  # the declaration ends with the launch
+
+
+def test_the_declaration_travels_to_the_worker_and_the_jobs(tmp_path):
+    """A Kernel declared with ``dataclasses.replace`` resolves undeclared by its import path in a
+    supervised worker or a job's process; the declaration goes with it."""
+    import dataclasses
+
+    from nanfuzz.harness.campaign.jobs import fuzz_parallel
+    from nanfuzz.harness.campaign.runner import fuzz
+
+    declared = dataclasses.replace(sized_by_the_device, stands_in_for=H200)
+    alone = fuzz(declared, device="cpu", max_examples=2, seed=1, use_database=False, state_dir=tmp_path / "a")
+    assert alone.examples == 2 and not alone.failed, alone.failure.summary
+    jobs = fuzz_parallel(declared, device="cpu", max_examples=2, seed=1, jobs=2, use_database=False,
+                         state_dir=tmp_path / "j")
+    assert jobs.examples == 2 and not jobs.failed, jobs.failure.summary
 
 
 def test_every_library_s_stand_ins_answer_for_the_stood_in_device():
