@@ -283,7 +283,8 @@ def _settings(args, device: str):
     from nanfuzz.harness.campaign.settings import Settings
 
     options = dict(device=device, state_dir=_path(args.state_dir), vllm_src=args.vllm_src,
-                   aiter_src=args.aiter_src, fa_src=args.fa_src, sglang_src=args.sglang_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
+                   aiter_src=args.aiter_src, fa_src=args.fa_src, sglang_src=args.sglang_src,
+                   lmdeploy_src=args.lmdeploy_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
     if args.command == "fuzz":
         options.update(repro_dir=_path(args.repro_dir), profile=args.profile, max_examples=args.max_examples,
                        time_budget=args.time_budget, seed=args.seed, shrink=not args.no_shrink,

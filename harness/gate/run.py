@@ -31,7 +31,7 @@ from pathlib import Path
 
 from nanfuzz.harness.adapters.sources import add_source_options
 from nanfuzz.harness.gate.plan import PLAN_ENV, SLOT_ENV, Plan
-from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.errors import NanfuzzError, UnsupportedHere
 
 # the pytest module each worker runs: one test per kernel (harness.gate.campaigns)
 CAMPAIGN_TESTS = Path(__file__).resolve().parent / "campaigns.py"
@@ -40,9 +40,11 @@ VLLM_KERNELS = ("vllm:rocm_attn", "vllm:triton_attn", "vllm:triton_mla")
 AITER_KERNELS = ("aiter:unified_attention", "aiter:pa_decode", "aiter:pa_prefill", "aiter:chunked_pa_prefill")
 SGLANG_KERNELS = ("sglang:decode", "sglang:extend")
 FA_KERNELS = ("fa_amd:kvcache",)
+LMDEPLOY_KERNELS = ("lmdeploy:decode", "lmdeploy:decode@block", "lmdeploy:prefill")
 # A kernel library's source tree: the option, its environment variable, the kernels it adds by default.
 LIBRARY_SOURCES = (("vllm_src", "NANFUZZ_VLLM_SRC", VLLM_KERNELS), ("aiter_src", "NANFUZZ_AITER_SRC", AITER_KERNELS),
-                   ("sglang_src", "NANFUZZ_SGLANG_SRC", SGLANG_KERNELS), ("fa_src", "NANFUZZ_FA_SRC", FA_KERNELS))
+                   ("sglang_src", "NANFUZZ_SGLANG_SRC", SGLANG_KERNELS), ("fa_src", "NANFUZZ_FA_SRC", FA_KERNELS),
+                   ("lmdeploy_src", "NANFUZZ_LMDEPLOY_SRC", LMDEPLOY_KERNELS))
 MIN_BUDGET = 5.0  # seconds; below it not even one example fits beside the workers' start-up
 
 
@@ -61,7 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kernel", action="append", default=[], metavar="NAME",
                    help="kernel to gate (repeatable): family@variant, vllm:rocm_attn, aiter:unified_attention (see "
                         "nanfuzz list) or package.module:callable (default: the fixed built-in variants, plus vllm:*, "
-                        "aiter:*, sglang:* and fa_amd:* when that library's source is configured)")
+                        "aiter:*, sglang:*, fa_amd:* and lmdeploy:* when that library's source is configured)")
     add_source_options(p)
     p.add_argument("--profile", choices=("pr-gate", "nightly"), default="pr-gate",
                    help="campaign profile (default pr-gate)")
@@ -149,12 +151,19 @@ def default_grace(budget: float) -> float:
 def choose_kernels(names: list[str], device: str) -> list[str]:
     from nanfuzz.harness.registry import builtin_kernels, resolve
 
-    if not names:
+    defaults = not names
+    if defaults:
         names = [k.name for k in builtin_kernels().values() if k.expect == "pass"]
         names += [name for _, env_var, kernels in LIBRARY_SOURCES if os.environ.get(env_var) for name in kernels]
     chosen = []
     for name in dict.fromkeys(names):
-        kernel = resolve(name, **library_sources())
+        try:
+            kernel = resolve(name, **library_sources())
+        except UnsupportedHere as exc:
+            if not defaults:
+                raise
+            print(f"nanfuzz gate: left out {name}: {exc}", file=sys.stderr, flush=True)
+            continue
         caps = kernel.capabilities
         if device == "cpu" and not caps.runnable_dtypes(interpreter=True):
             raise GateUsageError(f"kernel {name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's "

@@ -53,6 +53,7 @@ class WorkerSpec:
     aiter_src: str | None = None
     fa_src: str | None = None
     sglang_src: str | None = None
+    lmdeploy_src: str | None = None
     cuda_index: int | None = None
     strict_reads: bool = False  # see check(strict_reads=...)
     import_root: str | None = None  # a user kernel's: see resolve(import_root=...)
@@ -69,7 +70,7 @@ class WorkerSpec:
 
             torch.cuda.set_device(self.cuda_index)
         kernel = resolve(self.kernel, vllm_src=self.vllm_src, aiter_src=self.aiter_src, fa_src=self.fa_src,
-                         sglang_src=self.sglang_src, import_root=self.import_root)
+                         sglang_src=self.sglang_src, lmdeploy_src=self.lmdeploy_src, import_root=self.import_root)
         return kernel if self.stands_in_for is None else dataclasses.replace(kernel, stands_in_for=self.stands_in_for)
 
 
