@@ -52,6 +52,9 @@ LIBDEVICE_MATH = {
     "abs": np.abs, "fabs": np.abs, "pow": np.power, "fmax": np.fmax, "fmin": np.fmin,
     "fdivide": np.divide, "div_rn": np.divide, "fdiv_rn": np.divide,
 }
+# Grid dependency control (PDL): a hint and a wait between launches on a GPU, which Triton builds
+# from its semantic (3.9) or inline assembly (3.7); nothing to do where launches run one by one.
+_GRID_DEPENDENCY_CONTROL = frozenset({"gdc_wait", "gdc_launch_dependents"})
 # Modules of triton.language.extra whose builtins a kernel calls by their full name.
 _EXTRA_MODULES = ("triton.language.extra.cuda", "triton.language.extra.cuda.libdevice",
                   "triton.language.extra.cuda.gdc", "triton.language.extra.hip", "triton.language.extra.hip.libdevice")
@@ -112,8 +115,14 @@ def _with_interpreter_semantic(builtin, name: str) -> Callable:
     return call
 
 
+def _nothing_to_wait_for(*_args, **_kwargs) -> None:
+    """Grid dependency control under the interpreter: one launch ends before the next begins."""
+
+
 def _rebound(builtin, owners) -> Callable:
     name = _full_name(builtin)
+    if getattr(builtin, "__name__", "") in _GRID_DEPENDENCY_CONTROL:
+        return _nothing_to_wait_for
     fallback = _with_interpreter_semantic(builtin, name)
     if id(builtin) not in owners:
         return fallback
@@ -209,15 +218,11 @@ def _patch_extra_builtins() -> list[tuple[object, str, object]]:
         saved.append((owner, name, owner.__dict__.get(name, _ABSENT)))
         setattr(owner, name, value)
 
-    builder = type(interpreter.interpreter_builder)
-    put(builder, "create_extern_elementwise", _extern_elementwise)
-    for name in ("create_grid_dependency_wait", "create_grid_dependency_launch_dependents"):
-        if not hasattr(builder, name):
-            put(builder, name, lambda self: None)  # one launch ends before the next begins
+    put(type(interpreter.interpreter_builder), "create_extern_elementwise", _extern_elementwise)
     for module in _extra_modules():
         for name, value in list(vars(module).items()):
             if _is_builtin(value):
-                put(module, name, _with_interpreter_semantic(value, _full_name(value)))
+                put(module, name, _rebound(value, {}))
     return saved
 
 
