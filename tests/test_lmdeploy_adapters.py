@@ -26,7 +26,7 @@ from nanfuzz.harness.judge import encodings
 from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.kernels._common import INTERPRETED
 from nanfuzz.harness.registry import resolve
-from nanfuzz.reference.case import KVCache
+from nanfuzz.reference.case import KVCache, Poison, PoisonSite
 from nanfuzz.reference.errors import NanfuzzError
 from tests.cases import consecutive_case
 
@@ -129,6 +129,15 @@ def test_the_split_count_and_pdl_follow_the_stood_in_gpu():
     assert all("USE_PDL=True" in spec for specs in outcome.paths.values() for spec in specs)
 
 
+def test_a_control_with_only_unreachable_slots_poisoned_passes():
+    """The null block, the padding entry's block and a block no table holds hold NaN in K and V; the
+    tail the kernel loads holds finite garbage, which p = 0 weighs to nothing: no false alarm."""
+    case = consecutive_case(seqs=[(1, 20), (1, 9)], q_heads=2, kv_heads=1, window=6,
+                            poison=Poison(tensors="kv", sites=(PoisonSite(0), PoisonSite(4))))
+    outcome = check(kernel("lmdeploy:decode"), case, DEVICE)
+    assert outcome.verdict.value == "PASS", outcome.summary
+
+
 # -- the findings, and their root causes ------------------------------------------------
 
 def test_the_decode_weighs_the_tail_s_v_by_zero(tmp_path):
@@ -163,12 +172,28 @@ def test_the_fp8_decode_weighs_the_tail_s_v_by_zero(tmp_path):
 def test_the_block_decode_of_a_quantized_cache_reads_the_wrong_queries():
     """_fwd_grouped_split_quant_kernel (pagedattention.py:267) has no seq_len: with a dLLM's block of
     new tokens per request it reads request b's query at token b (:363), writes its partials at token
-    b (:560) and leaves the other tokens' scratch unwritten, under the grid :888-891 sizes for the
-    block.  The same batch over an unquantized cache passes (the test above)."""
+    b (:560) and leaves the other tokens' scratch (``q.new_empty``, :910) unwritten, under the grid
+    :888-891 size for the block.  What the merge then reads is whatever that memory held, so the
+    verdict is NONFINITE, NONDETERMINISTIC or MISMATCH by the allocator's mood, which a repro on
+    file could not keep: this test is its regression.  The same batch over an unquantized cache
+    passes (test_the_block_decode_reads_every_key_of_its_block)."""
     case = consecutive_case(seqs=[(4, 32), (4, 16)], q_heads=2, kv_heads=1, causal=False)
     outcome = check(kernel("lmdeploy:decode@block"), fp8(case), DEVICE)
-    assert outcome.verdict.value in ("NONFINITE", "MISMATCH"), outcome.summary
+    assert outcome.verdict.value in ("NONFINITE", "NONDETERMINISTIC", "MISMATCH"), outcome.summary
     assert "_fwd_grouped_split_quant_kernel" in outcome.paths
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="a GPU of 4 compute units is a stand-in of a CPU run")
+def test_the_split_count_is_a_negative_shift_where_head_tiles_outnumber_the_gpu_s_programs():
+    """pagedattention.py:675-676: SPLIT_K = cdiv(cta_per_device // head_grid, ...) is 0 where a request's
+    head tiles outnumber the programs lmdeploy expects the GPU to run at once, and ``1 << (0).bit_length()
+    - 1`` raises.  6 query heads times a block of 11 tokens are 5 tiles of 16, one more than 4 compute
+    units run; an MI355X runs 256, which no case within the declared 128 query heads and 32-token
+    blocks outnumbers, so only a smaller GPU meets it (the tests here stand in for one)."""
+    case = consecutive_case(seqs=[(11, 11)], q_heads=6, kv_heads=1, causal=False)
+    outcome = check(kernel("lmdeploy:decode@block"), case, DEVICE)
+    assert outcome.verdict.value == "CRASH" and "negative shift count" in outcome.summary, outcome.summary
+    assert "pagedattention.py\", line 676, in _get_split_k" in outcome.evidence["traceback"]
 
 
 @needs_block_pointers
