@@ -282,7 +282,8 @@ def cannot_run_reason(exc: BaseException) -> str | None:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         text = str(exc)
-        if isinstance(exc, InterpreterCannotRun) or (isinstance(exc, NotImplementedError) and _NOT_IN_INTERPRETER in text):
+        refused = isinstance(exc, NotImplementedError) and _NOT_IN_INTERPRETER in text
+        if isinstance(exc, InterpreterCannotRun) or refused:
             return text.splitlines()[0]
         if isinstance(exc, ValueError) and _NO_SEMANTIC in text:
             return (f"{_builtin_in_traceback(exc) or 'a Triton builtin'} is called by a name the interpreter does "

@@ -76,6 +76,6 @@ def interpreter_overrides(loaded, kernel_modules: tuple[str, ...]) -> dict[tuple
             overrides[(name, "get_device_props")] = uncached
         if hasattr(module, "is_cuda"):
             overrides[(name, "is_cuda")] = lambda: not device.is_hip
-        if getattr(module, "torch", None) is not None and name == "flashattention":
+        if name == "flashattention":
             overrides[(name, "torch")] = seen  # its tiles follow torch.version.hip
     return overrides
