@@ -55,7 +55,7 @@ def test_what_the_interpreter_cannot_run_is_a_usage_error_naming_it(tmp_path, mo
         check(aliased_kernels.inline_asm, CASE, "cpu")
     monkeypatch.chdir(tmp_path)
     code = main(["fuzz", "--kernel", "tests.aliased_kernels:inline_asm", "--device", "cpu", "--max-examples", "3",
-                 "--seed", "1"])
+                 "--seed", "1", "--no-isolation"])
     err = capsys.readouterr().err
     assert code == 2 and "cannot run under Triton's interpreter" in err and "CRASH" not in err
     assert not list(tmp_path.rglob("*.json"))  # no repro: it is no finding
