@@ -20,9 +20,11 @@ _WRONG_MODE_FIX = {
 
 
 def _settings(device: str | None, **options):
+    from nanfuzz.harness.campaign.options import split_options
     from nanfuzz.harness.launch.backend import choose_backend, refuse_wrong_mode_kernels
     from nanfuzz.harness.campaign.settings import Settings
 
+    options = split_options(options)  # an unknown keyword is a usage error before the backend is chosen
     device = choose_backend(device)
     # a kernel named by the caller is imported after this, in the mode chosen; one imported before is here now
     refuse_wrong_mode_kernels(device, _WRONG_MODE_FIX[device])
@@ -36,13 +38,23 @@ def _kernel(kernel: Kernel | str, settings) -> Kernel:
 
 
 def fuzz(kernel: Kernel | str, *, device: str | None = None, **options):
-    """Run a campaign against ``kernel``; ``options`` are ``Settings`` fields (``max_examples``,
-    ``seed``, ``time_budget``, ...).  Returns the Campaign (``.failed``, ``.failure``, ``.failing_case``,
-    ``.statistics``)."""
+    """Run a campaign against ``kernel``; returns the Campaign (``.failed``, ``.failure``,
+    ``.failing_case``, ``.examples``, ``.statistics``).
+
+    ``options`` are the command line's, as Python names (``harness.campaign.options`` lists them):
+    ``max_examples``, ``seed``, ``time_budget``, ``profile``, ``size``, ``jobs``, ``shrink``,
+    ``repro_dir``, ``state_dir``, ``example_db``, ``launch_timeout``, ``isolation``,
+    ``strict_reads``, ``targeting``, ``pool_size``, ``compile_jobs``, ``vllm_src`` ...
+    ``lmdeploy_src``; and what to draw: ``decode_only``, ``prefill_only``, ``no_window``,
+    ``window_only``, ``causal_only``, ``non_causal_only``, ``dtype``, ``kv_cache_dtype``,
+    ``kv_scales``, ``poison`` (a dead-slot class or a list of them).  An unknown one is a
+    ``NanfuzzError`` naming the known ones."""
+    from nanfuzz.harness.campaign.jobs import fuzz_parallel
     from nanfuzz.harness.campaign.runner import fuzz as run_campaign
 
     settings = _settings(device, **options)
-    return run_campaign(_kernel(kernel, settings), settings)
+    kernel = _kernel(kernel, settings)
+    return fuzz_parallel(kernel, settings) if settings.jobs > 1 else run_campaign(kernel, settings)
 
 
 def check(kernel: Kernel | str, case, *, device: str | None = None):

@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--decode-only", action="store_true")
         p.add_argument("--prefill-only", action="store_true")
         p.add_argument("--no-window", action="store_true")
+        p.add_argument("--window-only", action="store_true",
+                       help="only cases with a sliding window (implied by --poison out-of-window alone)")
         p.add_argument("--causal-only", action="store_true")
         p.add_argument("--non-causal-only", action="store_true")
         p.add_argument("--dtype", choices=DTYPES)
@@ -64,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="quantized caches with per-tensor scales only, or per-token-head scale caches only")
         p.add_argument("--poison", action="append", metavar="CLASS",
                        choices=POISON_CLASS_NAMES,
-                       help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES))
+                       help="poison only this dead-slot class (repeatable): " + ", ".join(POISON_CLASS_NAMES)
+                            + "; out-of-window alone draws only windowed cases")
 
     def size_option(p):
         p.add_argument("--size", choices=TIERS,
@@ -280,7 +283,8 @@ def _settings(args, device: str):
     from nanfuzz.harness.campaign.settings import Settings
 
     options = dict(device=device, state_dir=_path(args.state_dir), vllm_src=args.vllm_src,
-                   aiter_src=args.aiter_src, fa_src=args.fa_src, sglang_src=args.sglang_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
+                   aiter_src=args.aiter_src, fa_src=args.fa_src, sglang_src=args.sglang_src,
+                   lmdeploy_src=args.lmdeploy_src, launch_timeout=args.launch_timeout, isolation=not args.no_isolation)
     if args.command == "fuzz":
         options.update(repro_dir=_path(args.repro_dir), profile=args.profile, max_examples=args.max_examples,
                        time_budget=args.time_budget, seed=args.seed, shrink=not args.no_shrink,
@@ -358,7 +362,8 @@ def _focus(args):
     from nanfuzz.harness.campaign.focus import Focus
 
     return Focus(decode_only=args.decode_only, prefill_only=args.prefill_only, no_window=args.no_window,
-                 causal_only=args.causal_only, non_causal_only=args.non_causal_only, dtype=args.dtype,
+                 window_only=args.window_only, causal_only=args.causal_only, non_causal_only=args.non_causal_only,
+                 dtype=args.dtype,
                  poison_classes=tuple(args.poison) if args.poison else None,
                  kv_cache_dtype=args.kv_cache_dtype, kv_scales=args.kv_scales)
 

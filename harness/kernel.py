@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from nanfuzz.harness.device import DeviceProperties
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
@@ -46,6 +47,14 @@ class Kernel:
     # What the adapter leaves out or stands in for (a library module that did not import here),
     # one line each: ``nanfuzz list`` shows them beside the capabilities.
     notes: tuple[str, ...] = ()
+    # The GPU a run under Triton's interpreter stands in for: what ``nanfuzz.device_properties()``
+    # answers while nanfuzz launches this kernel on the CPU.  None: an MI355X (``harness.device``).
+    stands_in_for: DeviceProperties | None = None
+
+    def __post_init__(self):
+        if self.stands_in_for is not None and not isinstance(self.stands_in_for, DeviceProperties):
+            raise NanfuzzError(f"Kernel {self.name!r}: stands_in_for={self.stands_in_for!r} is not a "
+                               "nanfuzz.DeviceProperties (e.g. nanfuzz.MI355X, nanfuzz.H200)")
 
     def declines(self, case: Case) -> str | None:
         """Why the adapter's ``supports`` turns ``case`` down, or None when it takes it."""

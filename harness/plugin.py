@@ -28,7 +28,8 @@ from nanfuzz.reference.errors import NanfuzzError
 
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 _OPTIONS = ("nanfuzz_kernel", "nanfuzz_device", "nanfuzz_examples", "nanfuzz_profile", "nanfuzz_time_budget",
-            "nanfuzz_repro_dir", "nanfuzz_example_db", "nanfuzz_kv_cache_dtype", "nanfuzz_kv_scales", "nanfuzz_size")
+            "nanfuzz_repro_dir", "nanfuzz_example_db", "nanfuzz_kv_cache_dtype", "nanfuzz_kv_scales", "nanfuzz_size",
+            "nanfuzz_window_only")
 
 
 class _Use:
@@ -67,6 +68,8 @@ def pytest_addoption(parser):
                          "kernel takes and the device runs)")
     group.addoption("--nanfuzz-kv-scales", default=None, choices=SCALE_MODES,
                     help="campaigns fuzz quantized caches with per-tensor or per-token-head scales only")
+    group.addoption("--nanfuzz-window-only", action="store_true", default=None,
+                    help="campaigns draw only cases with a sliding window (a kernel without one is a usage error)")
     group.addoption("--nanfuzz-size", default=None, choices=("small", "production", "mixed"),
                     help="how large campaigns' cases get (default: the kernel's own, else mixed on a GPU and small "
                          "under the interpreter)")
@@ -249,19 +252,20 @@ class NanfuzzFixture:
     def fuzz(self, kernel, *, max_examples: int | None = None, **options):
         """Run a campaign; on a failure write the repro and fail the test with its picture.
 
-        The options are those of ``nanfuzz.fuzz``; ``--hypothesis-seed`` is the
-        seed unless the call gives one.
+        The options are those of ``nanfuzz.fuzz`` (``harness.campaign.options``); ``--hypothesis-seed``
+        is the seed unless the call gives one.
         """
         import io
         from pathlib import Path
 
+        from nanfuzz.harness.campaign.options import split_options
         from nanfuzz.harness.campaign.runner import fuzz
         from nanfuzz.harness.report.failures import report_failure
         from nanfuzz.harness.campaign.settings import Settings
 
         __tracebackhide__ = True
         marker = self._request.node.get_closest_marker("nanfuzz")
-        options = {**(marker.kwargs if marker else {}), **options}
+        options = split_options({**(marker.kwargs if marker else {}), **options}, "nanfuzz.fuzz()")
         max_examples = max_examples or options.pop("max_examples", None)
         kernel = self._kernel(kernel)
         config = self._request.config
@@ -277,14 +281,15 @@ class NanfuzzFixture:
             seed = None if seed is None else seed * count + index
             options.setdefault("pool_seed", index)
         kv = {"kv_cache_dtype": config.getoption("nanfuzz_kv_cache_dtype"),
-              "kv_scales": config.getoption("nanfuzz_kv_scales")}
+              "kv_scales": config.getoption("nanfuzz_kv_scales"),
+              "window_only": config.getoption("nanfuzz_window_only")}
         if any(kv.values()):
             from dataclasses import replace
 
             from nanfuzz.harness.campaign.focus import Focus
 
             focus = options.get("focus") or Focus()
-            options["focus"] = replace(focus, **{k: getattr(focus, k) or v for k, v in kv.items()})
+            options["focus"] = replace(focus, **{k: getattr(focus, k) or v for k, v in kv.items() if v})
         # the plugin is an edge: the environment and the options become Settings here, once
         settings = Settings.from_environment(
             device=self.device, repro_dir=Path(self.repro_dir),

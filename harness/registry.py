@@ -35,11 +35,12 @@ def builtin_kernels() -> dict[str, Kernel]:
 
 
 def resolve(name: str, vllm_src: str | None = None, aiter_src: str | None = None,
-            import_root: str | None = None, fa_src: str | None = None, sglang_src: str | None = None) -> Kernel:
+            import_root: str | None = None, fa_src: str | None = None, sglang_src: str | None = None,
+            lmdeploy_src: str | None = None) -> Kernel:
     """Turn a kernel name from the command line or a repro into a Kernel.
 
-    ``vllm_src`` / ``aiter_src`` / ``fa_src`` / ``sglang_src``: where ``vllm:*`` /
-    ``aiter:*`` / ``fa_amd:*`` / ``sglang:*`` kernels load their library's kernel files
+    ``vllm_src`` / ``aiter_src`` / ``fa_src`` / ``sglang_src`` / ``lmdeploy_src``: where ``vllm:*`` /
+    ``aiter:*`` / ``fa_amd:*`` / ``sglang:*`` / ``lmdeploy:*`` kernels load their library's kernel files
     from (None: the installed package);
     ``import_root``: a folder a user's adapter module imports from besides the
     current directory (a replay run elsewhere in its repository);
@@ -50,12 +51,13 @@ def resolve(name: str, vllm_src: str | None = None, aiter_src: str | None = None
     """
     if is_user_spec(name):
         return replace(_user_kernel(name, import_root), spec=name, source=import_root)
-    kernel = _resolve(name, {"vllm": vllm_src, "aiter": aiter_src, "fa_amd": fa_src, "sglang": sglang_src})
+    kernel = _resolve(name, {"vllm": vllm_src, "aiter": aiter_src, "fa_amd": fa_src, "sglang": sglang_src,
+                             "lmdeploy": lmdeploy_src})
     return kernel if kernel.spec else replace(kernel, spec=name)
 
 
 def library_of(name: str) -> str | None:
-    """The kernel library a kernel name belongs to ("vllm", "aiter", "fa_amd", "sglang"), or None."""
+    """The kernel library a kernel name belongs to ("vllm", "aiter", "fa_amd", "sglang", "lmdeploy"), or None."""
     prefix, colon, _ = name.partition(":")
     return prefix if colon and prefix in LIBRARIES else None
 

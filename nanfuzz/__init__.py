@@ -54,6 +54,10 @@ _EXPORTS = {
     "window_left": "nanfuzz.reference.windows",
     "load_kernel_files": "nanfuzz.harness.adapters.kernel_files",
     "KernelFiles": "nanfuzz.harness.adapters.kernel_files",
+    "DeviceProperties": "nanfuzz.harness.device",
+    "device_properties": "nanfuzz.harness.device",
+    "MI355X": "nanfuzz.harness.device",
+    "H200": "nanfuzz.harness.device",
 }
 
 __all__ = ["__version__", *_EXPORTS]

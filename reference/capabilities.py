@@ -25,6 +25,9 @@ class Capabilities:
     non_causal: bool = False
     sliding_window: bool = True
     non_causal_window: bool = True    # a window on non-causal attention (|p - k| < W)
+    # Every case has a sliding window: a kernel of windowed attention alone, or a campaign aimed at
+    # window bugs (--window-only); only the modes that take a window are drawn.
+    window_only: bool = False
     sinks: bool = False
     # -- limits: what the strategies never pass (None: no limit of the kernel's own) --------
     max_q_heads: int = 128
@@ -96,6 +99,9 @@ class Capabilities:
         if type(self.min_window) is not int or self.min_window < 1:
             raise NanfuzzError(f"Capabilities(min_window={self.min_window!r}) must be a whole number >= 1: "
                                "the narrowest sliding window, in keys, the kernel takes")
+        if self.window_only and not self.modes():
+            raise NanfuzzError("Capabilities(window_only=True) needs a mode that takes a sliding window "
+                               "(sliding_window=True, and causal=True or non_causal_window=True)")
         if self.precision not in PRECISIONS:
             raise NanfuzzError(f"Capabilities(precision={self.precision!r}) is not one of {PRECISIONS}: "
                                "'tf32' for tl.dot's default on GPUs, 'ieee' for input_precision='ieee'")
@@ -129,8 +135,9 @@ class Capabilities:
         return tuple(d for d in self.dtypes if d in self.interpreter_dtypes)
 
     def modes(self) -> list[bool]:
-        """The causal flags this kernel accepts, causal first."""
-        return [flag for flag, ok in ((True, self.causal), (False, self.non_causal)) if ok]
+        """The causal flags this kernel accepts, causal first (with ``window_only``, those that take a window)."""
+        return [flag for flag, ok in ((True, self.causal), (False, self.non_causal))
+                if ok and (not self.window_only or self.windowed(flag))]
 
     def restrict(self, **changes) -> "Capabilities":
         return replace(self, **changes)
@@ -177,6 +184,8 @@ class Capabilities:
             return "a sliding window"
         if case.sliding_window and not case.causal and not self.non_causal_window:
             return "a sliding window on non-causal attention"
+        if self.window_only and not case.sliding_window:
+            return "no sliding window (only windowed cases)"
         if 0 < case.sliding_window < self.min_window:
             return f"window {case.sliding_window} (at least {self.min_window})"
         if self.uniform_query_len and len({s.query_len for s in case.sequences if s.query_len}) > 1:
@@ -215,7 +224,8 @@ class Capabilities:
             "+".join(x for x, on in (("causal", self.causal), ("non-causal", self.non_causal)) if on),
         ]
         if self.sliding_window:
-            parts.append("window" + (f">={self.min_window}" if self.min_window > 1 else ""))
+            parts.append("window" + ("-only" if self.window_only else "")
+                         + (f">={self.min_window}" if self.min_window > 1 else ""))
         if self.uniform_query_len:
             parts.append("uniform-query-len")
         if self.sinks:

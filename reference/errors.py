@@ -12,3 +12,8 @@ class NanfuzzError(Exception):
 
 class CaseError(NanfuzzError):
     """A case that is not a valid paged-attention batch."""
+
+
+class UnsupportedHere(NanfuzzError):
+    """A kernel that cannot run in this environment at all (its Triton, its device), whatever the case:
+    a usage error where it is asked for, and no more where it is only a default (a gate's)."""

@@ -62,7 +62,7 @@ def sequence_lengths(caps: Capabilities, max_len: int, max_query: int, padding: 
 @functools.lru_cache(maxsize=1024)
 def windows(caps: Capabilities, longest: int, block_size: int, causal: bool = True):
     """No window, the narrowest window the kernel takes (one key, or ``Capabilities.min_window``),
-    or any width from there up to a little past the longest sequence.
+    or any width from there up to a little past the longest sequence (``window_only``: never none).
 
     Random widths against random lengths put the window edge inside a
     block often (a block holding expired and live keys) and leave whole
@@ -71,8 +71,8 @@ def windows(caps: Capabilities, longest: int, block_size: int, causal: bool = Tr
     if not caps.windowed(causal):
         return st.just(0)
     narrowest = caps.min_window
-    return st.one_of(st.just(0), st.just(narrowest),
-                     st.integers(narrowest + 1, max(narrowest + 1, longest + block_size)))
+    widths = (st.just(narrowest), st.integers(narrowest + 1, max(narrowest + 1, longest + block_size)))
+    return st.one_of(*widths) if caps.window_only else st.one_of(st.just(0), *widths)
 
 
 @functools.lru_cache(maxsize=64)

@@ -471,7 +471,8 @@ def production_case(draw, caps: Capabilities, size: ProductionSize, interpreter:
         shape = draw(production_shapes(caps, size, interpreter))
         kv_cache = draw(kv_caches(caps))
         causal = draw(causal_flags(caps))
-        window = pick(draw, (0, *_windows(caps))) if caps.windowed(causal) else 0
+        widths = _windows(caps) if caps.window_only else (0, *_windows(caps))
+        window = pick(draw, widths) if caps.windowed(causal) else 0
         sinks = draw(BOOLEANS) if caps.sinks else False
     most = size.max_sequences if caps.max_sequences is None else min(size.max_sequences, caps.max_sequences)
     drawn = _Drawn(draw)
@@ -549,7 +550,7 @@ def wide_entries(caps: Capabilities, count: int, seed: int, *, interpreter: bool
         group = rng.randint(17, widest) if widest > 16 and rng.random() < 0.5 else rng.randint(1, min(16, widest))
         head = heads[-1] if rng.random() < 0.5 else rng.choice(heads)
         shape = Shape(rng.choice(dtypes), kv * group, kv, block_size=rng.choice(caps.block_sizes), **head_sizes(head))
-        window = rng.choice(_windows(caps)) if windowed and rng.random() < WINDOW_SHARE else 0
+        window = rng.choice(_windows(caps)) if windowed and (caps.window_only or rng.random() < WINDOW_SHARE) else 0
         causal = rng.choice(windowed if window else caps.modes())
         entry = Specialisation(shape, causal, window, caps.sinks and rng.random() < 0.5,
                                rng.choice(caches) if len(caches) > 1 else caches[0])

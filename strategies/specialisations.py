@@ -76,7 +76,8 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
     menu = tuple(w for w in WINDOW_MENU if w >= caps.min_window) or (caps.min_window,)
     simplest = []
     for causal in caps.modes():
-        simplest.append(Specialisation(smallest, causal, 0, False, caches[0]))
+        if not caps.window_only:
+            simplest.append(Specialisation(smallest, causal, 0, False, caches[0]))
         if caps.windowed(causal):
             simplest.append(Specialisation(smallest, causal, caps.min_window, False, caches[0]))
     kept = simplest if size >= 2 * len(simplest) else simplest[:max(1, size // 2)]
@@ -89,7 +90,7 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
                       block_size=rng.choice(caps.block_sizes), **head_sizes(rng.choice(pairs)))
         # The window first, then a mode that takes it: a kernel that windows one mode only
         # meets windows as often as one that windows both.
-        window = rng.choice(menu) if windowed_modes and rng.random() < WINDOW_SHARE else 0
+        window = rng.choice(menu) if windowed_modes and (caps.window_only or rng.random() < WINDOW_SHARE) else 0
         causal = rng.choice(windowed_modes if window else caps.modes())
         sinks = caps.sinks and rng.random() < 0.5
         # the first cache option alone keeps the choices (and pools) of kernels without quantized caches

@@ -9,6 +9,8 @@ AITER_VERSION = "0.1.7.post2.dev18"
 # The sglang and flash-attn releases the sglang:* and fa_amd:* tests and regressions run against.
 SGLANG_VERSION = "0.5.23"
 FA_VERSION = "2.8.3.post2"
+# The lmdeploy release the lmdeploy:* tests and regressions run against.
+LMDEPLOY_VERSION = "0.18.0"
 OFFLINE_VAR = "NANFUZZ_OFFLINE"
 
 # Tests that run long campaigns (hundreds of examples under Triton's
@@ -93,6 +95,14 @@ def fa_tree(version: str = FA_VERSION):
                          fa_fetch.cache_dir)
 
 
+def lmdeploy_tree(version: str = LMDEPLOY_VERSION):
+    """lmdeploy ``version``'s Triton attention files from its wheel (see ``_fetched_tree``)."""
+    from nanfuzz.harness.adapters import lmdeploy_fetch
+
+    return _fetched_tree("lmdeploy", version, lmdeploy_fetch.cached_lmdeploy_source,
+                         lmdeploy_fetch.ensure_lmdeploy_source, lmdeploy_fetch.cache_dir)
+
+
 @pytest.fixture(scope="session")
 def vllm_source():
     """vLLM 0.33.0's kernel tree (see ``vllm_tree``): pass it as ``resolve(name, vllm_src=...)``."""
@@ -115,3 +125,9 @@ def sglang_source():
 def fa_amd_source():
     """flash-attn's AMD backend of the pinned release: pass it as ``resolve(name, fa_src=...)``."""
     return fa_tree()
+
+
+@pytest.fixture(scope="session")
+def lmdeploy_source():
+    """lmdeploy's Triton attention files of the pinned release: pass it as ``resolve(name, lmdeploy_src=...)``."""
+    return lmdeploy_tree()

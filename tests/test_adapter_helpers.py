@@ -149,4 +149,3 @@ def test_a_kernel_file_that_needs_more_than_the_stand_ins_is_one_clear_error(tre
         nanfuzz.load_kernel_files(tree, ["mylib.ops.missing"], library="mylib")
     with pytest.raises(NanfuzzError, match="is not a directory"):
         nanfuzz.load_kernel_files(tree / "nowhere", ["mylib.ops.helpers"])
-

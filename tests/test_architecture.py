@@ -23,7 +23,7 @@ LAYERS = (
     ("report", ("harness.report",)),
     ("launch", ("harness.launch",)),
     ("judge", ("harness.judge",)),
-    ("kernels", ("harness.kernel", "harness.registry", "harness.import_path", "harness.kernels",
+    ("kernels", ("harness.kernel", "harness.device", "harness.registry", "harness.import_path", "harness.kernels",
                  "harness.adapters")),
     ("strategies", ("strategies",)),
     ("reference", ("reference",)),

@@ -17,24 +17,21 @@ import types
 import torch
 
 from nanfuzz.harness.adapters.standins import amd_arch, standin_module
+from nanfuzz.harness.device import device_properties
 
 # Parents of the modules below; they hold no code, and an empty __path__ keeps
 # any other ``aiter.*`` import from silently reaching into a source tree.
 PACKAGES = ("aiter", "aiter.ops", "aiter.ops.triton", "aiter.ops.triton._triton_kernels", "aiter.ops.triton.utils",
             "aiter.ops.triton.utils._triton", "aiter.ops.triton.attention", "aiter.ops.triton._triton_kernels.attention")
 
-# Under Triton's interpreter there is no device to ask; the interpreter stands
-# in for the GPU nanfuzz's users gate on, an MI355X: 256 compute units in 8
-# chiplets (XCDs), OCP fp8 (gfx950).
-INTERPRETER_COMPUTE_UNITS = 256
+# The chiplets (XCDs) of an MI300X or MI355X; AITER spreads work across them.
 XCDS = 8
 
 
 def get_num_sms() -> int:
-    """Compute units (AMD) or SMs (NVIDIA) of the current device; AITER sizes launch grids by it."""
-    if not torch.cuda.is_available():
-        return INTERPRETER_COMPUTE_UNITS
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    """Compute units (AMD) or SMs (NVIDIA) of the current device, or under Triton's interpreter of
+    the GPU the run stands in for; AITER sizes launch grids by it."""
+    return device_properties().compute_units
 
 
 def get_num_xcds() -> int:

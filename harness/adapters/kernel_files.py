@@ -17,7 +17,10 @@ empty ``__path__``, so an import the stand-ins do not answer fails with the
 module's name instead of reaching into the tree.  A file named ``replaceable``
 that fails to import (a backward kernel the installed Triton no longer compiles)
 is replaced by a placeholder whose every name is a function that raises, saying
-why; ``files.left_out`` says which and why.  ``sys.modules`` is restored
+why; ``files.left_out`` says which and why.  A file whose kernels were built
+for Triton's interpreter keeps its own names for Triton builtins working there
+(``tl_exp2 = tl.exp2``; see ``harness.adapters.interpreter_builtins``).
+``sys.modules`` is restored
 after loading, and ``active()`` installs the same modules around each call
 (Triton resolves a kernel's globals when it first runs), so the stand-ins
 never meet the real library in the same process.  nanfuzz's own vLLM and
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Collection, Iterator, Mapping, Sequence
 
+from nanfuzz.harness.adapters.interpreter_builtins import make_interpretable
 from nanfuzz.harness.adapters.standins import standin_module
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -172,6 +176,7 @@ def _exec_file(dotted: str, path: Path, standins: dict[str, types.ModuleType], l
         cause = " ".join(f"{type(exc).__name__}: {exc}".split())
         raise FileDidNotImport(f"{library} kernel file {path} failed to import under nanfuzz's runtime stand-ins "
                                f"({cause})", cause) from None
+    make_interpretable(module.__dict__)  # names kept for Triton builtins run under the interpreter too
     parent, _, child = dotted.rpartition(".")
     if parent in standins:
         setattr(standins[parent], child, module)

@@ -78,7 +78,7 @@ class Library:
 
     @property
     def tree_hint(self) -> str:
-        article = "an" if self.name[0] in "AEIOSU" else "a"  # an SGLang, an AITER
+        article = "an" if self.name[0] in "AEIOSUl" else "a"  # an SGLang, an AITER, an lmdeploy
         return (f"{article} {self.name} source checkout or an unpacked {self.distribution.replace('_', '-')} "
                 f"{self.release} (the folder that holds {self.package}/)")
 
@@ -175,7 +175,8 @@ def _package_dir(library: Library, path: str) -> Path:
 
 
 def _version(library: Library, package: Path) -> str:
-    for version_file in (package / "_version.py", package / "__init__.py"):  # flash-attn keeps it in __init__.py
+    # flash-attn keeps it in __init__.py, lmdeploy in version.py
+    for version_file in (package / "_version.py", package / "version.py", package / "__init__.py"):
         if version_file.is_file():
             found = re.search(r"""__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", version_file.read_text())
             if found:

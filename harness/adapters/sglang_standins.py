@@ -5,20 +5,18 @@ flags (``sglang.srt.environ.envs``) and a few platform queries
 (``sglang.srt.utils``); ``import sglang`` itself needs its compiled extensions and
 server machinery.  The loader registers these modules under the real names while
 the kernel files run, and only then.  The platform is the visible GPU's; under
-Triton's interpreter it stands in for the GPU nanfuzz's users gate on, an MI355X
-(ROCm, gfx950, 256 compute units), so the kernels take their ROCm code paths.
+Triton's interpreter, the GPU the run stands in for (``nanfuzz.device_properties()``:
+an MI355X unless the kernel declares another), so the kernels take its code paths.
 """
 from __future__ import annotations
 
 import functools
 import types
 
-import torch
-
 from nanfuzz.harness.adapters.standins import amd_arch, standin_module
+from nanfuzz.harness.device import device_properties
 
 PACKAGES = ("sglang", "sglang.srt", "sglang.kernels", "sglang.kernels.ops", "sglang.kernels.ops.attention")
-INTERPRETER_COMPUTE_UNITS = 256  # an MI355X
 
 # The flags the attention files read, at SGLang 0.5.23's defaults (sglang/srt/environ.py).
 ENV_DEFAULTS = {
@@ -49,17 +47,15 @@ class Envs:
 
 
 def is_hip() -> bool:
-    return torch.version.hip is not None if torch.cuda.is_available() else True
+    return device_properties().is_hip
 
 
 def is_cuda() -> bool:
-    return torch.cuda.is_available() and torch.version.hip is None
+    return not device_properties().is_hip
 
 
 def get_device_core_count(device_id: int = 0) -> int:
-    if not torch.cuda.is_available():
-        return INTERPRETER_COMPUTE_UNITS
-    return torch.cuda.get_device_properties(device_id).multi_processor_count
+    return device_properties(device_id).compute_units
 
 
 _module = functools.partial(standin_module, library="SGLang")

@@ -11,6 +11,7 @@ SOURCES = {
     "aiter": ("aiter_src", "an AITER source tree or unpacked amd-aiter wheel"),
     "fa_amd": ("fa_src", "an unpacked flash-attn source distribution or checkout"),
     "sglang": ("sglang_src", "an SGLang source tree or unpacked sglang wheel"),
+    "lmdeploy": ("lmdeploy_src", "an lmdeploy source tree or unpacked lmdeploy wheel"),
 }
 
 

@@ -6,12 +6,16 @@ from dataclasses import dataclass
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.errors import NanfuzzError
 
+# Dead-slot classes only a windowed case has: poisoning them alone aims the campaign at windows.
+WINDOW_CLASSES = frozenset({"out-of-window"})
+
 
 @dataclass(frozen=True)
 class Focus:
     decode_only: bool = False
     prefill_only: bool = False
     no_window: bool = False
+    window_only: bool = False          # every case has a sliding window (implied by poisoning out-of-window alone)
     causal_only: bool = False
     non_causal_only: bool = False
     dtype: str | None = None
@@ -19,8 +23,13 @@ class Focus:
     kv_cache_dtype: str | None = None  # one cache dtype ("auto": unquantized); None = every one the kernel takes
     kv_scales: str | None = None       # "tensor" or "token-head" scales only; None = both
 
+    @property
+    def windows_only(self) -> bool:
+        """Are only windowed cases wanted: ``window_only``, or poison aimed at out-of-window slots alone?"""
+        return self.window_only or bool(self.poison_classes) and set(self.poison_classes) <= WINDOW_CLASSES
+
     def label(self) -> str:
-        parts = [name.replace("_", "-") for name in ("decode_only", "prefill_only", "no_window",
+        parts = [name.replace("_", "-") for name in ("decode_only", "prefill_only", "no_window", "window_only",
                                                      "causal_only", "non_causal_only") if getattr(self, name)]
         if self.dtype:
             parts.append(self.dtype)
@@ -46,6 +55,8 @@ class Focus:
             if caps.decode_only:
                 raise NanfuzzError(f"--prefill-only: kernel {kernel_name} is decode-only")
             changes["min_query_len"] = 2
+        if self.no_window and self.windows_only:
+            raise NanfuzzError(f"--no-window and {self._window_flag()} exclude each other; pick one")
         if self.no_window:
             changes["sliding_window"] = False
         if self.causal_only:
@@ -56,6 +67,12 @@ class Focus:
             if not caps.non_causal:
                 raise NanfuzzError(f"--non-causal-only: kernel {kernel_name} has no non-causal mode")
             changes["causal"] = False
+        if self.windows_only:
+            windowed = caps.restrict(**changes)
+            if not any(windowed.windowed(causal) for causal in windowed.modes()):
+                raise NanfuzzError(f"{self._window_flag()}: kernel {kernel_name} takes no sliding window"
+                                   + (" in the modes asked for" if caps.sliding_window else ""))
+            changes["window_only"] = True
         if self.dtype:
             if self.dtype not in caps.dtypes:
                 raise NanfuzzError(f"--dtype {self.dtype}: kernel {kernel_name} supports {', '.join(caps.dtypes)}")
@@ -63,6 +80,9 @@ class Focus:
         if self.kv_cache_dtype or self.kv_scales:
             changes.update(self._kv_caches(caps, kernel_name))
         return caps.restrict(**changes)
+
+    def _window_flag(self) -> str:
+        return "--window-only" if self.window_only else "--poison out-of-window (which draws only windowed cases)"
 
     def _kv_caches(self, caps: Capabilities, kernel_name: str) -> dict:
         per_tensor, token_head = caps.kv_cache_dtypes, caps.token_head_dtypes

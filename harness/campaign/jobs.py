@@ -20,6 +20,7 @@ killed.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import signal
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.stop_signals import STOP_SIGNALS, quiet_about_interrupts
+from nanfuzz.harness.device import DeviceProperties
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.isolation import hold_while_starting
 from nanfuzz.harness.launch.processes import interpret_if_cpu, start as start_process
@@ -50,6 +52,7 @@ class JobOrders:
     settings: Settings
     pool_seed: int
     warmup: int
+    stands_in_for: DeviceProperties | None = None  # the kernel's, which its import path may not give
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,8 @@ def _run_job(orders: JobOrders, links: JobLinks) -> None:
         from nanfuzz.harness.registry import resolve
 
         kernel = resolve(orders.kernel_spec, **settings.sources)
+        if orders.stands_in_for is not None:
+            kernel = dataclasses.replace(kernel, stands_in_for=orders.stands_in_for)
         subject = make_subject(kernel, settings, prefer_fork=True)  # a job runs no torch op itself
         try:
             if orders.warmup:
@@ -219,7 +224,8 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
             job_seed = None if spread.seed is None else spread.seed + i
             job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed,
                                             **kernel_sources(kernel, settings.sources))
-            orders = JobOrders(i, import_path(kernel), job_settings, spread.pool_seed, spread.warmup)
+            orders = JobOrders(i, import_path(kernel), job_settings, spread.pool_seed, spread.warmup,
+                               kernel.stands_in_for)
             processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}",
                                              args=(orders, links)))
             start_process(processes[-1])  # a stop meanwhile waits until the job runs, then stops it too

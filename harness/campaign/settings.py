@@ -34,6 +34,7 @@ class Settings:
     aiter_src: str | None = None             # an AITER tree for the aiter:* kernels
     fa_src: str | None = None                # an unpacked flash-attn source distribution for the fa_amd:* kernels
     sglang_src: str | None = None            # an SGLang tree for the sglang:* kernels
+    lmdeploy_src: str | None = None          # an lmdeploy tree for the lmdeploy:* kernels
     import_root: str | None = None           # where a user's adapter imports from besides the current directory
     profile: str | None = None               # None: ci under CI=true, else dev
     max_examples: int | None = None          # None: from the profile
@@ -78,7 +79,7 @@ class Settings:
     def sources(self) -> dict[str, str | None]:
         """The kernel libraries' trees as ``resolve()`` takes them: ``resolve(name, **settings.sources)``."""
         return {"vllm_src": self.vllm_src, "aiter_src": self.aiter_src, "fa_src": self.fa_src,
-                "sglang_src": self.sglang_src, "import_root": self.import_root}
+                "sglang_src": self.sglang_src, "lmdeploy_src": self.lmdeploy_src, "import_root": self.import_root}
 
     @property
     def timeout(self) -> float:

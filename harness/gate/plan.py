@@ -17,7 +17,7 @@ from pathlib import Path
 
 PLAN_ENV = "NANFUZZ_GATE_PLAN"
 SLOT_ENV = "NANFUZZ_GATE_SLOT"
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 
 
 def file_stem(kernel: str) -> str:
@@ -39,6 +39,7 @@ class Plan:
     shards: int = 1
     runner: str = ""               # this runner's name in a fleet's merged report
     size: str | None = None        # --size: the size tier every shard draws (None: each kernel's default)
+    window_only: bool = False      # --window-only: every shard draws only cases with a sliding window
     version: int = PLAN_VERSION
 
     # -- paths -------------------------------------------------------------------

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from nanfuzz.harness.adapters.sources import add_source_options
 from nanfuzz.harness.gate.plan import PLAN_ENV, SLOT_ENV, Plan
-from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.errors import NanfuzzError, UnsupportedHere
 
 # the pytest module each worker runs: one test per kernel (harness.gate.campaigns)
 CAMPAIGN_TESTS = Path(__file__).resolve().parent / "campaigns.py"
@@ -41,9 +41,11 @@ VLLM_KERNELS = ("vllm:rocm_attn", "vllm:triton_attn", "vllm:triton_mla", "vllm:t
 AITER_KERNELS = ("aiter:unified_attention", "aiter:pa_decode", "aiter:pa_prefill", "aiter:chunked_pa_prefill")
 SGLANG_KERNELS = ("sglang:decode", "sglang:extend")
 FA_KERNELS = ("fa_amd:kvcache",)
+LMDEPLOY_KERNELS = ("lmdeploy:decode", "lmdeploy:decode@block", "lmdeploy:prefill")
 # A kernel library's source tree: the option, its environment variable, the kernels it adds by default.
 LIBRARY_SOURCES = (("vllm_src", "NANFUZZ_VLLM_SRC", VLLM_KERNELS), ("aiter_src", "NANFUZZ_AITER_SRC", AITER_KERNELS),
-                   ("sglang_src", "NANFUZZ_SGLANG_SRC", SGLANG_KERNELS), ("fa_src", "NANFUZZ_FA_SRC", FA_KERNELS))
+                   ("sglang_src", "NANFUZZ_SGLANG_SRC", SGLANG_KERNELS), ("fa_src", "NANFUZZ_FA_SRC", FA_KERNELS),
+                   ("lmdeploy_src", "NANFUZZ_LMDEPLOY_SRC", LMDEPLOY_KERNELS))
 MIN_BUDGET = 5.0  # seconds; below it not even one example fits beside the workers' start-up
 
 
@@ -62,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--kernel", action="append", default=[], metavar="NAME",
                    help="kernel to gate (repeatable): family@variant, vllm:rocm_attn, aiter:unified_attention (see "
                         "nanfuzz list) or package.module:callable (default: the fixed built-in variants, plus vllm:*, "
-                        "aiter:*, sglang:* and fa_amd:* when that library's source is configured)")
+                        "aiter:*, sglang:*, fa_amd:* and lmdeploy:* when that library's source is configured)")
     add_source_options(p)
     p.add_argument("--profile", choices=("pr-gate", "nightly"), default="pr-gate",
                    help="campaign profile (default pr-gate)")
@@ -72,6 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size", choices=("small", "production", "mixed"),
                    help="the size tier every shard draws (default: each kernel's own, else mixed on a GPU and small "
                         "under the interpreter)")
+    p.add_argument("--window-only", action="store_true",
+                   help="every shard draws only cases with a sliding window (name the kernels that take one with "
+                        "--kernel)")
     p.add_argument("--min-examples", type=int, metavar="N",
                    help="examples each kernel must reach, over its shards, for a PASS; fewer is INCOMPLETE, not green "
                         "(default: 300 on a GPU, 10 under the interpreter, at most what --max-examples allows)")
@@ -147,12 +152,19 @@ def default_grace(budget: float) -> float:
 def choose_kernels(names: list[str], device: str) -> list[str]:
     from nanfuzz.harness.registry import builtin_kernels, resolve
 
-    if not names:
+    defaults = not names
+    if defaults:
         names = [k.name for k in builtin_kernels().values() if k.expect == "pass"]
         names += [name for _, env_var, kernels in LIBRARY_SOURCES if os.environ.get(env_var) for name in kernels]
     chosen = []
     for name in dict.fromkeys(names):
-        kernel = resolve(name, **library_sources())
+        try:
+            kernel = resolve(name, **library_sources())
+        except UnsupportedHere as exc:
+            if not defaults:
+                raise
+            print(f"nanfuzz gate: left out {name}: {exc}", file=sys.stderr, flush=True)
+            continue
         caps = kernel.capabilities
         if device == "cpu" and not caps.runnable_dtypes(interpreter=True):
             raise GateUsageError(f"kernel {name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's "
@@ -327,7 +339,7 @@ def _gate(args) -> int:
     plan = Plan(device=workers.device, profile=profile.name, kernels=kernels, slots=slots,
                 deadline=started + budget - finish_reserve(budget), max_examples=args.max_examples,
                 state_dir=str(state_dir), work_dir=str(work), example_db=example_db, shard=shard, shards=shards,
-                runner=runner, size=args.size)
+                runner=runner, size=args.size, window_only=args.window_only)
     plan_path = work / "plan.json"
     plan.write(plan_path)
     database = (f"{store.shown}, with {plan.examples_dir} in front" if store is not None and store.layered

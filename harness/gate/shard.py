@@ -26,6 +26,7 @@ from nanfuzz.harness.gate.plan import Plan, ShardRecord
 def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardRecord:
     """Fuzz ``kernel_name`` in this worker until the shard's budget is spent or it fails."""
     from nanfuzz.harness.judge.check import Verdict
+    from nanfuzz.harness.campaign.focus import Focus
     from nanfuzz.harness.campaign.runner import fuzz
     from nanfuzz.harness.registry import resolve
     from nanfuzz.harness.report.failures import report_failure
@@ -35,7 +36,7 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
     # the gate sets this worker's NANFUZZ_STATE_DIR (its slot's folder); read once, here
     settings = Settings.from_environment(device=device, profile=plan.profile,
                                          repro_dir=plan.shard_repro_dir(slot), example_db=plan.example_db,
-                                         examples_dir=plan.examples_dir)
+                                         examples_dir=plan.examples_dir, focus=Focus(window_only=plan.window_only))
     kernel = resolve(kernel_name, **settings.sources)
     record = ShardRecord(kernel=kernel_name, slot=slot, kernel_name=kernel.name,
                          worker=os.environ.get("PYTEST_XDIST_WORKER", "main"), pid=os.getpid(),

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from nanfuzz.harness.adapters.interpreter_builtins import cannot_run_reason
 from nanfuzz.harness.judge import encodings, reads
 from nanfuzz.harness.judge.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.judge.outcome import Outcome, Verdict, crash as _crash, device_fault as _device_fault
@@ -133,6 +134,15 @@ class CaseCheck:
             raise NanfuzzError(f"kernel {kernel.name} declines this case (its supports()): {declined}")
         encodings.require(case, "cpu" if self.interpreter else "cuda")
 
+    def _refuse_if_interpreter_cannot_run(self, exc: BaseException) -> None:
+        """A usage error, not the kernel's CRASH, where a launch failed for a reason of Triton's
+        interpreter (a builtin it has no implementation of): the kernel would run on a GPU."""
+        why = cannot_run_reason(exc) if self.interpreter else None
+        if why:
+            raise NanfuzzError(f"kernel {self.kernel.name} cannot run under Triton's interpreter: {why}; run it on a "
+                               "GPU (--device cuda), or leave that path out of what it declares for the interpreter"
+                               ) from None
+
     # -- the batches -----------------------------------------------------------------------
     def _refuse_if_too_large(self) -> None:
         refuse_if_too_large(self.case, self.device)
@@ -184,6 +194,7 @@ class CaseCheck:
                 self.result, self.out, self.buffer = launch(self.kernel, self.batch, self.device, self.events,
                                                             wait=False)
         except BaseException as exc:  # the kernel's own failure is the finding, SystemExit included
+            self._refuse_if_interpreter_cannot_run(exc)
             return _crash(exc, "on the poisoned run")
         self.trace = trace if self.trace_reads else None
         self.timings["kernel"] += time.perf_counter() - t0
@@ -288,6 +299,7 @@ class CaseCheck:
         try:
             output, _, _ = launch(self.kernel, batch, self.device, self.events, wait=False)
         except BaseException as exc:
+            self._refuse_if_interpreter_cannot_run(exc)
             return None, _crash(exc, when)
         t2 = time.perf_counter()
         self.timings["materialize"] += t1 - t0

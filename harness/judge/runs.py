@@ -16,6 +16,8 @@ import os
 
 import torch
 
+from nanfuzz.harness.adapters.interpreter_builtins import interpretable_launches
+from nanfuzz.harness.device import standing_in_for
 from nanfuzz.harness.judge.outcome import Outcome, crash
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.case import Case
@@ -61,7 +63,8 @@ def launch(kernel: Kernel, batch, device, events=no_events, *, wait: bool = True
                         dtype=batch.q.dtype, device=device)
     out = buffer[: case.num_tokens]
     events("launch")
-    result = kernel(batch.for_kernel(), out)  # what the adapter rebinds on its batch is never judged
+    with standing_in_for(kernel.stands_in_for), interpretable_launches(device.type == "cpu"):
+        result = kernel(batch.for_kernel(), out)  # what the adapter rebinds on its batch is never judged
     if wait or device.type != "cuda":
         sync(device)
         events("returned")

@@ -134,8 +134,9 @@ class BuiltMarks:
         import triton
 
         spec = plan.spec
-        what = (self.VERSION, spec.kernel, spec.device, spec.vllm_src, spec.aiter_src, spec.fa_src, spec.sglang_src, entry, sample,
-                plan.capabilities, plan.poison_classes, SAMPLES_PER_ENTRY, triton.__version__, torch.__version__)
+        what = (self.VERSION, spec.kernel, spec.device, spec.vllm_src, spec.aiter_src, spec.fa_src, spec.sglang_src,
+                spec.lmdeploy_src, entry, sample, plan.capabilities, plan.poison_classes, SAMPLES_PER_ENTRY,
+                triton.__version__, torch.__version__)
         return hashlib.sha256(repr(what).encode()).hexdigest()[:32]
 
     def is_built(self, plan: Plan, entry: Specialisation, sample: int | None = None) -> bool:

@@ -37,7 +37,8 @@ def worker_spec(kernel: Kernel, settings: Settings) -> WorkerSpec | None:
     from nanfuzz.harness.registry import import_path, kernel_sources
 
     return WorkerSpec(kernel=import_path(kernel), device=settings.device, cuda_index=settings.cuda_index,
-                      strict_reads=settings.strict_reads, **kernel_sources(kernel, settings.sources))
+                      strict_reads=settings.strict_reads, stands_in_for=kernel.stands_in_for,
+                      **kernel_sources(kernel, settings.sources))
 
 
 def reachable_by_path(kernel: Kernel) -> bool:

@@ -17,6 +17,7 @@ message per launch and compile time does not count.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import tempfile
@@ -24,6 +25,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
+from nanfuzz.harness.device import DeviceProperties
 from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.launch.isolation import end_group, isolate
 from nanfuzz.harness.launch.processes import (fork_server_context, fork_server_died, interpret_if_cpu,
@@ -51,9 +53,13 @@ class WorkerSpec:
     aiter_src: str | None = None
     fa_src: str | None = None
     sglang_src: str | None = None
+    lmdeploy_src: str | None = None
     cuda_index: int | None = None
     strict_reads: bool = False  # see check(strict_reads=...)
     import_root: str | None = None  # a user kernel's: see resolve(import_root=...)
+    # the kernel's declaration of the GPU a CPU run stands in for, which its import path may not give
+    # (a Kernel the caller made with dataclasses.replace)
+    stands_in_for: DeviceProperties | None = None
 
     def load(self):
         """The Kernel, in this process (pinned to ``cuda_index`` on a GPU)."""
@@ -63,8 +69,9 @@ class WorkerSpec:
             import torch
 
             torch.cuda.set_device(self.cuda_index)
-        return resolve(self.kernel, vllm_src=self.vllm_src, aiter_src=self.aiter_src, fa_src=self.fa_src,
-                       sglang_src=self.sglang_src, import_root=self.import_root)
+        kernel = resolve(self.kernel, vllm_src=self.vllm_src, aiter_src=self.aiter_src, fa_src=self.fa_src,
+                         sglang_src=self.sglang_src, lmdeploy_src=self.lmdeploy_src, import_root=self.import_root)
+        return kernel if self.stands_in_for is None else dataclasses.replace(kernel, stands_in_for=self.stands_in_for)
 
 
 class LaunchClock:

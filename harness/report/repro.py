@@ -227,10 +227,11 @@ def main(argv=None):
 
         cwd_first_on_path()  # a user's adapter imports from the repository root, as under python -m
         case = Case.from_json(CASE_JSON)
-        # where library kernels (vllm:*, aiter:*, fa_amd:*, sglang:*) load their files from
+        # where library kernels (vllm:*, aiter:*, fa_amd:*, sglang:*, lmdeploy:*) load their files from
         kernel = resolve(KERNEL, vllm_src=os.environ.get("NANFUZZ_VLLM_SRC"),
                          aiter_src=os.environ.get("NANFUZZ_AITER_SRC"), fa_src=os.environ.get("NANFUZZ_FA_SRC"),
-                         sglang_src=os.environ.get("NANFUZZ_SGLANG_SRC"))
+                         sglang_src=os.environ.get("NANFUZZ_SGLANG_SRC"),
+                         lmdeploy_src=os.environ.get("NANFUZZ_LMDEPLOY_SRC"))
         print("recorded: " + KERNEL_NAME + ": " + SUMMARY)
         print(PICTURE)
         batch = materialize(case, device)

@@ -60,6 +60,7 @@ LIBRARY_PARTS = {
     "vllm": (
         ("reference.layouts", ("Scheduled", "scheduled"), ()),
         ("reference.windows", ("window_size", "window_left"), ()),
+        ("harness.device", None, ()),
         ("harness.adapters.standins", None, ()),
         ("harness.adapters.vllm_standins", None, ()),
         ("harness.adapters.loader", ("KernelModule",), ()),
@@ -70,6 +71,7 @@ LIBRARY_PARTS = {
     "aiter": (
         ("reference.layouts", ("Scheduled", "scheduled"), ()),
         ("reference.windows", ("window_size",), ()),
+        ("harness.device", None, ()),
         ("harness.adapters.standins", None, ()),
         ("harness.adapters.aiter_standins", None, ()),
         ("harness.adapters.loader", ("KernelModule",), ()),
