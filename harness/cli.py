@@ -548,7 +548,8 @@ def _replay(args, settings) -> int:
 
 
 def _export(args, settings) -> int:
-    from nanfuzz.harness.registry import import_path, resolve
+    from nanfuzz.harness.launch.import_probe import load_kernel
+    from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.report.export.bug_report import bug_report
     from nanfuzz.harness.report.export.script import pytest_file, standalone_script
     from nanfuzz.harness.report.repro import load_repro
@@ -556,7 +557,7 @@ def _export(args, settings) -> int:
     if args.pytest and args.markdown:
         raise NanfuzzError("--pytest and --markdown each choose what to write; give one of them")
     record = load_repro(args.file)
-    kernel = resolve(args.kernel or record["kernel"], **settings.sources)
+    kernel = load_kernel(args.kernel or record["kernel"], settings)
     source = Path(args.file)
     stem = source.stem.replace("-", "_").replace(".", "_")
     script_name = f"{stem}_standalone.py"
