@@ -466,6 +466,8 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
             "compiles": campaign.compiles, "deferred": campaign.deferred, "compile_farm": campaign.farm,
             "size": campaign_tier(kernel, kernel_settings), "paths_missed": campaign.paths_missed,
             "declined_for_memory": campaign.declined_for_memory,
+            "judging_out_of_memory": campaign.judging_out_of_memory,
+            "memory_waits": campaign.memory_waits, "memory_wait_s": round(campaign.memory_wait_seconds, 3),
             "early_examples": campaign.early_examples}
 
 

@@ -304,6 +304,9 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.worker_restarts += campaign.worker_restarts
         merged.deferred += campaign.deferred
         merged.declined_for_memory += campaign.declined_for_memory
+        merged.judging_out_of_memory += campaign.judging_out_of_memory
+        merged.memory_waits += campaign.memory_waits
+        merged.memory_wait_seconds += campaign.memory_wait_seconds
         if campaign.compiles is not None:
             merged.compiles = (merged.compiles or 0) + campaign.compiles
         if campaign.time_to_first_example is not None:

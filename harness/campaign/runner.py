@@ -116,6 +116,8 @@ class CampaignRunner:
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
         self.search_seed = search_seed(settings, self.profile)
+        # a failure's checks (shrinking, replays) wait for memory as long as shrinking may last
+        self.finding_patience = max(settings.memory.search_wait, settings.shrink_budget)
         self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed,
                                  statistics=Statistics.for_capabilities(self.caps))
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
