@@ -483,7 +483,16 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
         kernel_settings = _self_check_settings(kernel, settings, profile) if self_check else settings
-        campaign = _campaign(kernel, kernel_settings, profile, handle)
+        try:
+            campaign = _campaign(kernel, kernel_settings, profile, handle)
+        except NanfuzzError as exc:
+            if not any_failure:
+                raise
+            # an earlier kernel's finding stands: its exit status, this kernel's trouble on one line beside it
+            print(f"nanfuzz: {str(exc).splitlines()[0]}; the campaigns after it did not run", file=sys.stderr,
+                  flush=True)
+            all_good = False
+            break
         _print_coverage(args, kernel, campaign)
         # stopped before its examples or time were spent, a campaign without a failure is no pass
         stopped = campaign.interrupted and not campaign.failed

@@ -174,7 +174,12 @@ class Search:
             campaign.failure, campaign.failing_case = failure.outcome, failure.case
             return False
         except _Aborted as aborted:
-            raise aborted.error from None
+            if self.first is None:
+                raise aborted.error from None
+            # a failure is found: nothing after it may cost it (the repro is the smallest one so far)
+            campaign.notes.append(f"{run.kernel.name}: shrinking stopped: {aborted.error}; the repro is the "
+                                  "smallest failing case found by then")
+            return False
         except StopRequested:
             if run.hooks.interrupted is not None and run.hooks.interrupted():
                 campaign.interrupted = True
