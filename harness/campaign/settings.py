@@ -114,6 +114,8 @@ class Settings:
             if name in _LEAST and value is not None:
                 check_number(name, value, *_LEAST[name])
         _check_folder(Path(values["state_dir"]), "the state folder (--state-dir, NANFUZZ_STATE_DIR)")
+        if "memory" in values and values["memory"].ledger_dir:
+            _check_folder(Path(values["memory"].ledger_dir), "the memory ledger folder (NANFUZZ_MEMORY_DIR)")
         return cls(**values)
 
 
