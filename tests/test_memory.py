@@ -171,10 +171,12 @@ def test_an_oom_in_the_oracle_that_persists_is_declined_and_counted_never_a_cras
         fuzz(subjects.oracle_runs_out_of_memory_always, settings)  # judged nothing: no pass
 
 
-def test_an_oom_in_the_oracle_in_the_campaign_s_own_process_is_retried(monkeypatch):
+@pytest.mark.parametrize("stage", ["build_on_host", "attend_in", "row_errors", "refill_dead_slots"],
+                         ids=["materialising", "oracle", "reference", "garbage-batch"])
+def test_an_oom_of_nanfuzz_s_own_in_the_campaign_s_process_is_retried(monkeypatch, stage):
     from nanfuzz.harness.judge import check as judge
 
-    real, calls = judge.attend_in, []
+    real, calls = getattr(judge, stage), []
 
     def once(*args, **kwargs):
         calls.append(1)
@@ -182,9 +184,13 @@ def test_an_oom_in_the_oracle_in_the_campaign_s_own_process_is_retried(monkeypat
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 916.00 MiB")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(judge, "attend_in", once)
-    outcome = InProcess(subjects.runs_out_of_memory, "cpu").check(PLAIN)
-    assert outcome.verdict is Verdict.PASS and len(calls) == 2
+    monkeypatch.setattr(judge, stage, once)
+    subject = InProcess(subjects.runs_out_of_memory, "cpu")
+    try:
+        outcome = subject.check(PLAIN)
+    finally:
+        subject.close()
+    assert outcome.verdict is Verdict.PASS and len(calls) == 2, outcome.summary
 
 
 def test_a_kernel_that_runs_out_of_memory_in_its_launch_is_a_crash_that_says_so():
