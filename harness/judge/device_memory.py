@@ -47,10 +47,14 @@ class DeviceMemory:
         process_pool().drop()
 
     def footprint(self, estimate: int) -> int:
+        """What a case whose check nanfuzz estimates at ``estimate`` bytes takes here."""
         return estimate
 
     def margin(self) -> int:
         return DEVICE_MARGIN
+
+    def case_done(self) -> None:
+        """A case is over (what a process holds is measured, here: nothing to do)."""
 
 
 class GpuMemory(DeviceMemory):
@@ -134,7 +138,7 @@ class SimulatedMemory(DeviceMemory):
         return 0
 
     def case_done(self) -> None:
-        self._holding = self.simulated.held_bytes
+        self._holding = self.simulated.held_bytes  # what a real process's pool would keep
 
 
 def device_key(properties, index: int) -> str:
