@@ -174,7 +174,7 @@ class CaseCheck:
             raise NanfuzzError(f"kernel {kernel.name} declines this case (its supports()): {declined}")
         encodings.require(case, "cpu" if self.interpreter else "cuda")
         if self.memory is not None:
-            self.reserved = self.memory.reserve(self._footprint(), self.patience, self._waiting)
+            self.reserved = self.memory.reserve(self._footprint, self.patience, self._waiting)
 
     def _waiting(self, on: bool) -> None:
         self.events("memory-wait" if on else "memory-granted")  # the supervisor's clock stops meanwhile

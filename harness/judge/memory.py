@@ -129,12 +129,17 @@ class Governor:
         return any(e.get("wants") for pid, e in entries.items() if pid != me)
 
     # -- a case's memory -----------------------------------------------------------
-    def reserve(self, estimate: int, patience: float, waiting: Callable[[bool], None] = lambda on: None) -> int:
+    def reserve(self, estimate: int | Callable[[], int], patience: float,
+                waiting: Callable[[bool], None] = lambda on: None) -> int:
         """Reserve what a case whose check holds about ``estimate`` bytes at its peak needs (what
-        this process holds between cases included); wait up to ``patience`` seconds for it.
-        Returns the bytes reserved; ``TooLargeForDevice`` when it never fits or does not come
-        free in time.  ``waiting(True)`` is told when a wait begins, ``waiting(False)`` when it ends."""
-        need = self.device.footprint(estimate)
+        this process holds between cases included: a function of it is asked again once this
+        process has given back what it holds); wait up to ``patience`` seconds for it.  Returns
+        the bytes reserved; ``TooLargeForDevice`` when it never fits or does not come free in
+        time.  ``waiting(True)`` is told when a wait begins, ``waiting(False)`` when it ends."""
+        def needed() -> int:
+            return self.device.footprint(estimate() if callable(estimate) else estimate)
+
+        need = needed()
         total = self.device.total()
         if need > total - self.device.margin():
             raise TooLargeForDevice(f"this case needs about {need / GiB:.1f} GiB of {self.device.where} memory, more "
@@ -157,6 +162,7 @@ class Governor:
                     gave_back = True
                     if held:
                         self.device.give_back()
+                        need = needed()
                         continue
                 if not told:
                     told = True
