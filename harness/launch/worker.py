@@ -501,9 +501,12 @@ def _idle_look(spec: WorkerSpec):
     def look() -> None:
         if spec.device == "cuda" and not torch.cuda.is_initialized():
             return  # nothing held before the first case
-        if not share:
-            share.append(governor(spec.memory, device))
-        share[0].idle()
+        try:
+            if not share:
+                share.append(governor(spec.memory, device))
+            share[0].idle()
+        except Exception:  # a device in trouble is told by the next case, never by an idle worker's death
+            pass
 
     return look
 
