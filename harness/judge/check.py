@@ -131,7 +131,10 @@ class CaseCheck:
         finally:
             self._release()
             if self.memory is not None:
-                self.memory.settle()
+                try:
+                    self.memory.settle()
+                except Exception:  # a context the kernel faulted: the outcome says so, the worker is replaced
+                    pass
 
     def _judge(self, digest_pass: bool, explain: bool) -> Outcome:
         self.launched: dict[str, set[str]] = {}  # the poisoned run's Triton kernels (``judge.paths``)
