@@ -471,6 +471,8 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
             "compiles": campaign.compiles, "deferred": campaign.deferred, "compile_farm": campaign.farm,
             "size": campaign_tier(kernel, kernel_settings), "paths_missed": campaign.paths_missed,
             "declined_for_memory": campaign.declined_for_memory,
+            "judging_out_of_memory": campaign.judging_out_of_memory,
+            "memory_waits": campaign.memory_waits, "memory_wait_s": round(campaign.memory_wait_seconds, 3),
             "early_examples": campaign.early_examples}
 
 
@@ -486,7 +488,16 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
         kernel_settings = _self_check_settings(kernel, settings, profile) if self_check else settings
-        campaign = _campaign(kernel, kernel_settings, profile, handle)
+        try:
+            campaign = _campaign(kernel, kernel_settings, profile, handle)
+        except NanfuzzError as exc:
+            if not any_failure:
+                raise
+            # an earlier kernel's finding stands: its exit status, this kernel's trouble on one line beside it
+            print(f"nanfuzz: {str(exc).splitlines()[0]}; the campaigns after it did not run", file=sys.stderr,
+                  flush=True)
+            all_good = False
+            break
         _print_coverage(args, kernel, campaign)
         # stopped before its examples or time were spent, a campaign without a failure is no pass
         stopped = campaign.interrupted and not campaign.failed
@@ -553,7 +564,8 @@ def _replay(args, settings) -> int:
 
 
 def _export(args, settings) -> int:
-    from nanfuzz.harness.registry import import_path, resolve
+    from nanfuzz.harness.launch.import_probe import load_kernel
+    from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.report.export.bug_report import bug_report
     from nanfuzz.harness.report.export.script import pytest_file, standalone_script
     from nanfuzz.harness.report.repro import load_repro
@@ -561,7 +573,7 @@ def _export(args, settings) -> int:
     if args.pytest and args.markdown:
         raise NanfuzzError("--pytest and --markdown each choose what to write; give one of them")
     record = load_repro(args.file)
-    kernel = resolve(args.kernel or record["kernel"], **settings.sources)
+    kernel = load_kernel(args.kernel or record["kernel"], settings)
     source = Path(args.file)
     stem = source.stem.replace("-", "_").replace(".", "_")
     script_name = f"{stem}_standalone.py"

@@ -73,7 +73,7 @@ def replay(path: str, *, kernel_name: str | None = None, settings: Settings | No
     kernel, settings = _resolve_recorded(kernel_name or record["kernel"], record, path, settings)
     subject = make_subject(kernel, settings)
     try:
-        outcome = judged(subject.check(record["case"], digest=True))
+        outcome = judged(subject.check(record["case"], digest=True, patience=settings.shrink_budget))
     finally:
         subject.close()
     recorded_env = record.get("environment", {})

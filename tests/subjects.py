@@ -146,3 +146,73 @@ def _notes_and_exits(batch, out):
 
 starts_a_child = _kernel("starts_a_child", _with_a_child(attention))
 starts_a_child_then_exits = _kernel("starts_a_child_then_exits", _with_a_child(_notes_and_exits))
+
+
+def _kill_group_by_pid_zero():
+    os.kill(0, 9)  # pid 0: every process of the caller's group
+
+
+kills_its_group_by_pid_zero = _kernel("kills_its_group_by_pid_zero", _before_windowed_launches(_kill_group_by_pid_zero))
+
+
+# -- kernels and memory ------------------------------------------------------------------
+
+def _runs_out_of_memory():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB (planted in the launch)")
+
+
+runs_out_of_memory = _kernel("runs_out_of_memory", _before_windowed_launches(_runs_out_of_memory))
+
+
+def _plant_in_the_oracle(every: int):
+    """The correct kernel, whose first launch makes every ``every``-th oracle of its process (from
+    the first on) raise the allocation failure a GPU under pressure gives: nanfuzz's own OOM."""
+    calls = [0]
+
+    def run(batch, out):
+        from nanfuzz.harness.judge import check as judge
+
+        if not hasattr(judge.attend_in, "planted"):
+            real = judge.attend_in
+
+            def attend_in(*args, **kwargs):
+                calls[0] += 1
+                if (calls[0] - 1) % every == 0:
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 916.00 MiB (planted in the "
+                                                 "oracle)")
+                return real(*args, **kwargs)
+
+            attend_in.planted = True
+            judge.attend_in = attend_in
+        return attention(batch, out)
+    return run
+
+
+oracle_runs_out_of_memory_once = _kernel("oracle_runs_out_of_memory_once", _plant_in_the_oracle(every=2))
+oracle_runs_out_of_memory_always = _kernel("oracle_runs_out_of_memory_always", _plant_in_the_oracle(every=1))
+
+
+def _ignores_windows(batch, out):
+    import dataclasses
+
+    unwindowed = dataclasses.replace(batch, case=dataclasses.replace(batch.case, sliding_window=0))
+    return attention(unwindowed, out)
+
+
+# declares windows, ignores them, and declines every case without one: the capability hint's
+# window-less case is one its supports() turns down
+windowed_only_ignores_windows = Kernel(
+    name="hostile@windowed_only_ignores_windows", run=_ignores_windows, capabilities=CAPS, expect="caught",
+    spec="tests.subjects:windowed_only_ignores_windows",
+    supports=lambda case: None if case.sliding_window else "takes windowed cases only")
+
+
+def _slowly(run, seconds: float):
+    def slow(batch, out):
+        time.sleep(seconds)  # holds its case's memory a while, as a long launch on a busy GPU does
+        return run(batch, out)
+    return slow
+
+
+slow_correct = _kernel("slow_correct", _slowly(attention, 0.1))
+slow_mask_multiply = _kernel("slow_mask_multiply", _slowly(lambda b, o: attention(b, o, bug="mask-multiply"), 0.1))

@@ -2,14 +2,18 @@
 any way that import ends other than with a Kernel is one line naming the module and exit 2."""
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from nanfuzz.harness.campaign.settings import DEFAULT_LAUNCH_TIMEOUT
 from nanfuzz.harness.cli import main
+from nanfuzz.harness.gate.run import choose_kernels
 from nanfuzz.harness.launch.import_probe import import_first
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -69,3 +73,39 @@ def test_in_pytest_an_adapter_that_ends_its_import_is_an_error_of_its_test_not_t
     assert proc.returncode == pytest.ExitCode.TESTS_FAILED, proc.stdout + proc.stderr
     assert "1 error" in proc.stdout and words in proc.stdout and f"tests.hostile_imports.{module}" in proc.stdout, \
         proc.stdout + proc.stderr
+
+
+HANGS = "tests.hostile_imports.hangs:kernel"
+
+
+@pytest.mark.parametrize("argv", [
+    ["fuzz", "--kernel", HANGS, "--no-isolation"],
+    ["replay", "REPRO", "--no-isolation"],
+    ["export", "REPRO"],
+    ["bench", "--kernel", HANGS, "--no-isolation", "--examples", "1", "--seeds", "0"],
+], ids=["fuzz-no-isolation", "replay-no-isolation", "export", "bench-no-isolation"])
+def test_an_import_that_hangs_ends_every_command_within_the_launch_timeout(argv, tmp_path, capsys):
+    record = json.loads((ROOT / "tests" / "regressions" / "paged_decode-tail-past-seq-len.json").read_text())
+    repro = tmp_path / "hangs.json"
+    repro.write_text(json.dumps({**record, "kernel": HANGS, "kernel_name": HANGS}))
+    argv = [str(repro) if arg == "REPRO" else arg for arg in argv]
+
+    def hung(signum, frame):
+        raise AssertionError(f"nanfuzz {argv[0]} still importing the module after a minute")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        assert main([*argv, "--device", "cpu", "--launch-timeout", "2"]) == 2
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    err = capsys.readouterr().err.strip()
+    assert "importing module 'tests.hostile_imports.hangs' did not finish within 2 s" in err and "\n" not in err
+
+
+def test_the_gate_imports_a_user_s_kernel_first_within_the_launch_timeout(monkeypatch):
+    monkeypatch.setitem(DEFAULT_LAUNCH_TIMEOUT, "cpu", 2.0)
+    with pytest.raises(NanfuzzError, match="did not finish within 2 s \\(the default launch timeout\\)"):
+        choose_kernels([HANGS], "cpu")
+    assert choose_kernels(["tests.torch_kernels:correct"], "cpu") == ["tests.torch_kernels:correct"]

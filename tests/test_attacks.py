@@ -3,6 +3,9 @@ fork server its worker came from, one that leaves processes behind.  Each is a v
 case that did it, or nothing at all; none reaches the campaign."""
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,9 +31,11 @@ def settings(tmp_path):
                     seed=0, max_examples=100, launch_timeout=2.0)
 
 
-def test_a_kernel_that_kills_its_process_group_is_a_crash_shrunk_like_any_death(settings):
+@pytest.mark.parametrize("subject", [subjects.kills_its_process_group, subjects.kills_its_group_by_pid_zero],
+                         ids=["killpg-0", "kill-0"])
+def test_a_kernel_that_kills_its_process_group_is_a_crash_shrunk_like_any_death(settings, subject):
     # the worker leads a group of its own: were it the campaign's, this test's process would die here
-    campaign = fuzz(subjects.kills_its_process_group, settings)
+    campaign = fuzz(subject, settings)
     assert campaign.failed and campaign.failure.verdict is Verdict.CRASH, campaign.failure
     assert "killed by SIGKILL during a launch" in campaign.failure.summary
     assert len(campaign.failing_case.sequences) == 1 and campaign.failing_case.sliding_window > 0
@@ -83,3 +88,59 @@ def test_processes_a_kernel_starts_end_with_its_worker(tmp_path, monkeypatch):
     finally:
         subject.close()
     assert not running(second)  # a worker stopped by its campaign takes its children too
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _in_a_session_of_its_own(command: list[str], folder: Path) -> subprocess.CompletedProcess:
+    """``command`` in ``folder``, leading a session of its own: a kernel that signals its group there
+    reaches it and nothing of this test's."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CI", None)
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=600,
+                          start_new_session=True)
+
+
+def test_without_isolation_a_kernel_that_kills_the_campaign_s_group_is_the_next_run_s_crash(tmp_path):
+    command = [sys.executable, "-m", "nanfuzz", "fuzz", "--kernel", "tests.subjects:kills_its_group_by_pid_zero",
+               "--device", "cpu", "--no-isolation", "--max-examples", "100", "--seed", "0", "--launch-timeout", "60"]
+    first = _in_a_session_of_its_own(command, tmp_path)
+    assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr  # the campaign itself dies
+    assert list((tmp_path / ".nanfuzz" / "journal").glob("*.json")), "its case in flight is journaled"
+    second = _in_a_session_of_its_own(command, tmp_path)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "replayed in a fresh worker it gives CRASH" in second.stderr
+    assert "CRASH: the worker process was killed by SIGKILL during a launch" in second.stdout
+    assert list((tmp_path / ".nanfuzz" / "repros").glob("*crash*.json"))
+
+
+_INLINE = """
+import os, sys
+import nanfuzz
+from tests.torch_kernels import CAPS, attention
+
+def run(batch, out):
+    if batch.case.sliding_window:
+        os.kill(0, 9)
+    return attention(batch, out)
+
+def main():
+    kernel = nanfuzz.Kernel("inline@kills-its-group", run, CAPS)  # no import path: it runs in this process
+    campaign = nanfuzz.fuzz(kernel, device="cpu", max_examples=100, seed=0, use_database=False)
+    print(campaign.failure.summary if campaign.failed else "PASS")
+    return 1 if campaign.failed else 0
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+
+def test_a_kernel_only_the_campaign_s_process_runs_that_kills_it_twice_on_one_case_is_a_crash(tmp_path):
+    (tmp_path / "campaign.py").write_text(_INLINE)
+    command = [sys.executable, "campaign.py"]
+    assert _in_a_session_of_its_own(command, tmp_path).returncode == -signal.SIGKILL
+    assert _in_a_session_of_its_own(command, tmp_path).returncode == -signal.SIGKILL  # its replay, there too
+    third = _in_a_session_of_its_own(command, tmp_path)
+    assert third.returncode == 1, third.stdout + third.stderr
+    assert third.stdout.startswith("CRASH: the campaign's process died running this case, and died again")

@@ -45,8 +45,8 @@ def _mutated(record, change):
     (lambda d: d.__setitem__("kernel", ["paged_decode@masked"]), "lacks \"kernel\""),
     (lambda d: d.__setitem__("kernel", "os:getcwd"), "not a nanfuzz Kernel"),
     (lambda d: d.__setitem__("kernel", "sys:exit"), "not a nanfuzz Kernel"),
-    (lambda d: (d["case"]["geometry"].update(num_q_heads=1024, num_kv_heads=1024, block_size=4096, num_blocks=1024),
-                d["case"]["sequences"][0].update(block_table=[1])), "refusing it before allocating"),
+    (lambda d: d["case"]["geometry"].update(num_q_heads=128, num_kv_heads=128, num_blocks=1 << 21),
+     "GiB the device has; declined"),
 ], ids=["huge-num-blocks", "huge-block-size", "causal-as-string", "length-as-string", "sequences-not-a-list",
         "kernel-not-a-string", "os-getcwd", "sys-exit", "beyond-free-memory"])
 def test_a_bad_repro_is_one_line_and_exit_2(tmp_path, good_record, change, words):

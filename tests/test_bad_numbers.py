@@ -45,6 +45,15 @@ def test_a_state_folder_that_is_a_file_is_an_error_not_a_note(tmp_path, capsys, 
     assert Settings.from_environment({"NANFUZZ_STATE_DIR": str(tmp_path / "new" / "state")}).state_dir.name == "state"
 
 
+def test_a_memory_ledger_folder_that_is_a_file_is_an_error(tmp_path):
+    blocked = tmp_path / "ledger"
+    blocked.write_text("a file where the folder should be")
+    with pytest.raises(NanfuzzError, match=r"the memory ledger folder \(NANFUZZ_MEMORY_DIR\) .* is a file"):
+        Settings.from_environment({"NANFUZZ_MEMORY_DIR": str(blocked)})
+    made = Settings.from_environment({"NANFUZZ_MEMORY_DIR": str(tmp_path / "shared")})
+    assert made.memory.ledger_dir == str(tmp_path / "shared")
+
+
 @pytest.mark.parametrize("options, words", [
     ({"launch_timeout": math.nan}, "launch_timeout=nan must be a finite number > 0"),
     ({"time_budget": -5.0}, "time_budget=-5 must be a finite number > 0"),

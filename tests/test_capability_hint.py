@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import nanfuzz
+from nanfuzz.harness.cli import main
 from nanfuzz.harness.kernel import Kernel
 from tests.torch_kernels import CAPS, attention
 
@@ -40,3 +42,12 @@ def test_a_bug_that_is_no_capability_s_names_none():
     campaign = nanfuzz.fuzz(MASK_MULTIPLY, device="cpu", max_examples=200, seed=2, isolation=False,
                             use_database=False)
     assert campaign.failed and "capability" not in campaign.failure.evidence
+
+
+def test_a_kernel_that_declines_the_case_without_its_window_keeps_its_finding_and_repro(tmp_path, capsys):
+    state = tmp_path / "state"
+    argv = ["fuzz", "--kernel", "tests.subjects:windowed_only_ignores_windows", "--device", "cpu", "--max-examples",
+            "200", "--seed", "2", "--state-dir", str(state), "--summary-json", str(tmp_path / "summary.json")]
+    assert main(argv) == 1, capsys.readouterr().err  # its supports() turns down the hint's window-less case
+    (entry,) = json.loads((tmp_path / "summary.json").read_text())["kernels"]
+    assert entry["repro"] and (state / "repros").is_dir() and "capability" not in entry["evidence"]

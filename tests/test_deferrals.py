@@ -40,7 +40,7 @@ class PuttingOff:
         self._claim: dict = {}       # case -> the claim of its binary
         self._landing: list[tuple[Path, int]] = []
 
-    def check(self, case, *, digest=False, explain=False, defer=False):
+    def check(self, case, *, digest=False, explain=False, defer=False, patience=None):
         self.calls += 1
         for claim, at in self._landing:
             if self.calls >= at and claim.exists():
@@ -119,9 +119,9 @@ def test_nothing_is_put_off_once_a_failure_is_found(tmp_path):
     asked = []
 
     class Recording(PuttingOff):
-        def check(self, case, *, digest=False, explain=False, defer=False):
+        def check(self, case, *, digest=False, explain=False, defer=False, patience=None):
             asked.append((defer, bool(self.checked) and any(map(_three_long, self.checked))))
-            return super().check(case, digest=digest, explain=explain, defer=defer)
+            return super().check(case, digest=digest, explain=explain, defer=defer, patience=patience)
 
     campaign = _campaign(tmp_path, Recording(tmp_path, _three_long), max_examples=200, seed=3)
     assert campaign.failed
@@ -220,9 +220,9 @@ def test_while_a_farm_runs_nothing_waits_for_a_binary_and_the_end_of_the_run_wai
     asked = []
 
     class Recording(PuttingOff):
-        def check(self, case, *, digest=False, explain=False, defer=None):
+        def check(self, case, *, digest=False, explain=False, defer=None, patience=None):
             asked.append((defer, farm.peek()))
-            return super().check(case, digest=digest, explain=explain, defer=defer)
+            return super().check(case, digest=digest, explain=explain, defer=defer, patience=patience)
 
     subject = Recording(tmp_path, lambda case: False, every=2, lands_after=None)  # lands when the farm is done
     farm = FarmFinishingAfter(polls=400)

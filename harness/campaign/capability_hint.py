@@ -15,6 +15,8 @@ from dataclasses import replace
 
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.launch.worker import Declined
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.semantics import slot_liveness
@@ -28,10 +30,13 @@ FEATURES = (
 )
 
 
-def name_the_capability(campaign: Campaign, caps: Capabilities, subject, interpreter: bool, *,
+def name_the_capability(campaign: Campaign, caps: Capabilities, check, kernel: Kernel, interpreter: bool, *,
                         expected: bool = False) -> None:
-    """Judge the failing case once without each declared feature it has; note the first whose absence passes
-    (``expected``: the finding is the one the kernel is kept to show)."""
+    """Judge the failing case once without each declared feature it has (``check``: the campaign's
+    check of a case); note the first whose absence passes (``expected``: the finding is the one the
+    kernel is kept to show).  A case without the feature that the kernel does not take (its
+    capabilities or its ``supports()``), or that is declined for memory, says nothing either way:
+    the next feature is tried, and the failure stands."""
     failure, case = campaign.failure, campaign.failing_case
     if failure is None or failure.verdict is Verdict.HANG:  # a HANG's check costs a whole timeout
         return
@@ -43,7 +48,10 @@ def name_the_capability(campaign: Campaign, caps: Capabilities, subject, interpr
             other.validate()
         except NanfuzzError:
             continue  # the feature is what makes the case a valid batch (a live key in the null block without it)
-        if caps.unsupported(other, interpreter=interpreter) or subject.check(other).failed:
+        if caps.unsupported(other, interpreter=interpreter) or kernel.declines(other):
+            continue
+        outcome = check(other)
+        if isinstance(outcome, Declined) or outcome.failed:
             continue
         if expected:
             note = (f"fails only with {what}: the same case without them passes, so what this variant gets wrong "

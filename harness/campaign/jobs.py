@@ -253,13 +253,17 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
         raise NanfuzzError(errors[0])
     measured_from = min((span[0] for _, span in finished), default=spread.start) if spread.warmup else spread.start
     merged = _merge(kernel.name, settings.device, finished, measured_from)
-    merged.notes = notes + merged.notes
+    merged.notes = notes + merged.notes + [f"{kernel.name}: a job stopped: {error}" for error in dict.fromkeys(errors)]
     merged.note_declines()  # over every job's draws, in place of each job's own
     merged.note_reads()
     merged.interrupted = interrupted or any(c.interrupted for c, _ in finished)
     if died and not merged.failed:
         raise NanfuzzError(f"kernel {kernel.name}: a job process died outside the kernel's launches "
                            f"(exit status {processes[died[0]].exitcode}); run with --jobs 1 to see why")
+    if not merged.interrupted:
+        from nanfuzz.harness.campaign.runner import require_a_judged_case
+
+        require_a_judged_case(merged)
     merged.elapsed = max((span[1] for _, span in finished), default=time.time()) - measured_from
     return merged
 
@@ -310,6 +314,9 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.worker_restarts += campaign.worker_restarts
         merged.deferred += campaign.deferred
         merged.declined_for_memory += campaign.declined_for_memory
+        merged.judging_out_of_memory += campaign.judging_out_of_memory
+        merged.memory_waits += campaign.memory_waits
+        merged.memory_wait_seconds += campaign.memory_wait_seconds
         if campaign.compiles is not None:
             merged.compiles = (merged.compiles or 0) + campaign.compiles
         if campaign.time_to_first_example is not None:

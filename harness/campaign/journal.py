@@ -7,7 +7,9 @@ campaign that finishes removes its file.  A file nobody holds a lock on was
 left by a campaign process that died unobserved (``kill -9``, an in-process
 kernel that took the process down): its case is a lead, replayed in a fresh
 worker before anything is reported.  Concurrent campaigns and xdist workers
-never read each other's files, because a live owner's lock is held.
+never read each other's files, because a live owner's lock is held.  A
+leftover's replay is journaled too, marked as one: a campaign whose kernel
+runs in its own process and dies again replaying it leaves it marked.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import json
 import os
 import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 from nanfuzz.reference.case import Case
@@ -52,11 +55,12 @@ class Journal:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
         return self
 
-    def record(self, case: Case) -> None:
-        """The case about to run; overwritten in place (the lock stays on this file)."""
+    def record(self, case: Case, replaying: bool = False) -> None:
+        """The case about to run (``replaying``: a leftover's replay); overwritten in place (the lock
+        stays on this file)."""
         if self._fd is None:
             return
-        data = json.dumps({"kernel": self.kernel_name, "case": case.to_dict()}).encode()
+        data = json.dumps({"kernel": self.kernel_name, "case": case.to_dict(), "replaying": replaying}).encode()
         try:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, data, 0)
@@ -80,10 +84,18 @@ class Journal:
             self._fd = None
 
 
-def leftovers(state_dir: Path, kernel_name: str) -> list[Case]:
+@dataclass(frozen=True)
+class Leftover:
+    """A case a dead campaign process left in flight; ``died_replaying``: it died replaying a leftover."""
+
+    case: Case
+    died_replaying: bool = False
+
+
+def leftovers(state_dir: Path, kernel_name: str) -> list[Leftover]:
     """Cases that dead campaign processes left in flight against ``kernel_name``; their files are removed."""
     directory = Path(state_dir) / "journal"
-    found: list[Case] = []
+    found: list[Leftover] = []
     if not directory.is_dir():
         return found
     for path in sorted(directory.glob(f"{safe_name(kernel_name)}.*.json")):
@@ -93,7 +105,19 @@ def leftovers(state_dir: Path, kernel_name: str) -> list[Case]:
     return found
 
 
-def _claim(path: Path, kernel_name: str) -> Case | None:
+def put_back(state_dir: Path, kernel_name: str, leftover: Leftover) -> None:
+    """A claimed leftover that could not be replayed now, left again for a later campaign."""
+    directory = Path(state_dir) / "journal"
+    path = directory / f"{safe_name(kernel_name)}.{os.getpid()}.{secrets.token_hex(4)}.json"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"kernel": kernel_name, "case": leftover.case.to_dict(),
+                                    "replaying": leftover.died_replaying}))
+    except OSError:
+        pass  # the campaign's note says it was not replayed
+
+
+def _claim(path: Path, kernel_name: str) -> Leftover | None:
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError:
@@ -116,7 +140,7 @@ def _claim(path: Path, kernel_name: str) -> Case | None:
             data = json.loads(text)
             if data.get("kernel") != kernel_name:
                 return None
-            return Case.from_dict(data["case"])
+            return Leftover(Case.from_dict(data["case"]), data.get("replaying") is True)
         except (ValueError, KeyError, TypeError, AttributeError, NanfuzzError):
             return None
     finally:

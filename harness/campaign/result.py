@@ -16,6 +16,8 @@ from nanfuzz.reference.case import Case
 DECLINE_NOTE_SHARE = 0.10
 _DECLINE_NOTE = "of the cases drawn were declined by its supports()"
 
+_SHRINK_DECLINE_NOTE = "a case met while shrinking did not get its device memory in time"
+
 # The first examples of a campaign whose timing it keeps (``Campaign.early_examples``): as many
 # as it draws in advance for the compile farm (``harness.campaign.upcoming``).
 EARLY_EXAMPLES = UPCOMING_CASES
@@ -48,7 +50,10 @@ class Campaign:
     early_examples: list[dict] = field(default_factory=list)
     compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
     deferred: int = 0             # checks put off while a binary they needed compiled elsewhere (GPU)
-    declined_for_memory: int = 0  # drawn cases skipped: more device memory than was free
+    declined_for_memory: int = 0  # cases skipped: their device memory did not come free (harness.judge.memory)
+    judging_out_of_memory: int = 0  # of those, cases whose judging ran out of memory, twice
+    memory_waits: int = 0         # checks that waited for device memory before they built anything
+    memory_wait_seconds: float = 0.0
     paths_missed: list[str] = field(default_factory=list)  # Triton kernels earlier campaigns reached, this one not
     farm: dict | None = None      # what its own compile farm did (Farm.summary())
     # CPU seconds: the campaign's own process (judging included where the kernel runs in it), and the
@@ -70,7 +75,26 @@ class Campaign:
                 "farm_wait_s": round(outcome.timings.get("compile", 0.0), 3),
                 "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value})
 
+    def declined(self, declined, shrinking: bool = False) -> None:
+        """A case declined for memory (a ``harness.launch.worker.Declined``): counted, and the first
+        of each kind noted."""
+        if declined.judging_failed and not self.judging_out_of_memory:
+            self.notes.append(f"{self.kernel}: nanfuzz ran out of device memory judging a case, retried it once "
+                              f"with its memory reserved again, and ran out again: {declined.reason} (such cases are "
+                              "counted as judging_out_of_memory, never as the kernel's verdict; the campaign went on)")
+        elif shrinking and not any(_SHRINK_DECLINE_NOTE in note for note in self.notes):
+            self.notes.append(f"{self.kernel}: {_SHRINK_DECLINE_NOTE}: {declined.reason}; the repro is the smallest "
+                              "failing case that could run")
+        elif not shrinking and not declined.judging_failed and not self.declined_for_memory:
+            self.notes.append(f"{self.kernel}: a drawn case was skipped: {declined.reason} (such cases are counted as "
+                              "declined_for_memory; the campaign went on)")
+        self.declined_for_memory += 1
+        self.judging_out_of_memory += declined.judging_failed
+
     def count(self, outcome: Outcome) -> None:
+        if outcome.memory_waited > 0:
+            self.memory_waits += 1
+            self.memory_wait_seconds += outcome.memory_waited
         self.examples += 1
         self.judging_cpu_seconds += outcome.cpu_seconds
         self.verdicts[outcome.verdict.value] = self.verdicts.get(outcome.verdict.value, 0) + 1

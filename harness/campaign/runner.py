@@ -40,7 +40,7 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import FarmHandle
 from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import subject_for, worker_spec
-from nanfuzz.harness.launch.worker import judged
+from nanfuzz.harness.launch.worker import Declined
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -77,6 +77,14 @@ class _FarmWait:
         waited = self.farm.wait_for(self.kernel, case)
         if waited:
             campaign.phase_times["compile"] = campaign.phase_times.get("compile", 0.0) + waited
+
+
+def require_a_judged_case(campaign: Campaign) -> None:
+    """A campaign that judged nothing because its every case was declined for memory passes
+    nothing: one line and exit 2, never a silent pass."""
+    if campaign.declined_for_memory and not campaign.examples and not campaign.failed:
+        raise NanfuzzError(f"kernel {campaign.kernel}: every case drawn ({campaign.declined_for_memory}) was declined "
+                           "for memory, so nothing was judged; see the note above, or run where the device has room")
 
 
 def note_paths(campaign: Campaign, state_dir) -> None:
@@ -116,6 +124,8 @@ class CampaignRunner:
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
         self.search_seed = search_seed(settings, self.profile)
+        # a failure's checks (shrinking, replays) wait for memory as long as shrinking may last
+        self.finding_patience = max(settings.memory.search_wait, settings.shrink_budget)
         self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed,
                                  statistics=Statistics.for_capabilities(self.caps))
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
@@ -130,21 +140,19 @@ class CampaignRunner:
     def run(self) -> Campaign:
         try:
             self.prepare()
-            leftover = self.recover_leftovers()
-            if leftover is not None:
-                return leftover
-            self.database = self._open_database()
+            # every case this campaign hands its subject is journaled first, a dead campaign's replays included
             with Journal(self.settings.state_dir, self.kernel.name) as self.journal, \
                     hypothesis_files_in(self.settings.state_dir):
                 if self.journal.note:
                     self.campaign.notes.append(self.journal.note)
+                leftover = self.recover_leftovers()
+                if leftover is not None:
+                    return leftover
+                self.database = self._open_database()
                 if not self.replay_known_failures():
                     Search(self)()
-            self.remember_failure()
-            self.confirm()
-            if not self.campaign.interrupted:
-                name_the_capability(self.campaign, self.caps, self.subject, self.settings.device == "cpu",
-                                    expected=self.kernel.expect == "caught")
+                    self._judged_something()
+                self.after_the_finding()
         except KeyboardInterrupt:  # Ctrl-C or a stop signal outside the search (which keeps its own)
             if not self.campaign.failed:
                 raise
@@ -181,7 +189,8 @@ class CampaignRunner:
         """The failure a case left by a dead campaign gives again, if any (notes for the others)."""
         if not self.settings.check_leftovers:
             return None
-        leftover, notes = recover_leftovers(self.kernel, self.settings, self.subject)
+        leftover, notes = recover_leftovers(self.kernel, self.settings, self.subject, self.journal,
+                                            self.finding_patience)
         self.campaign.notes += notes
         return leftover
 
@@ -196,8 +205,12 @@ class CampaignRunner:
             if self.caps.unsupported(case, interpreter=interpreter) or self.kernel.declines(case):
                 continue  # the kernel's capabilities changed since; the entry may still matter elsewhere
             self.journal.record(case)
-            outcome = judged(self.subject.check(case))
+            outcome = self.subject.check(case, patience=self.finding_patience)
             self.journal.clear()
+            if isinstance(outcome, Declined):  # kept for a later campaign to replay
+                campaign.notes.append(f"{self.kernel.name}: a known failure from the example database was not "
+                                      f"replayed: {outcome.reason}; it stays in the database")
+                continue
             campaign.tally(case, outcome)
             if self.hooks.on_example is not None:
                 self.hooks.on_example(campaign)
@@ -207,6 +220,31 @@ class CampaignRunner:
                 return True
             known_failures.forget(self.database, self._known_key(), raw)
         return False
+
+    def after_the_finding(self) -> None:
+        """Remember the failure, confirm it, name the capability it hangs on: nothing here may cost
+        the finding, so a step that cannot go on is a note and the failure stands as found."""
+        steps = (("remembering it", self.remember_failure), ("replaying it", self.confirm),
+                 ("judging it without each declared feature", self.name_the_capability))
+        for what, step in steps:
+            if not self.campaign.failed:
+                return
+            try:
+                step()
+            except NanfuzzError as exc:
+                self.campaign.notes.append(f"{self.kernel.name}: the failure stands as found; {what} stopped: {exc}")
+
+    def name_the_capability(self) -> None:
+        if not self.campaign.interrupted:
+            name_the_capability(self.campaign, self.caps, self._check_journaled, self.kernel,
+                                self.settings.device == "cpu", expected=self.kernel.expect == "caught")
+
+    def _check_journaled(self, case: Case, **options):
+        """The subject's check of a case after the search (journaled as the search's are)."""
+        self.journal.record(case)
+        answer = self.subject.check(case, patience=self.finding_patience, **options)
+        self.journal.clear()
+        return answer
 
     def remember_failure(self) -> None:
         """A failure found goes into the example database, for every later campaign to replay first."""
@@ -219,20 +257,28 @@ class CampaignRunner:
         if not campaign.failed or not replays or campaign.interrupted:
             return
         outcome = campaign.failure
-        runs = 1 if outcome.verdict is Verdict.HANG else replays  # each HANG replay costs a whole timeout
-        repeated, digests, final = 0, set(), None
-        for n in range(runs):
-            again = judged(self.subject.check(campaign.failing_case, digest=True, explain=n == 0))
+        planned = runs = 1 if outcome.verdict is Verdict.HANG else replays  # each HANG replay costs a whole timeout
+        repeated, digests, final, declined = 0, set(), None, None
+        for n in range(planned):
+            again = self._check_journaled(campaign.failing_case, digest=True, explain=n == 0)
+            if isinstance(again, Declined):  # the failure stands as found, its replays untold
+                declined, runs = again, n
+                break
             if again.verdict is outcome.verdict:
                 repeated += 1
                 final = final or again
                 if again.output_sha256:
                     digests.add(again.output_sha256)
+        if declined is not None:
+            campaign.notes.append(f"{campaign.kernel}: the reported {outcome.verdict.value} was replayed {runs} of "
+                                  f"{planned} times: {declined.reason}; the failure stands as found")
         if final is not None:
             final.evidence = {**final.evidence, "repeated": f"{repeated}/{runs}"}
             campaign.failure = final
-        else:
+        elif runs:
             outcome.evidence = {**outcome.evidence, "repeated": f"0/{runs}"}
+        else:
+            outcome.evidence = {**outcome.evidence, "repeated": "not replayed"}
         if repeated < runs:
             campaign.notes.append(f"{campaign.kernel}: the reported {outcome.verdict.value} repeated on {repeated} of "
                                   f"{runs} replays in a fresh run: a flaky or nondeterministic failure")
@@ -261,6 +307,13 @@ class CampaignRunner:
         return campaign
 
     # -- helpers -------------------------------------------------------------------------
+    def _judged_something(self) -> None:
+        """A usage error for a campaign whose every case was declined for memory: no pass.  (A job's
+        campaign leaves it to its run, which merges every job's.)"""
+        campaign = self.campaign
+        if self._own_subject and not campaign.failed and not campaign.examples and not campaign.interrupted:
+            require_a_judged_case(campaign)
+
     def _check_read_tracing(self) -> None:
         """--strict-reads needs traced loads (a usage error where there are none); under an interpreter
         that cannot be traced, a note says the read coverage is not measured."""

@@ -174,7 +174,12 @@ class Search:
             campaign.failure, campaign.failing_case = failure.outcome, failure.case
             return False
         except _Aborted as aborted:
-            raise aborted.error from None
+            if self.first is None:
+                raise aborted.error from None
+            # a failure is found: nothing after it may cost it (the repro is the smallest one so far)
+            campaign.notes.append(f"{run.kernel.name}: shrinking stopped: {aborted.error}; the repro is the "
+                                  "smallest failing case found by then")
+            return False
         except StopRequested:
             if run.hooks.interrupted is not None and run.hooks.interrupted():
                 campaign.interrupted = True
@@ -258,12 +263,16 @@ class Search:
             target(ratio / bound, label="error over the bound")
 
     def _judge(self, case: Case, defer: str | None) -> Outcome | None:
-        """Check one case and count it; None when the worker put it off (``harness.campaign.deferrals``)."""
+        """Check one case and count it; None when the worker put it off (``harness.campaign.deferrals``)
+        or it was declined for memory (after a failure is found, a check waits for memory as long
+        as shrinking may last)."""
         run, campaign = self.run, self.campaign
         run.journal.record(case)
         checked = time.perf_counter()
+        patience = None if self.first is None else run.finding_patience
         try:
-            outcome = run.subject.check(case, defer=defer) if defer else run.subject.check(case)
+            outcome = (run.subject.check(case, defer=defer, patience=patience) if defer
+                       else run.subject.check(case, patience=patience))
         except NanfuzzError as exc:
             raise _Aborted(exc) from None
         run.journal.clear()
@@ -271,10 +280,7 @@ class Search:
             self.deferrals.add(case, outcome.skipped)
             return None
         if isinstance(outcome, Declined):
-            if not campaign.declined_for_memory:
-                campaign.notes.append(f"{run.kernel.name}: a drawn case was skipped: {outcome.reason} (such cases "
-                                      "are counted as declined_for_memory; the campaign went on)")
-            campaign.declined_for_memory += 1
+            campaign.declined(outcome, shrinking=self.first is not None)
             return None
         campaign.note_early(outcome, checked - run.start, time.perf_counter() - checked)
         campaign.count(outcome)

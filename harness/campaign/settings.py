@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nanfuzz.harness.adapters.sources import SOURCES
 from nanfuzz.harness.campaign.focus import Focus
+from nanfuzz.harness.judge.memory import MemoryPolicy
 
 # Generous: a correct launch of the largest generated case takes milliseconds
 # on a GPU and a few seconds under the interpreter; compiles are excluded.
@@ -63,6 +64,8 @@ class Settings:
     cuda_index: int | None = None            # pin workers to this GPU
     targeting: bool = True                   # report dead slots addressed and the error ratio to Hypothesis's target()
     strict_reads: bool = False               # a PASS whose traced loads addressed dead slots is a DEAD_READ (interpreter)
+    memory: MemoryPolicy = field(default_factory=MemoryPolicy)  # how its processes share the device's memory
+                                             # with every other nanfuzz process there (NANFUZZ_MEMORY_DIR)
 
     @property
     def examples_path(self) -> Path:
@@ -99,6 +102,8 @@ class Settings:
             **{keyword: env.get(f"NANFUZZ_{keyword.upper()}") or None for keyword, _ in SOURCES.values()},
             "profile": env.get("NANFUZZ_PROFILE") or ("ci" if env.get("CI") else "dev"),
         }
+        if (env.get("NANFUZZ_MEMORY_DIR") or "").strip():
+            values["memory"] = MemoryPolicy(ledger_dir=env["NANFUZZ_MEMORY_DIR"].strip())
         if (env.get("NANFUZZ_CAMPAIGNS_PER_DEVICE") or "").strip():
             values["campaigns_per_device"] = _count("NANFUZZ_CAMPAIGNS_PER_DEVICE", env["NANFUZZ_CAMPAIGNS_PER_DEVICE"])
         if (env.get("NANFUZZ_COMPILE_JOBS") or "").strip():
@@ -110,6 +115,8 @@ class Settings:
             if name in _LEAST and value is not None:
                 check_number(name, value, *_LEAST[name])
         _check_folder(Path(values["state_dir"]), "the state folder (--state-dir, NANFUZZ_STATE_DIR)")
+        if "memory" in values and values["memory"].ledger_dir:
+            _check_folder(Path(values["memory"].ledger_dir), "the memory ledger folder (NANFUZZ_MEMORY_DIR)")
         return cls(**values)
 
 

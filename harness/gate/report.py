@@ -90,6 +90,7 @@ def recover_dead_shard(plan: Plan, record: ShardRecord, *, stopped_at_deadline: 
     """A ``running`` record whose worker died: its in-flight case, from the slot's journal, is replayed
     in a fresh supervised worker; it is a CRASH (or HANG) only if it fails that way again."""
     from nanfuzz.harness.launch.subjects import make_subject
+    from nanfuzz.harness.launch.worker import Declined
     from nanfuzz.harness.campaign.journal import leftovers
     from nanfuzz.harness.registry import resolve
     from nanfuzz.harness.report.repro import write_repro
@@ -103,14 +104,20 @@ def recover_dead_shard(plan: Plan, record: ShardRecord, *, stopped_at_deadline: 
         record.summary = (f"{why} between cases (no case in flight); {record.examples} examples ran" if stopped_at_deadline
                           else f"CRASH: {why} outside a kernel launch (no in-flight case to recover)")
         return record
-    case = cases[0]
+    case = cases[0].case
     settings = Settings.from_environment(device=plan.device, state_dir=plan.slot_state_dir(record.slot))
     kernel = resolve(record.kernel, **settings.sources)
     subject = make_subject(kernel, settings)
     try:
-        outcome = subject.check(case, digest=True)
+        outcome = subject.check(case, digest=True, patience=settings.shrink_budget)
     finally:
         subject.close()
+    if isinstance(outcome, Declined):  # told as a death without its case: the case's memory never came free
+        record.verdict = "PASS" if stopped_at_deadline else "CRASH"
+        record.summary = (f"{why} while a case was in flight, which could not be replayed ({outcome.reason}); "
+                          f"{record.examples} examples ran" if stopped_at_deadline else
+                          f"CRASH: {why} while a case was in flight, which could not be replayed ({outcome.reason})")
+        return record
     outcome.evidence = {**outcome.evidence, "shard": why, **({"pytest": pytest_message} if pytest_message else {})}
     if outcome.verdict.value not in ("CRASH", "HANG"):
         record.verdict = "PASS"

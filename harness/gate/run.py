@@ -150,7 +150,11 @@ def default_grace(budget: float) -> float:
 
 
 def choose_kernels(names: list[str], device: str) -> list[str]:
-    from nanfuzz.harness.registry import builtin_kernels, resolve
+    """The kernels to gate, each resolved here once (a user's module imported first in a probe
+    process, within the default launch timeout: an import that never ends ends the gate)."""
+    from nanfuzz.harness.campaign.settings import DEFAULT_LAUNCH_TIMEOUT
+    from nanfuzz.harness.launch.import_probe import import_first
+    from nanfuzz.harness.registry import builtin_kernels, is_user_spec, resolve
 
     defaults = not names
     if defaults:
@@ -158,6 +162,8 @@ def choose_kernels(names: list[str], device: str) -> list[str]:
         names += [name for _, env_var, kernels in LIBRARY_SOURCES if os.environ.get(env_var) for name in kernels]
     chosen = []
     for name in dict.fromkeys(names):
+        if is_user_spec(name):
+            import_first(name, device, DEFAULT_LAUNCH_TIMEOUT[device], timeout_source="the default launch timeout")
         try:
             kernel = resolve(name, **library_sources())
         except UnsupportedHere as exc:

@@ -25,10 +25,12 @@ from nanfuzz.harness.judge import encodings, reads
 from nanfuzz.harness.judge.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.judge.outcome import Outcome, Verdict, crash as _crash, device_fault as _device_fault
 from nanfuzz.harness.judge.paths import recording_launches
-from nanfuzz.harness.judge.runs import await_runs as _await_runs, digest, launch, no_events, refuse_if_too_large
+from nanfuzz.harness.judge.runs import await_runs as _await_runs, check_footprint, digest, launch, no_events
 from nanfuzz.harness.judge.accuracy import size_tier
 from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
-from nanfuzz.harness.judge.large import refuse_large_if_too_large
+from nanfuzz.harness.judge.large import large_check_footprint
+from nanfuzz.harness.judge.memory import (HarnessOutOfMemory, JudgingOutOfMemory, MemoryPolicy, governor,
+                                          out_of_memory)
 from nanfuzz.harness.judge.pool import process_pool
 from nanfuzz.harness.judge.writes import (Written, any_written, differing, redzone_reads, where_written,
                                           written_regions)
@@ -48,7 +50,8 @@ __all__ = ["Verdict", "Outcome", "check", "digest"]
 
 def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
           interpreter: bool | None = None, digest_pass: bool = True, events=no_events,
-          explain: bool = False, strict_reads: bool = False, trace_reads: bool | None = None) -> Outcome:
+          explain: bool = False, strict_reads: bool = False, trace_reads: bool | None = None,
+          memory: MemoryPolicy | None = None, patience: float | None = None) -> Outcome:
     """Judge ``kernel`` on ``case``.  ``Outcome.timings`` holds seconds per phase:
     materialize (every batch), kernel (every launch), oracle (the gather of the live keys
     and the float64 pass), reference (the same-precision pass from the same gather, and
@@ -64,16 +67,45 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     redzone).  Whatever the kernel raises, ``SystemExit`` included, is a CRASH.  Under the
     interpreter (``trace_reads``, by default) the poisoned run's loads are traced and
     ``Outcome.reads`` says which dead slots they addressed (``harness.judge.reads``); with
-    ``strict_reads`` a PASS whose loads addressed any is a DEAD_READ."""
+    ``strict_reads`` a PASS whose loads addressed any is a DEAD_READ.
+
+    Before anything is built, the case's memory is reserved on the device (``memory``: how this
+    process shares it, ``harness.judge.memory``), waiting up to ``patience`` seconds (default:
+    the policy's ``search_wait``); ``TooLargeForDevice`` where it does not come free.  Where
+    nanfuzz's own allocation fails while judging, or the kernel's during its launch, the check
+    runs once more with this process's caches given back and the memory reserved again: a
+    harness that still fails is ``TooLargeForDevice`` (never a verdict), a kernel that still
+    fails is its CRASH."""
     started = time.process_time()
     device = torch.device(device)
     interpreter = device.type == "cpu" if interpreter is None else interpreter
     kind = LargeCaseCheck if case.large else CaseCheck
     # a large case's batch is pooled on its device: its loads are not traced
     tracing = (interpreter if trace_reads is None else trace_reads) and not case.large
-    outcome = kind(kernel, case, device, interpreter, events, strict_reads=strict_reads,
-                   trace_reads=tracing).judge(digest_pass, explain)
+    policy = memory or MemoryPolicy()
+    share = governor(policy, device)
+    wait = policy.search_wait if patience is None else patience
+
+    def judged() -> Outcome:
+        return kind(kernel, case, device, interpreter, events, strict_reads=strict_reads, trace_reads=tracing,
+                    memory=share, patience=wait).judge(digest_pass, explain)
+
+    waited = share.waited
+    try:
+        outcome = judged()
+    except HarnessOutOfMemory:
+        outcome = None
+    if outcome is None or outcome.evidence.get("out_of_memory"):
+        share.give_back()
+        try:
+            outcome = judged()
+        except HarnessOutOfMemory as exc:
+            raise JudgingOutOfMemory(f"nanfuzz ran out of {'GPU' if device.type == 'cuda' else 'host'} memory "
+                                     f"judging this case, twice ({exc}); declined") from None
+        if outcome.evidence.get("out_of_memory"):
+            outcome.evidence["out_of_memory_twice"] = True  # again with this process's caches given back
     outcome.cpu_seconds = time.process_time() - started
+    outcome.memory_waited = share.waited - waited
     return outcome
 
 
@@ -85,8 +117,9 @@ class CaseCheck:
     "the batches"."""
 
     def __init__(self, kernel: Kernel, case: Case, device: torch.device, interpreter: bool, events, *,
-                 strict_reads: bool = False, trace_reads: bool = False):
+                 strict_reads: bool = False, trace_reads: bool = False, memory=None, patience: float = 0.0):
         self.kernel, self.case, self.device, self.events = kernel, case, device, events
+        self.memory, self.patience = memory, patience
         self.interpreter = interpreter
         self.strict_reads, self.trace_reads = strict_reads, trace_reads
         self.trace: reads.LoadTrace | None = None
@@ -99,11 +132,23 @@ class CaseCheck:
             return self._judge(digest_pass, explain)
         finally:
             self._release()
+            if self.memory is not None:
+                try:
+                    self.memory.settle()
+                except Exception:  # a context the kernel faulted: the outcome says so, the worker is replaced
+                    pass
 
     def _judge(self, digest_pass: bool, explain: bool) -> Outcome:
         self.launched: dict[str, set[str]] = {}  # the poisoned run's Triton kernels (``judge.paths``)
         self.indexed: set[str] = set()  # what its index buffers point at (``reference.layouts``)
-        outcome = self._poisoned_run() or self._oracle() or self._timed_verdict(digest_pass)
+        try:
+            outcome = self._poisoned_run() or self._oracle() or self._timed_verdict(digest_pass)
+        except HarnessOutOfMemory:
+            raise
+        except BaseException as exc:  # outside the kernel's launches: nanfuzz's own allocation
+            if out_of_memory(exc):
+                raise HarnessOutOfMemory(f"{type(exc).__name__}: {exc}".splitlines()[0][:300]) from exc
+            raise
         if explain and outcome.verdict in (Verdict.NONFINITE, Verdict.NONDETERMINISTIC, Verdict.LEAK):
             self._explain(outcome)
         outcome.paths = {name: sorted(specs) for name, specs in sorted(self.launched.items())}
@@ -123,9 +168,9 @@ class CaseCheck:
 
     # -- the stages ----------------------------------------------------------------------
     def _admit(self) -> None:
-        """A usage error for a case the kernel or the device cannot take, before anything is built."""
+        """A usage error for a case the kernel cannot take, and the case's memory reserved on the
+        device (``TooLargeForDevice`` where it does not come free), before anything is built."""
         kernel, case = self.kernel, self.case
-        self._refuse_if_too_large()
         reason = kernel.capabilities.unsupported(case, interpreter=self.interpreter)
         if reason:
             raise NanfuzzError(f"kernel {kernel.name} does not support this case: {reason}")
@@ -133,6 +178,11 @@ class CaseCheck:
         if declined:
             raise NanfuzzError(f"kernel {kernel.name} declines this case (its supports()): {declined}")
         encodings.require(case, "cpu" if self.interpreter else "cuda")
+        if self.memory is not None:
+            self.reserved = self.memory.reserve(self._footprint, self.patience, self._waiting)
+
+    def _waiting(self, on: bool) -> None:
+        self.events("memory-wait" if on else "memory-granted")  # the supervisor's clock stops meanwhile
 
     def _refuse_if_interpreter_cannot_run(self, exc: BaseException) -> None:
         """A usage error, not the kernel's CRASH, where a launch failed for a reason of Triton's
@@ -144,8 +194,8 @@ class CaseCheck:
                                ) from None
 
     # -- the batches -----------------------------------------------------------------------
-    def _refuse_if_too_large(self) -> None:
-        refuse_if_too_large(self.case, self.device)
+    def _footprint(self) -> int:
+        return check_footprint(self.case)
 
     def _build(self) -> None:
         """The poisoned batch (``self.batch``) and ``self.pristine``, what the judges read."""
@@ -193,9 +243,11 @@ class CaseCheck:
                     reads.traced_loads(self.trace_reads) as trace:
                 self.result, self.out, self.buffer = launch(self.kernel, self.batch, self.device, self.events,
                                                             wait=False)
+        except HarnessOutOfMemory:
+            raise
         except BaseException as exc:  # the kernel's own failure is the finding, SystemExit included
             self._refuse_if_interpreter_cannot_run(exc)
-            return _crash(exc, "on the poisoned run")
+            return self._crash(exc, "on the poisoned run")
         self.trace = trace if self.trace_reads else None
         self.timings["kernel"] += time.perf_counter() - t0
         expected_shape = (case.num_tokens, g.num_q_heads, g.v_head_size)
@@ -298,9 +350,11 @@ class CaseCheck:
         t1 = time.perf_counter()
         try:
             output, _, _ = launch(self.kernel, batch, self.device, self.events, wait=False)
+        except HarnessOutOfMemory:
+            raise
         except BaseException as exc:
             self._refuse_if_interpreter_cannot_run(exc)
-            return None, _crash(exc, when)
+            return None, self._crash(exc, when)
         t2 = time.perf_counter()
         self.timings["materialize"] += t1 - t0
         self.timings["kernel"] += t2 - t1
@@ -326,6 +380,13 @@ class CaseCheck:
             return [], crash
         max_error, max_ratio, *flags = read.tolist()
         return [max_error, max_ratio, *(f != 0 for f in flags)], None
+
+    def _crash(self, exc: BaseException, when: str) -> Outcome:
+        """The CRASH of a launch that raised; one that ran out of memory says how much the case had."""
+        outcome = _crash(exc, when)
+        if outcome.evidence.get("out_of_memory"):
+            outcome.evidence["reserved_bytes"] = getattr(self, "reserved", None)
+        return outcome
 
     # -- the failing verdicts' evidence ------------------------------------------------------
     def _nonfinite(self, nonfinite: torch.Tensor) -> Outcome:
@@ -426,8 +487,8 @@ class _Inputs:
 class LargeCaseCheck(CaseCheck):
     """``CaseCheck`` with a large case's batches (see the notes above)."""
 
-    def _refuse_if_too_large(self) -> None:
-        refuse_large_if_too_large(self.case, self.device)
+    def _footprint(self) -> int:
+        return large_check_footprint(self.case)
 
     def _build(self) -> None:
         self.pool = process_pool()

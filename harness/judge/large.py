@@ -1,18 +1,10 @@
-"""What a large case needs of its device: the memory a check of it takes, and the error for one
-that needs more than is free (``CaseCheck`` for large cases is ``harness.judge.check.LargeCaseCheck``)."""
+"""What a large case needs of its device: the memory a check of it takes (``CaseCheck`` for large
+cases is ``harness.judge.check.LargeCaseCheck``; ``harness.judge.memory`` reserves it)."""
 from __future__ import annotations
-
-import torch
 
 from nanfuzz.harness.judge.pool import process_pool
 from nanfuzz.harness.judge.runs import case_bytes
 from nanfuzz.reference.device_build import written_blocks
-from nanfuzz.reference.errors import NanfuzzError
-
-
-class TooLargeForDevice(NanfuzzError):
-    """A case that needs more device memory than is free.  A campaign declines a drawn case
-    that raises it (counted, with a note); a repro that does is the usual one-line error."""
 
 
 def large_case_bytes(case) -> int:
@@ -26,18 +18,9 @@ def large_case_bytes(case) -> int:
     return 3 * compact + min(gathered, 8 << 30)
 
 
-
-
-def refuse_large_if_too_large(case, device: torch.device) -> None:
-    """``TooLargeForDevice`` for a large case the device's free memory cannot hold, before anything is allocated."""
-    import os
-
-    caches = case_bytes(case)  # what the pool's buffers must hold
-    needed = max(0, caches - process_pool().held_bytes()) + caches + large_case_bytes(case)  # + a layout copy
-    if device.type == "cuda":
-        free, where = torch.cuda.mem_get_info(device)[0], "GPU"
-    else:
-        free, where = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "host"
-    if needed > free:
-        raise TooLargeForDevice(f"this case needs about {needed / 2**30:.1f} GiB of {where} memory and "
-                                f"{free / 2**30:.1f} GiB are free; refusing it before allocating anything")
+def large_check_footprint(case) -> int:
+    """About what this process holds at the peak of a check of a large case: the pool's buffers
+    (as large as the case's caches, or larger from an earlier case), a kernel's layout copy of the
+    caches, and ``large_case_bytes``."""
+    caches = case_bytes(case)
+    return max(caches, process_pool().held_bytes()) + caches + large_case_bytes(case)

@@ -43,6 +43,8 @@ class Outcome:
     # the dead-slot classes the index buffers the adapter made for the poisoned run point at
     # (``reference.layouts.recording``); empty for a kernel handed the block table alone
     layout: list = field(default_factory=list)
+    # seconds the check waited for device memory before it built anything (``harness.judge.memory``)
+    memory_waited: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -66,10 +68,15 @@ def device_fault(exc: BaseException) -> bool:
 
 
 def crash(exc: BaseException, when: str) -> Outcome:
-    """The CRASH of a launch (or of our judging) that raised ``exc``."""
+    """The CRASH of a launch that raised ``exc``; one whose allocation failed says so."""
+    from nanfuzz.harness.judge.memory import out_of_memory
+
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
     message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
     fatal = device_fault(exc)
-    return Outcome(Verdict.CRASH, f"CRASH {when}: {message}",
-                   {"error": message, "traceback": "".join(frames[-6:])[-4000:], "device_fault": fatal},
-                   fatal=fatal)
+    evidence = {"error": message, "traceback": "".join(frames[-6:])[-4000:], "device_fault": fatal}
+    if out_of_memory(exc):
+        evidence["out_of_memory"] = True
+        return Outcome(Verdict.CRASH, f"CRASH {when}: the kernel ran out of device memory during its launch "
+                                      f"({message})", evidence, fatal=fatal)
+    return Outcome(Verdict.CRASH, f"CRASH {when}: {message}", evidence, fatal=fatal)

@@ -59,6 +59,13 @@ class CachePool:
     def held_bytes(self) -> int:
         return sum(b.bytes.numel() for b in self._buffers.values() if b.bytes is not None)
 
+    def drop(self) -> None:
+        """Free the buffers no case is attached to (another process waits for the memory); the
+        next large case allocates and fills them again."""
+        for buffer in self._buffers.values():
+            if not buffer.busy:
+                buffer.bytes, buffer.pattern, buffer.extent = None, None, 0
+
     def attach(self, build: DeviceBuild) -> dict[str, Allocation]:
         """The case's caches, each a view into its buffer with the redzone blocks around it, the
         written blocks written: allocations as ``PagedBatch.from_allocations`` takes them."""

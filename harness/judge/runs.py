@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 
 import torch
 
 from nanfuzz.harness.adapters.interpreter_builtins import interpretable_launches
 from nanfuzz.harness.device import standing_in_for
+from nanfuzz.harness.judge.memory import HarnessOutOfMemory, out_of_memory
 from nanfuzz.harness.judge.outcome import Outcome, crash
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.case import Case
-from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.redzones import OUT_GUARD_ROWS
 
 GUARD_ROWS = OUT_GUARD_ROWS  # canary rows after the last token's output row
@@ -59,8 +58,13 @@ def launch(kernel: Kernel, batch, device, events=no_events, *, wait: bool = True
     device in between (the oracle may) is timed as the launch."""
     case = batch.case
     g = case.geometry
-    buffer = torch.full((case.num_tokens + GUARD_ROWS, g.num_q_heads, g.v_head_size), float("nan"),
-                        dtype=batch.q.dtype, device=device)
+    try:
+        buffer = torch.full((case.num_tokens + GUARD_ROWS, g.num_q_heads, g.v_head_size), float("nan"),
+                            dtype=batch.q.dtype, device=device)
+    except BaseException as exc:
+        if out_of_memory(exc):  # nanfuzz's allocation, before the launch: never the kernel's verdict
+            raise HarnessOutOfMemory(f"{type(exc).__name__}: {exc}".splitlines()[0]) from exc
+        raise
     out = buffer[: case.num_tokens]
     events("launch")
     with standing_in_for(kernel.stands_in_for), interpretable_launches(device.type == "cpu"):
@@ -100,13 +104,9 @@ def case_bytes(case: Case) -> int:
     return (caches + tokens) * element
 
 
-def refuse_if_too_large(case: Case, device: torch.device) -> None:
-    """A usage error, before anything is allocated, for a case the device's free memory cannot hold."""
-    needed = _COPIES_HELD * case_bytes(case)
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    if needed > free:
-        raise NanfuzzError(f"this case needs about {needed / 2**30:.1f} GiB of {device.type} memory and "
-                           f"{free / 2**30:.1f} GiB are free; refusing it before allocating anything")
+def check_footprint(case: Case) -> int:
+    """About what this process holds at the peak of a check of a host-built ``case``: the batch,
+    its pristine copy and two more for the later runs, beside what the pool of large cases keeps."""
+    from nanfuzz.harness.judge.pool import process_pool
+
+    return _COPIES_HELD * case_bytes(case) + process_pool().held_bytes()

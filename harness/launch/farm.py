@@ -562,12 +562,22 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
 
 
 def _compile_case(kernel, plan: Plan, case: Case) -> None:
+    """Launch ``case`` compile-only, its tensors' device memory reserved first (not waited for: a
+    task whose memory is taken is given up, and the campaign compiles it when it meets it)."""
     import torch
 
+    from nanfuzz.harness.judge.memory import governor
+    from nanfuzz.harness.judge.runs import case_bytes
     from nanfuzz.reference.materialize import materialize
 
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
-    batch = materialize(case, device)
-    g = case.geometry
-    out = torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=batch.q.dtype, device=device)
-    kernel(batch, out)
+    share = governor(plan.spec.memory, device)
+    share.reserve(2 * case_bytes(case), patience=0.0)  # the batch, and the output and a layout copy at most
+    try:
+        batch = materialize(case, device)
+        g = case.geometry
+        out = torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=batch.q.dtype, device=device)
+        kernel(batch, out)
+        del batch, out
+    finally:
+        share.give_back()

@@ -25,15 +25,18 @@ from nanfuzz.reference.errors import NanfuzzError
 
 def load_kernel(name: str, settings) -> Kernel:
     """``resolve(name)`` in this process, a user's module imported first in a probe process
-    (``settings``: the campaign's; ``isolation=False`` imports here alone, for debugging)."""
-    if settings.isolation and is_user_spec(name):
+    (``settings``: the campaign's).  With ``isolation=False`` too: launches in this process are
+    for debugging, but an import that never ends must still end the command."""
+    if is_user_spec(name):
         import_first(name, settings.device, settings.timeout, settings.import_root)
     return resolve(name, **settings.sources)
 
 
-def import_first(name: str, device: str, timeout: float, import_root: str | None = None) -> None:
+def import_first(name: str, device: str, timeout: float, import_root: str | None = None,
+                 timeout_source: str = "the launch timeout, --launch-timeout") -> None:
     """Import the module of the user's kernel ``name`` in a probe process (``import_root``: see
-    ``resolve``); a NanfuzzError unless it gives a Kernel within ``timeout`` seconds."""
+    ``resolve``); a NanfuzzError unless it gives a Kernel within ``timeout`` seconds
+    (``timeout_source`` says where that number comes from)."""
     module = name.partition(":")[0]
     fd, log = tempfile.mkstemp(prefix="nanfuzz-import-", suffix=".log")
     os.close(fd)
@@ -50,7 +53,7 @@ def import_first(name: str, device: str, timeout: float, import_root: str | None
         answer = _receive(receiver) if receiver in ready else None
         if answer is None:
             how = (_death(process) if ready else
-                   f"did not finish within {timeout:g} s (the launch timeout, --launch-timeout)")
+                   f"did not finish within {timeout:g} s ({timeout_source})")
             printed = _last_line(log)
             raise NanfuzzError(f"kernel {name!r}: importing module {module!r} {how}"
                                + (f"; it printed: {printed}" if printed else ""))

@@ -26,7 +26,7 @@ def subject_for(kernel: Kernel, settings: Settings, spec: WorkerSpec | None, pre
                 device_opened=None):
     """``make_subject`` for a caller that has ``kernel``'s ``worker_spec`` already (None: in this process)."""
     if spec is None or not settings.isolation:
-        return InProcess(kernel, settings.device, strict_reads=settings.strict_reads)
+        return InProcess(kernel, settings.device, strict_reads=settings.strict_reads, memory=settings.memory)
     return Supervised(spec, launch_timeout=settings.timeout, prefer_fork=prefer_fork, device_opened=device_opened)
 
 
@@ -38,6 +38,7 @@ def worker_spec(kernel: Kernel, settings: Settings) -> WorkerSpec | None:
 
     return WorkerSpec(kernel=import_path(kernel), device=settings.device, cuda_index=settings.cuda_index,
                       strict_reads=settings.strict_reads, stands_in_for=kernel.stands_in_for,
+                      memory=settings.memory,
                       **kernel_sources(kernel, settings.sources))
 
 

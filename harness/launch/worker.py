@@ -27,6 +27,7 @@ from multiprocessing.connection import wait
 
 from nanfuzz.harness.device import DeviceProperties
 from nanfuzz.harness.judge.check import Outcome, Verdict
+from nanfuzz.harness.judge.memory import MemoryPolicy
 from nanfuzz.harness.launch.isolation import end_group, isolate
 from nanfuzz.harness.launch.processes import (fork_server_context, fork_server_died, interpret_if_cpu,
                                               plain_fork_context, start)
@@ -36,8 +37,11 @@ from nanfuzz.reference.errors import NanfuzzError
 # A worker imports torch, Triton and the kernel's module before it is ready.
 _START_TIMEOUT = 600.0
 # Our own work around the launches (materialise, oracle, verdict) of a case
-# the size guard accepted takes well under a minute even under the interpreter.
+# the memory governor admitted takes well under a minute even under the interpreter
+# (a wait for memory is not counted: the governor bounds it).
 _HOST_WORK_TIMEOUT = 900.0
+# How often an idle worker looks whether another process waits for the memory it holds.
+_IDLE_LOOK = 1.0
 _LOG_TAIL_LINES = 12
 # What multiprocessing reports for a fork-server child whose status never came (the server died).
 _NO_STATUS = 255
@@ -60,6 +64,7 @@ class WorkerSpec:
     # the kernel's declaration of the GPU a CPU run stands in for, which its import path may not give
     # (a Kernel the caller made with dataclasses.replace)
     stands_in_for: DeviceProperties | None = None
+    memory: MemoryPolicy = MemoryPolicy()  # how it shares its device's memory (``harness.judge.memory``)
 
     def load(self):
         """The Kernel, in this process (pinned to ``cuda_index`` on a GPU)."""
@@ -75,7 +80,8 @@ class WorkerSpec:
 
 
 class LaunchClock:
-    """When the worker's current launch started, and whether Triton is compiling, in shared memory.
+    """When the worker's current launch started, whether Triton is compiling, and whether the
+    check waits for device memory, in shared memory.
 
     The worker writes it around every launch; the supervisor reads it only
     when it wakes up to look, so a launch costs no message.  Both sides read
@@ -83,7 +89,7 @@ class LaunchClock:
     """
 
     def __init__(self, context):
-        self._cells = context.RawArray("d", 2)  # [launch start or 0, compiling 0/1]
+        self._cells = context.RawArray("d", 3)  # [launch start or 0, compiling 0/1, waiting for memory 0/1]
 
     def event(self, name: str) -> None:
         if name == "launch":
@@ -96,6 +102,10 @@ class LaunchClock:
             self._cells[1] = 0.0
             if self._cells[0]:
                 self._cells[0] = time.monotonic()  # the launch's clock starts after its compile
+        elif name == "memory-wait":
+            self._cells[2] = 1.0
+        elif name == "memory-granted":
+            self._cells[2] = 0.0
 
     @property
     def in_launch(self) -> bool:
@@ -104,6 +114,10 @@ class LaunchClock:
     @property
     def compiling(self) -> bool:
         return self._cells[1] != 0.0
+
+    @property
+    def waiting_for_memory(self) -> bool:
+        return self._cells[2] != 0.0
 
     def launch_seconds(self, now: float) -> float:
         """How long the current launch has run, compiles excluded (0 outside a launch)."""
@@ -127,24 +141,33 @@ class Deferred:
 
 @dataclass(frozen=True)
 class Declined:
-    """No verdict: the case needs more device memory than is free (``judge.large.TooLargeForDevice``).
-    A search counts it and goes on; for any other caller it is a usage error (``judged``)."""
+    """No verdict: the case's memory did not come free (``judge.memory.TooLargeForDevice``), or
+    nanfuzz's own allocations failed judging it (``judging_failed``).  A search counts it and goes
+    on; a finding's replay notes it and keeps the finding; ``nanfuzz replay`` calls it a usage
+    error (``judged``)."""
 
     reason: str
+    judging_failed: bool = False
 
 
 def judged(answer):
-    """A check's answer where only an outcome will do (a replay, a repro): a ``Declined`` is the
-    one-line usage error it stands for."""
+    """A check's answer where only an outcome will do (``nanfuzz replay``): a ``Declined`` is the
+    one-line error it stands for."""
     if isinstance(answer, Declined):
         raise NanfuzzError(answer.reason)
     return answer
 
 
+def declined(exc) -> Declined:
+    from nanfuzz.harness.judge.memory import JudgingOutOfMemory
+
+    return Declined(str(exc), isinstance(exc, JudgingOutOfMemory))
+
+
 class InProcess:
     """The checks in this process (``--no-isolation``): no CRASH survives a dying kernel here."""
 
-    def __init__(self, kernel, device: str, strict_reads: bool = False):
+    def __init__(self, kernel, device: str, strict_reads: bool = False, memory: MemoryPolicy = MemoryPolicy()):
         import contextlib
 
         from nanfuzz.harness.launch.compiles import count_specialisations
@@ -152,6 +175,7 @@ class InProcess:
         self.kernel = kernel
         self.device = device
         self.strict_reads = strict_reads
+        self.memory = memory
         self._stack = contextlib.ExitStack()
         self._seen = self._stack.enter_context(count_specialisations(interpreter=device == "cpu"))
 
@@ -161,16 +185,16 @@ class InProcess:
 
     defers = False  # this process compiles what it needs itself
 
-    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None
-              ) -> Outcome | Declined:
+    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None,
+              patience: float | None = None) -> Outcome | Declined:
         from nanfuzz.harness.judge.check import check
-        from nanfuzz.harness.judge.large import TooLargeForDevice
+        from nanfuzz.harness.judge.memory import TooLargeForDevice
 
         try:
             return check(self.kernel, case, self.device, digest_pass=digest, explain=explain,
-                         strict_reads=self.strict_reads)
+                         strict_reads=self.strict_reads, memory=self.memory, patience=patience)
         except TooLargeForDevice as exc:
-            return Declined(str(exc))
+            return declined(exc)
 
     def close(self) -> None:
         self._stack.close()
@@ -273,22 +297,24 @@ class Supervised:
         self._stop()
 
     # -- one case ------------------------------------------------------------------
-    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None
-              ) -> Outcome | Deferred | Declined:
+    def check(self, case, *, digest: bool = False, explain: bool = False, defer: str | None = None,
+              patience: float | None = None) -> Outcome | Deferred | Declined:
         """The case's outcome.  ``defer`` (``CLAIMED`` or ``UNBUILT``): where a launch needs such a
         binary, ``Deferred`` at once rather than a wait or a compile (``harness.launch.shared_compiles``).
-        ``Declined``: the case needs more device memory than is free."""
+        ``Declined``: the case's device memory did not come free within ``patience`` seconds
+        (default: the memory policy's ``search_wait``)."""
         self._await_ready()
         try:
-            return self._check(case, digest, explain, defer if self.defers else None)
+            return self._check(case, digest, explain, defer if self.defers else None, patience)
         except BaseException:
             # interrupted mid-case (Ctrl-C): the worker's state is unknown, so it goes (the next case starts another)
             self._stop()
             raise
 
-    def _check(self, case, digest: bool, explain: bool, defer: str | None) -> Outcome | Deferred:
+    def _check(self, case, digest: bool, explain: bool, defer: str | None, patience: float | None
+               ) -> Outcome | Deferred | Declined:
         try:
-            self._conn.send(("check", case, digest, explain, defer))
+            self._conn.send(("check", case, digest, explain, defer, patience))
         except (BrokenPipeError, OSError):
             return self._died(None)
         host_deadline = time.monotonic() + _HOST_WORK_TIMEOUT
@@ -305,7 +331,7 @@ class Supervised:
                 if kind == "deferred":
                     return Deferred(payload)
                 if kind == "declined":
-                    return Declined(payload)
+                    return Declined(*payload)
                 assert kind == "outcome", kind
                 payload, count = payload
                 self.specialisations = self._counted + (count or 0) if count is not None else None
@@ -319,7 +345,9 @@ class Supervised:
             now = time.monotonic()
             if self._clock.launch_seconds(now) > self.launch_timeout:
                 return self._hung(True)
-            if now > host_deadline and not self._clock.compiling:
+            if self._clock.waiting_for_memory:
+                host_deadline = now + _HOST_WORK_TIMEOUT  # the governor bounds a wait for memory
+            elif now > host_deadline and not self._clock.compiling:
                 return self._hung(False)
 
     def _receive(self):
@@ -392,7 +420,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
     try:
         from nanfuzz.harness.launch.backend import host_threads
         from nanfuzz.harness.judge.check import check
-        from nanfuzz.harness.judge.large import TooLargeForDevice
+        from nanfuzz.harness.judge.memory import TooLargeForDevice
 
         kernel = spec.load()
     except NanfuzzError as exc:
@@ -417,28 +445,37 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
     conn.send(("ready", None))
     from nanfuzz.harness.launch.compiles import count_specialisations
 
+    idle = _idle_look(spec)
     with host_threads(spec.device, own_process=True), count_specialisations(interpreter=spec.device == "cpu") as seen:
         while True:
             try:
+                while not conn.poll(_IDLE_LOOK):
+                    idle()
                 message = conn.recv()
             except (EOFError, OSError):
                 return
-            _, case, digest, explain, defer = message
+            _, case, digest, explain, defer, patience = message
             waited, compiling = shared_compiles.waited_seconds(), _compile_seconds()
             skipping = shared_compiles.skipping_misses(unclaimed=defer == UNBUILT) if defer else contextlib.nullcontext([])
             with skipping as skipped:
                 try:
                     outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain,
-                                    strict_reads=spec.strict_reads)
+                                    strict_reads=spec.strict_reads, memory=spec.memory, patience=patience)
                 except TooLargeForDevice as exc:
-                    conn.send(("declined", str(exc)))
+                    answer = declined(exc)
+                    conn.send(("declined", (answer.reason, answer.judging_failed)))
                     continue
                 except NanfuzzError as exc:
                     conn.send(("error", str(exc)))
                     continue
                 except BaseException as exc:  # the kernel broke our judging (e.g. returned something odd)
+                    from nanfuzz.harness.judge.memory import out_of_memory
                     from nanfuzz.harness.judge.outcome import crash as _crash
 
+                    if out_of_memory(exc):  # nanfuzz's own allocation: never the kernel's verdict
+                        conn.send(("declined", (f"nanfuzz ran out of memory judging this case "
+                                                f"({type(exc).__name__}); declined", True)))
+                        continue
                     outcome = _crash(exc, "while judging the output")
                 finally:
                     shared_compiles.release_claims()
@@ -455,6 +492,30 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
             conn.send(("outcome", (outcome, seen.count)))
             if outcome.fatal:
                 os._exit(0)  # the context is dead; the campaign starts a fresh worker
+
+
+def _idle_look(spec: WorkerSpec):
+    """What an idle worker does each ``_IDLE_LOOK`` seconds: give back the device memory it holds
+    where another process waits for it (``harness.judge.memory``)."""
+    import torch
+
+    from nanfuzz.harness.judge.memory import governor
+
+    device = torch.device(spec.device, spec.cuda_index) if spec.device == "cuda" and spec.cuda_index is not None \
+        else torch.device(spec.device)
+    share = []
+
+    def look() -> None:
+        if spec.device == "cuda" and not torch.cuda.is_initialized():
+            return  # nothing held before the first case
+        try:
+            if not share:
+                share.append(governor(spec.memory, device))
+            share[0].idle()
+        except Exception:  # a device in trouble is told by the next case, never by an idle worker's death
+            pass
+
+    return look
 
 
 def forked_after_gpu_use() -> bool:

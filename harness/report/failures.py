@@ -17,12 +17,17 @@ def report_failure(kernel, campaign, settings, stream=None) -> list[str]:
     case, outcome = campaign.failing_case, campaign.failure
     try:
         paths = [str(p) for p in write_repro(kernel, case, outcome, settings.repro_dir, settings.device)]
-    except OSError as exc:
-        print(f"nanfuzz: cannot write the repro to {str(settings.repro_dir)!r} ({exc.strerror or exc}); "
+    except Exception as exc:  # a folder that cannot be written, or anything else: the finding is never lost
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        print(f"nanfuzz: cannot write the repro to {str(settings.repro_dir)!r} ({why}); "
               "the finding follows in full", file=sys.stderr, flush=True)
-        record = repro_record(kernel, case, outcome, settings.device)
-        stream.write(f"\n{kernel.name}: {outcome.summary}\n{picture(case)}\n"
-                     f"repro JSON (save it and run `nanfuzz replay FILE.json`):\n{json.dumps(record, indent=1)}\n\n")
+        try:
+            record = repro_record(kernel, case, outcome, settings.device)
+        except Exception:  # the record's extras (environment, module origin) are what failed: the essentials
+            record = {"kernel": getattr(kernel, "name", str(kernel)), "case": case.to_dict(), **outcome.to_dict()}
+        stream.write(f"\n{getattr(kernel, 'name', kernel)}: {outcome.summary}\n{picture(case)}\n"
+                     f"repro JSON (save it and run `nanfuzz replay FILE.json`):\n"
+                     f"{json.dumps(record, indent=1, default=str)}\n\n")
         stream.flush()
         campaign.repro_paths = []
         return []

@@ -31,8 +31,11 @@ def environment(device: str) -> dict:
     import triton
 
     if device == "cuda":
-        name = torch.cuda.get_device_name()
         backend = "rocm " + str(torch.version.hip) if torch.version.hip else "cuda " + str(torch.version.cuda)
+        try:
+            name = torch.cuda.get_device_name()
+        except Exception as exc:  # a device too busy to tell: the finding is written all the same
+            name = f"GPU (name unavailable: {type(exc).__name__})"
         where = f"{name} ({backend})"
     else:
         where = "cpu (Triton interpreter)"

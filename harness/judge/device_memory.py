@@ -1,0 +1,151 @@
+"""What the memory governor asks of a device: its size, what it reports free, what this process
+holds between cases and how to give that back; a GPU, the host, or a simulated GPU for tests."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+GiB = 1 << 30
+# Left free beside a reservation on a real device: a CUDA or HIP context that opens after the
+# look (a fresh worker, a farm process) takes about half a GiB, and the caching allocator rounds
+# every block up (2 MiB pages for large ones) and fragments.
+DEVICE_MARGIN = 1 * GiB
+
+
+@dataclass(frozen=True)
+class SimulatedDevice:
+    """A device of ``total_bytes`` whose every case needs ``case_bytes`` and whose processes hold
+    ``held_bytes`` between cases until they give them back; the device reports no free memory of
+    its own, so the ledger alone decides."""
+
+    total_bytes: int
+    case_bytes: int
+    held_bytes: int = 0
+
+
+class DeviceMemory:
+    """What the governor asks of a device."""
+
+    key = ""
+    where = ""
+
+    def total(self) -> int:
+        raise NotImplementedError
+
+    def free(self) -> int | None:
+        """What the device reports free now; None: only the ledger counts."""
+        raise NotImplementedError
+
+    def held(self) -> int:
+        """What this process holds on the device between cases."""
+        raise NotImplementedError
+
+    def give_back(self) -> None:
+        """Free what this process holds between cases (the pool's caches, the allocator's cache)."""
+        from nanfuzz.harness.judge.pool import process_pool
+
+        process_pool().drop()
+
+    def footprint(self, estimate: int) -> int:
+        """What a case whose check nanfuzz estimates at ``estimate`` bytes takes here."""
+        return estimate
+
+    def margin(self) -> int:
+        return DEVICE_MARGIN
+
+    def case_done(self) -> None:
+        """A case is over (what a process holds is measured, here: nothing to do)."""
+
+
+class GpuMemory(DeviceMemory):
+    def __init__(self, index: int):
+        import torch
+
+        self.index = index
+        self.key = "gpu-" + device_key(torch.cuda.get_device_properties(index), index)
+        self.where = "GPU"
+
+    def total(self) -> int:
+        import torch
+
+        return torch.cuda.mem_get_info(self.index)[1]
+
+    def free(self) -> int:
+        import torch
+
+        return torch.cuda.mem_get_info(self.index)[0]
+
+    def held(self) -> int:
+        import torch
+
+        return torch.cuda.memory_reserved(self.index)
+
+    def give_back(self) -> None:
+        import torch
+
+        super().give_back()
+        with torch.cuda.device(self.index):
+            torch.cuda.empty_cache()
+
+
+class HostMemory(DeviceMemory):
+    key, where = "host", "host"
+
+    def total(self) -> int:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+    def free(self) -> int:
+        try:  # MemAvailable counts the page cache the kernel would give up; SC_AVPHYS_PAGES does not
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+    def held(self) -> int:
+        from nanfuzz.harness.judge.pool import process_pool
+
+        return process_pool().held_bytes()
+
+    def margin(self) -> int:
+        return 0  # the host's own report of what it can give is the bound, as it always was
+
+
+class SimulatedMemory(DeviceMemory):
+    def __init__(self, simulated: SimulatedDevice):
+        self.simulated = simulated
+        self.key, self.where = "simulated", "simulated device"
+        self._holding = 0
+
+    def total(self) -> int:
+        return self.simulated.total_bytes
+
+    def free(self) -> None:
+        return None
+
+    def held(self) -> int:
+        return self._holding
+
+    def give_back(self) -> None:
+        self._holding = 0
+
+    def footprint(self, estimate: int) -> int:
+        return self.simulated.case_bytes
+
+    def margin(self) -> int:
+        return 0
+
+    def case_done(self) -> None:
+        self._holding = self.simulated.held_bytes  # what a real process's pool would keep
+
+
+def device_key(properties, index: int) -> str:
+    """A device's name in the ledger folder: its UUID, the same under any index and any
+    ``CUDA_VISIBLE_DEVICES``; where a driver reports none, its name, size and index."""
+    uuid = "".join(c for c in str(getattr(properties, "uuid", "") or "") if c.isalnum() or c == "-")
+    if uuid.strip("0-"):  # some drivers report all zeros
+        return uuid
+    name = "".join(c if c.isalnum() else "_" for c in str(getattr(properties, "name", "device")))
+    return f"{name}-{getattr(properties, 'total_memory', 0)}-{index}"

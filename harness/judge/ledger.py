@@ -1,0 +1,108 @@
+"""A device's ledger of reservations: one JSON file per device, shared by every nanfuzz process on it.
+
+Each read-and-write holds the file locked (``fcntl.flock``) and drops the entries of
+processes that have ended, so a reservation survives its process by no more than
+the next look at the ledger: an entry names its process by pid and start time, so a
+pid used again by another process does not inherit it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: each process sees only the device's own report of its free memory
+    fcntl = None
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), None if there is no such process or
+    it has ended (a zombie its parent has not reaped yet holds no memory); -1 where the process
+    table cannot tell (not Linux: liveness alone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] in ("Z", "X", "x") else int(fields[19])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return -1
+
+
+class Ledger:
+    """One device's reservations, in a JSON file that each read-and-write holds locked."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._pid, self._started = None, None
+
+    @property
+    def me(self) -> str:
+        return str(os.getpid())
+
+    @property
+    def started(self) -> int | None:
+        if self._pid != os.getpid():  # a forked child is another process
+            self._pid, self._started = os.getpid(), _started(os.getpid())
+        return self._started
+
+    @classmethod
+    def open(cls, folder: Path, key: str) -> "Ledger | None":
+        """The ledger of device ``key`` in ``folder`` (made, for every user, if missing); None
+        where it cannot be kept there."""
+        try:
+            if not folder.is_dir():
+                folder.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(OSError):
+                    folder.chmod(0o1777)  # every user's campaigns share the device: sticky, as /tmp is
+            path = folder / f"{key}.json"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o666)
+            os.close(fd)
+        except OSError:
+            return None
+        return cls(path)
+
+    @contextlib.contextmanager
+    def entries(self):
+        """The live entries (dead processes' dropped), locked; what the caller leaves in the dict is
+        written back."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)  # a cleaner may have removed it
+        except OSError:
+            yield {}  # the folder went away: only the device's own report counts
+            return
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            raw = b""
+            while chunk := os.read(fd, 1 << 16):
+                raw += chunk
+            try:
+                found = json.loads(raw) if raw.strip() else {}
+            except ValueError:
+                found = {}  # a writer died mid-write: its entries come back at their next look
+            live = {pid: entry for pid, entry in (found.items() if isinstance(found, dict) else ())
+                    if isinstance(entry, dict) and pid.isdigit() and _alive(int(pid), entry.get("started"))}
+            yield live
+            with contextlib.suppress(OSError):  # a full disk: the entries come back at the next look
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.ftruncate(fd, 0)
+                os.write(fd, json.dumps(live).encode())
+        finally:
+            os.close(fd)  # the lock goes with it
+
+
+def _alive(pid: int, started) -> bool:
+    now = _started(pid)
+    return now is not None and (now == -1 or started in (None, -1) or now == started)

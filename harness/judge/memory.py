@@ -1,0 +1,261 @@
+"""The device memory governor: what every nanfuzz process on a device may allocate for its cases.
+
+Every process that builds cases on a device (a campaign's worker, each job's
+worker, a compile-farm process, a campaign running launches in its own
+process), of every campaign on the machine, reserves what a case needs before
+it builds anything, in one ledger per device: a file in the ledger folder,
+named after the device's UUID (so processes that see the device under
+different indices agree), locked with ``fcntl`` for each read-and-write.  An
+entry is keyed by its process's pid and start time, so the reservation of a
+dead process is void: whoever reads the ledger next drops it.
+
+An entry weighs what its process may hold: while a case runs, the case's whole
+footprint (the batches, the judge's copies, the oracle's gather, the pool's
+caches); between cases, what the process still holds (the pool's caches, the
+allocator's cache), until it gives them back.  A reservation is granted when
+it fits twice: beside every other entry in what the device has, and in what
+the device reports free now, less what other entries reserved and have not
+allocated yet and a margin (this also covers what nanfuzz does not see: other
+programs, contexts).  One that does not fit first makes its own process give
+back what it holds, then waits, its want written in the ledger: every other
+process gives back what it holds at its next case or, idle, within a second,
+and later reservations leave room for earlier wants.  A wait is bounded; past
+it the case is declined (``TooLargeForDevice``).  A case that needs more than
+the device has is declined at once.
+
+On a CPU the device is the host's memory, counted the same way.  A
+``SimulatedDevice`` stands in for a GPU of a given size whose cases each need
+a given amount: how the CPU tests hold the governor to account
+(``harness.judge.device_memory``; the ledger file is ``harness.judge.ledger``).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from nanfuzz.harness.judge.device_memory import (GiB, DeviceMemory, GpuMemory, HostMemory, SimulatedDevice,
+                                                 SimulatedMemory, device_key)
+from nanfuzz.harness.judge.ledger import Ledger
+from nanfuzz.reference.errors import NanfuzzError
+
+__all__ = ["GiB", "SimulatedDevice", "MemoryPolicy", "TooLargeForDevice", "JudgingOutOfMemory", "HarnessOutOfMemory",
+           "Governor", "governor", "out_of_memory", "device_key"]
+
+# How long a drawn case waits for memory before the search declines it: a production-size check
+# takes seconds on an H200 (``nanfuzz bench --scaling``), so two minutes lets every other
+# campaign on the device finish a case or two.
+SEARCH_WAIT = 120.0
+# Between looks at the ledger while waiting (with up to as much again at random, so that waiters
+# do not look in step).
+_POLL = 0.25
+
+
+class TooLargeForDevice(NanfuzzError):
+    """A case declined for memory: more than the device has, or more than came free within the
+    wait.  A campaign counts such a case and goes on (with a note); a finding's case is never lost
+    to it (see ``harness.campaign.runner``)."""
+
+
+class JudgingOutOfMemory(TooLargeForDevice):
+    """A case declined because nanfuzz's own allocations failed while judging it, twice."""
+
+
+class HarnessOutOfMemory(Exception):
+    """nanfuzz's own allocation failed while it judged a case (materialising, the oracle, the
+    verdict): retried once with memory granted again, else declined; never the kernel's verdict."""
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Did ``exc`` come from an allocation that failed (device memory, or the host's)?"""
+    if isinstance(exc, MemoryError):
+        return True
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except (ImportError, AttributeError):
+        pass
+    # the host allocator's failure is a plain RuntimeError
+    return isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
+
+
+@dataclass(frozen=True)
+class MemoryPolicy:
+    """How a campaign's processes share their device's memory (it travels in ``Settings`` and in
+    each worker's ``WorkerSpec``)."""
+
+    ledger_dir: str | None = None       # NANFUZZ_MEMORY_DIR; None: nanfuzz-memory in the temporary folder
+    search_wait: float = SEARCH_WAIT    # seconds a drawn case waits for memory before it is declined
+    simulated: SimulatedDevice | None = None
+
+    def folder(self) -> Path:
+        return Path(self.ledger_dir) if self.ledger_dir else Path(tempfile.gettempdir()) / "nanfuzz-memory"
+
+
+# -- the governor --------------------------------------------------------------------
+
+class Governor:
+    """This process's side of one device's ledger."""
+
+    def __init__(self, device: DeviceMemory, ledger: Ledger | None):
+        self.device, self.ledger = device, ledger
+        self.waits = 0           # reservations that had to wait
+        self.waited = 0.0        # seconds they waited
+        self.granted = 0         # what the case in flight reserved
+
+    # -- the ledger entries --------------------------------------------------------
+    def _write(self, entries: dict, weight: int, allocated: int, wants: int = 0, since: float = 0.0) -> None:
+        if self.ledger is not None:
+            entries[self.ledger.me] = {"started": self.ledger.started, "weight": int(weight),
+                                       "allocated": int(allocated), "wants": int(wants), "since": since}
+
+    @contextlib.contextmanager
+    def _entries(self):
+        if self.ledger is None:
+            yield {}
+        else:
+            with self.ledger.entries() as entries:
+                yield entries
+
+    def _others_want(self, entries: dict) -> bool:
+        me = self.ledger.me if self.ledger is not None else None
+        return any(e.get("wants") for pid, e in entries.items() if pid != me)
+
+    # -- a case's memory -----------------------------------------------------------
+    def reserve(self, estimate: int | Callable[[], int], patience: float,
+                waiting: Callable[[bool], None] = lambda on: None) -> int:
+        """Reserve what a case whose check holds about ``estimate`` bytes at its peak needs (what
+        this process holds between cases included: a function of it is asked again once this
+        process has given back what it holds); wait up to ``patience`` seconds for it.  Returns
+        the bytes reserved; ``TooLargeForDevice`` when it never fits or does not come free in
+        time.  ``waiting(True)`` is told when a wait begins, ``waiting(False)`` when it ends."""
+        def needed() -> int:
+            return self.device.footprint(estimate() if callable(estimate) else estimate)
+
+        need = needed()
+        total = self.device.total()
+        if need > total - self.device.margin():
+            raise TooLargeForDevice(f"this case needs about {need / GiB:.1f} GiB of {self.device.where} memory, more "
+                                    f"than the {total / GiB:.1f} GiB the device has; declined")
+        started = time.monotonic()
+        gave_back = told = False
+        try:
+            while True:
+                with self._entries() as entries:
+                    shortfall = self._shortfall(entries, need, total, started)
+                    held = self.device.held()
+                    if shortfall:
+                        self._write(entries, held, held, wants=need, since=started)
+                    else:
+                        self._write(entries, need, held)
+                if not shortfall:
+                    self.granted = need
+                    return need
+                if not gave_back:  # this process's own caches go first
+                    gave_back = True
+                    if held:
+                        self.device.give_back()
+                        need = needed()
+                        continue
+                if not told:
+                    told = True
+                    self.waits += 1
+                    waiting(True)
+                if time.monotonic() - started >= patience:
+                    raise TooLargeForDevice(f"this case needs about {need / GiB:.1f} GiB of {self.device.where} "
+                                            f"memory and {shortfall} after {time.monotonic() - started:.0f} s of "
+                                            "waiting; declined")
+                time.sleep(_POLL * (1 + random.random()))
+        except BaseException:
+            self._forget_want()
+            raise
+        finally:
+            if told:
+                self.waited += time.monotonic() - started
+                waiting(False)
+
+    def _shortfall(self, entries: dict, need: int, total: int, started: float) -> str:
+        """Why ``need`` does not fit now ("" when it does)."""
+        me = self.ledger.me if self.ledger is not None else None
+        others = {pid: e for pid, e in entries.items() if pid != me}
+        committed = sum(e.get("weight", 0) for e in others.values())
+        # wants older than this one come first: their shortfall is set aside
+        ahead = sum(max(0, e.get("wants", 0) - e.get("weight", 0)) for e in others.values()
+                    if e.get("wants") and e.get("since", 0.0) < started)
+        if committed + ahead + need > total:
+            return (f"{max(0, total - committed - ahead) / GiB:.1f} GiB are not held or wanted by the "
+                    f"{len(others)} other nanfuzz process(es) on it")
+        free = self.device.free()
+        if free is None:
+            return ""
+        pending = sum(max(0, e.get("weight", 0) - e.get("allocated", 0)) for e in others.values())
+        usable = free - pending - self.device.margin()
+        if need - self.device.held() > usable:
+            return (f"{max(0, usable) / GiB:.1f} GiB are free to it ({free / GiB:.1f} GiB free on the device, "
+                    f"{pending / GiB:.1f} GiB of it reserved by other nanfuzz processes)")
+        return ""
+
+    def _forget_want(self) -> None:
+        with self._entries() as entries:
+            held = self.device.held()
+            self._write(entries, held, held)
+
+    def settle(self) -> None:
+        """The case is over: this process's entry weighs what it holds now, given back at once where
+        another process waits."""
+        self.granted = 0
+        self.device.case_done()
+        with self._entries() as entries:
+            if self._others_want(entries) and self.device.held():
+                self.device.give_back()
+            held = self.device.held()
+            self._write(entries, held, held)
+
+    def idle(self) -> None:
+        """Between cases (a worker waiting for its next one): give back what this process holds
+        where another process waits for memory."""
+        if self.ledger is None or not self.device.held():
+            return
+        with self._entries() as entries:
+            if self._others_want(entries):
+                self.device.give_back()
+                held = self.device.held()
+                self._write(entries, held, held)
+
+    def give_back(self) -> None:
+        """Everything this process holds between cases, freed now (before a retry)."""
+        self.device.give_back()
+        with self._entries() as entries:
+            held = self.device.held()
+            self._write(entries, held, held)
+
+
+_governors: dict[tuple, Governor] = {}
+
+
+def governor(policy: MemoryPolicy, device) -> Governor:
+    """This process's governor of ``device`` (a ``torch.device``) under ``policy``."""
+    index = (device.index if device.index is not None else _current_index()) if device.type == "cuda" else None
+    key = (os.getpid(), policy, device.type, index)  # a forked child starts its own
+    if key not in _governors:
+        if policy.simulated is not None:
+            view: DeviceMemory = SimulatedMemory(policy.simulated)
+        elif device.type == "cuda":
+            view = GpuMemory(index)
+        else:
+            view = HostMemory()
+        _governors[key] = Governor(view, Ledger.open(policy.folder(), view.key))
+    return _governors[key]
+
+
+def _current_index() -> int:
+    import torch
+
+    return torch.cuda.current_device()

@@ -1,0 +1,218 @@
+"""The device memory governor: processes share a device's memory through one ledger, wait or
+decline when it is short, and nanfuzz's own allocation failures are never the kernel's verdict."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.judge.check import Verdict, check
+from nanfuzz.harness.judge.memory import (GiB, MemoryPolicy, SimulatedDevice, TooLargeForDevice, device_key,
+                                          governor)
+from nanfuzz.harness.launch.subjects import worker_spec
+from nanfuzz.harness.launch.worker import Declined, InProcess, Supervised
+from nanfuzz.reference.errors import NanfuzzError
+from tests import subjects
+from tests.cases import consecutive_case
+
+WINDOWED, PLAIN = consecutive_case([(1, 20)], window=4), consecutive_case([(1, 20)])
+CPU = torch.device("cpu")
+
+
+def _policy(folder, total=10, case=4, held=0) -> MemoryPolicy:
+    return MemoryPolicy(ledger_dir=str(folder), simulated=SimulatedDevice(total * GiB, case * GiB, held * GiB))
+
+
+def _hold(policy, folder, idle) -> None:
+    """Another process: reserve a case, finish it (keeping what the simulated device says it holds
+    between cases), and, while told to, give it back when someone waits; it ends once ``folder``
+    holds a file named ``release`` (files, not locks a killed process could leave held)."""
+    share = governor(policy, CPU)
+    share.reserve(0, patience=0.0)
+    if policy.simulated.held_bytes:
+        share.settle()
+    (folder / "reserved").touch()
+    while not (folder / "release").exists():
+        if idle:
+            share.idle()
+        time.sleep(0.05)
+    os._exit(0)
+
+
+class _Holders:
+    def __init__(self, policy, folder):
+        self.policy, self.folder = policy, folder
+        self.processes = []
+
+    def start(self, idle: bool = False):
+        """A holding process, and what ends it."""
+        folder = self.folder / f"holder-{len(self.processes)}"
+        folder.mkdir()
+        process = multiprocessing.get_context("fork").Process(target=_hold, args=(self.policy, folder, idle),
+                                                             daemon=True)
+        process.start()
+        deadline = time.monotonic() + 60
+        while not (folder / "reserved").exists():
+            assert process.is_alive() and time.monotonic() < deadline, "the holder never got its memory"
+            time.sleep(0.02)
+        self.processes.append(process)
+        return process, (folder / "release").touch
+
+    def close(self):
+        for process in self.processes:
+            process.kill()
+            process.join(10)
+
+
+@pytest.fixture
+def holders(tmp_path):
+    made = []
+
+    def make(policy):
+        made.append(_Holders(policy, tmp_path))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def test_processes_sharing_a_device_get_what_fits_and_the_rest_waits_for_it(tmp_path, holders):
+    policy = _policy(tmp_path)  # 10 GiB, 4 GiB a case: two cases at once
+    others = holders(policy)
+    others.start()
+    _, release = others.start()
+    share = governor(policy, CPU)
+    with pytest.raises(TooLargeForDevice, match=r"needs about 4\.0 GiB .* 2\.0 GiB are not held or wanted"):
+        share.reserve(0, patience=0.0)
+    threading.Timer(0.5, release).start()  # one of the others finishes its case
+    assert share.reserve(0, patience=30.0) == 4 * GiB
+    assert share.waits == 2 and share.waited > 0.3
+    share.settle()
+
+
+def test_a_dead_process_s_reservation_is_void(tmp_path, holders):
+    policy = _policy(tmp_path, case=6)
+    process, _ = holders(policy).start()
+    share = governor(policy, CPU)
+    with pytest.raises(TooLargeForDevice):  # sensitivity: alive, it holds 6 of 10
+        share.reserve(0, patience=0.0)
+    os.kill(process.pid, signal.SIGKILL)  # it never gives its reservation back
+    process.join(10)
+    assert share.reserve(0, patience=0.0) == 6 * GiB
+    share.settle()
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_a_wait_for_memory_makes_an_idle_holder_give_back_what_it_keeps(tmp_path, holders, idle):
+    policy = _policy(tmp_path, case=4, held=8)  # between cases a process keeps 8 of 10 GiB (the pool's caches)
+    holders(policy).start(idle=idle)
+    share = governor(policy, CPU)
+    if idle:
+        assert share.reserve(0, patience=30.0) == 4 * GiB
+        share.settle()
+    else:  # sensitivity: a holder that never looks keeps it
+        with pytest.raises(TooLargeForDevice):
+            share.reserve(0, patience=1.0)
+
+
+def test_a_case_larger_than_the_device_is_declined_without_waiting(tmp_path):
+    share = governor(_policy(tmp_path, total=3, case=4), CPU)
+    started = time.monotonic()
+    with pytest.raises(TooLargeForDevice, match="more than the 3.0 GiB the device has"):
+        share.reserve(0, patience=60.0)
+    assert share.waits == 0 and time.monotonic() - started < 30
+
+
+def test_a_device_is_named_by_its_uuid_under_any_index():
+    h200 = dict(name="NVIDIA H200", total_memory=150 << 30)
+    first = device_key(SimpleNamespace(uuid="GPU-5a1f0c3e-77aa-4c1d-9e2b-0123456789ab", **h200), 0)
+    assert first == device_key(SimpleNamespace(uuid="GPU-5a1f0c3e-77aa-4c1d-9e2b-0123456789ab", **h200), 3)
+    assert first != device_key(SimpleNamespace(uuid="GPU-00000000-0000-0000-0000-000000000001", **h200), 0)
+    unnamed = SimpleNamespace(uuid="00000000-0000-0000-0000-000000000000", **h200)  # a driver that tells none
+    assert device_key(unnamed, 0) != device_key(unnamed, 1)
+
+
+# -- nanfuzz's own allocation failures, and the kernel's ------------------------------------
+
+def _supervised(kernel):
+    return Supervised(worker_spec(kernel, Settings(device="cpu")), launch_timeout=30.0)
+
+
+def test_an_oom_in_the_oracle_is_retried_and_never_a_crash():
+    subject = _supervised(subjects.oracle_runs_out_of_memory_once)  # every check's first oracle fails
+    try:
+        for case in (PLAIN, WINDOWED):
+            outcome = subject.check(case)
+            assert outcome.verdict is Verdict.PASS, outcome.summary
+    finally:
+        subject.close()
+
+
+def test_an_oom_in_the_oracle_that_persists_is_declined_and_counted_never_a_crash(tmp_path):
+    subject = _supervised(subjects.oracle_runs_out_of_memory_always)
+    try:
+        answer = subject.check(WINDOWED)
+    finally:
+        subject.close()
+    assert isinstance(answer, Declined) and answer.judging_failed
+    assert "nanfuzz ran out of host memory judging this case, twice" in answer.reason
+    settings = Settings(device="cpu", state_dir=tmp_path, use_database=False, seed=1, max_examples=3)
+    from nanfuzz.harness.campaign.runner import fuzz
+
+    with pytest.raises(NanfuzzError, match=r"every case drawn \(\d+\) was declined for memory"):
+        fuzz(subjects.oracle_runs_out_of_memory_always, settings)  # judged nothing: no pass
+
+
+@pytest.mark.parametrize("stage", ["build_on_host", "attend_in", "row_errors", "refill_dead_slots"],
+                         ids=["materialising", "oracle", "reference", "garbage-batch"])
+def test_an_oom_of_nanfuzz_s_own_in_the_campaign_s_process_is_retried(monkeypatch, stage):
+    from nanfuzz.harness.judge import check as judge
+
+    real, calls = getattr(judge, stage), []
+
+    def once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 916.00 MiB")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(judge, stage, once)
+    subject = InProcess(subjects.runs_out_of_memory, "cpu")
+    try:
+        outcome = subject.check(PLAIN)
+    finally:
+        subject.close()
+    assert outcome.verdict is Verdict.PASS and len(calls) == 2, outcome.summary
+
+
+def test_a_kernel_that_runs_out_of_memory_in_its_launch_is_a_crash_that_says_so():
+    assert check(subjects.runs_out_of_memory, PLAIN).verdict is Verdict.PASS
+    outcome = check(subjects.runs_out_of_memory, WINDOWED)
+    assert outcome.verdict is Verdict.CRASH
+    assert "the kernel ran out of device memory during its launch" in outcome.summary
+    assert outcome.evidence["out_of_memory_twice"]  # again, with this process's caches given back
+
+
+def test_a_worker_waiting_for_memory_is_no_hang(tmp_path, holders, monkeypatch):
+    from nanfuzz.harness.launch import worker
+
+    policy = _policy(tmp_path / "ledger", case=6)
+    subject = Supervised(worker_spec(subjects.slow_correct, Settings(device="cpu", memory=policy)), launch_timeout=30.0)
+    try:
+        assert subject.check(PLAIN).verdict is Verdict.PASS  # the worker is up, its imports done
+        _, release = holders(policy).start()  # 6 of 10 GiB held: the next case waits
+        monkeypatch.setattr(worker, "_HOST_WORK_TIMEOUT", 3.0)  # the supervisor's bound on a case's own work
+        threading.Timer(8.0, release).start()
+        outcome = subject.check(PLAIN)
+        assert outcome.verdict is Verdict.PASS, outcome.summary
+        assert outcome.memory_waited > 5.0
+    finally:
+        subject.close()

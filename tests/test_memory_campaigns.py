@@ -1,0 +1,82 @@
+"""Findings under memory pressure: separate campaigns sharing one device end with exit 0, or exit 1
+and a repro, never exit 2; a finding whose replays cannot get memory stands as found; a campaign
+that could judge nothing is no pass."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.launch.worker import Declined, InProcess
+from nanfuzz.harness.report.failures import report_failure
+from tests.torch_kernels import torch_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _start(folder: Path, ledger: Path, total_gib: float, case_gib: float, kernel: str, *options: str):
+    """``nanfuzz fuzz`` in a folder of its own, on the simulated device named by ``ledger``."""
+    folder.mkdir()
+    command = [sys.executable, "-m", "tests.simulated_memory", str(ledger), str(total_gib), str(case_gib),
+               "fuzz", "--kernel", kernel, "--device", "cpu", "--state-dir", "state", "--summary-json", "summary.json",
+               "--launch-timeout", "120", *options]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CI", None)
+    return subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_campaigns_sharing_a_device_end_with_exit_0_or_a_finding_and_its_repro(tmp_path):
+    # 10 GiB, 4 GiB a case: two cases at once; three campaigns whose launches hold their memory 0.1 s each
+    ledger = tmp_path / "ledger"
+    kernels = {"correct": ("tests.subjects:slow_correct", 0), "first": ("tests.subjects:slow_mask_multiply", 1),
+               "second": ("tests.subjects:slow_mask_multiply", 1)}
+    started = {name: _start(tmp_path / name, ledger, 10, 4, kernel, "--max-examples", "12", "--seed", str(n))
+               for n, (name, (kernel, _)) in enumerate(kernels.items())}
+    waits = 0
+    for name, process in started.items():
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == kernels[name][1], f"{name}: exit {process.returncode}\n{out}\n{err}"
+        (entry,) = json.loads((tmp_path / name / "summary.json").read_text())["kernels"]
+        waits += entry["memory_waits"]
+        if process.returncode == 1:
+            repro = json.loads((tmp_path / name / entry["repro"][0]).read_text())
+            assert repro["verdict"] == "NONFINITE" and entry["evidence"]["repeated"] == "3/3"
+    assert waits > 0  # the device was short: campaigns waited for each other's cases
+
+
+def test_a_campaign_whose_every_case_needs_more_than_the_device_has_is_no_pass(tmp_path):
+    process = _start(tmp_path / "alone", tmp_path / "ledger", 3, 4, "tests.subjects:slow_correct",
+                     "--max-examples", "3")
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 2, out + err
+    lines = [line for line in err.splitlines() if line.startswith("nanfuzz: kernel")]
+    assert len(lines) == 1 and "every case drawn" in lines[0] and "declined for memory" in lines[0], err
+
+
+class _NoMemoryOnceFound(InProcess):
+    """The kernel in this process, on a device that has no memory left for anything after the
+    first failure: every shrink candidate and every replay is declined."""
+
+    def check(self, case, *, patience=None, **options):
+        if patience is not None:  # only a failure's checks wait
+            return Declined("this case needs about 4.0 GiB of GPU memory and 0.0 GiB are free to it after 600 s "
+                            "of waiting; declined")
+        return super().check(case, **options)
+
+
+def test_a_finding_whose_replays_cannot_get_memory_stands_unshrunk_with_its_repro(tmp_path):
+    kernel = torch_kernel("mask-multiply")
+    settings = Settings(device="cpu", state_dir=tmp_path / "state", repro_dir=tmp_path / "repros", use_database=False,
+                        seed=3, max_examples=50)
+    campaign = fuzz(kernel, settings, subject=_NoMemoryOnceFound(kernel, "cpu"))
+    assert campaign.failed and campaign.failure.verdict.value == "NONFINITE"
+    assert campaign.failure.evidence["repeated"] == "not replayed"
+    assert any("was replayed 0 of 3 times: this case needs" in note for note in campaign.notes), campaign.notes
+    assert any("did not get its device memory in time" in note for note in campaign.notes), campaign.notes
+    assert campaign.examples == campaign.examples_to_first_failure  # nothing ran after it: unshrunk
+    (path, *_) = report_failure(kernel, campaign, settings, stream=open(os.devnull, "w"))
+    assert json.loads(Path(path).read_text())["verdict"] == "NONFINITE"

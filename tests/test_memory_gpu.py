@@ -1,0 +1,97 @@
+"""The memory governor on a GPU: the device named by its UUID, what other programs hold counted,
+a production check within what it reserved, and campaigns sharing one GPU that keep their findings."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of, campaign_strategy
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.judge.check import Verdict, check
+from nanfuzz.harness.judge.large import large_check_footprint
+from nanfuzz.harness.judge.memory import GiB, MemoryPolicy, TooLargeForDevice, governor
+from nanfuzz.harness.judge.runs import check_footprint
+from nanfuzz.harness.registry import builtin_kernels
+from nanfuzz.harness.scaling import drawn
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_gpu_s_ledger_is_named_by_its_uuid(tmp_path):
+    share = governor(MemoryPolicy(ledger_dir=str(tmp_path)), torch.device("cuda"))
+    properties = torch.cuda.get_device_properties(0)
+    uuid = str(getattr(properties, "uuid", "")).replace("GPU-", "")
+    named_by = uuid[:8] if uuid.strip("0-") else properties.name.split()[0]  # a driver that tells no UUID
+    assert share.device.key.startswith("gpu-") and named_by in share.device.key
+    assert (tmp_path / f"{share.device.key}.json").exists()
+
+
+def _occupy(leave_free: int, ready, done) -> None:
+    """Another program: all of the GPU's free memory but ``leave_free`` bytes, outside any ledger."""
+    free = torch.cuda.mem_get_info()[0]
+    held = torch.empty(max(0, free - leave_free), dtype=torch.uint8, device="cuda")
+    ready.set()
+    done.wait(300)
+    del held
+
+
+def test_what_other_programs_hold_on_the_gpu_is_counted(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    ready, done = context.Event(), context.Event()
+    other = context.Process(target=_occupy, args=(4 * GiB, ready, done))
+    other.start()
+    try:
+        assert ready.wait(120)
+        share = governor(MemoryPolicy(ledger_dir=str(tmp_path)), torch.device("cuda"))
+        with pytest.raises(TooLargeForDevice, match="free to it"):
+            share.reserve(8 * GiB, patience=1.0)
+        done.set()
+        other.join(60)
+        assert share.reserve(8 * GiB, patience=60.0) == 8 * GiB
+        share.settle()
+    finally:
+        done.set()
+        other.join(10)
+
+
+@pytest.mark.parametrize("name", ["paged_decode@masked", "split_decode@masked", "prefix_prefill@masked"])
+def test_a_production_check_peaks_within_what_it_reserves(name, tmp_path):
+    kernel = builtin_kernels()[name]
+    settings = Settings(device="cuda", state_dir=tmp_path, size="production", campaigns_per_device=2)  # no huge cache
+    caps, _ = campaign_capabilities(kernel, settings)
+    pool, _ = campaign_pool_of(caps, settings, tier="production")
+    share = governor(settings.memory, torch.device("cuda"))
+    ratios = []
+    for case in drawn(campaign_strategy(caps, settings, pool, "production"), 6):
+        check(kernel, case, "cuda")  # its compiles
+        share.give_back()  # nothing held from the last case: the peak is this one's
+        estimate = large_check_footprint(case) if case.large else check_footprint(case)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        outcome = check(kernel, case, "cuda")
+        peak = torch.cuda.max_memory_reserved()
+        assert outcome.verdict is Verdict.PASS, outcome.summary
+        ratios.append(peak / estimate)
+    print(f"{name}: peak / reserved per case: {', '.join(f'{r:.2f}' for r in ratios)}")
+    assert max(ratios) <= 1.0
+
+
+def test_campaigns_sharing_the_gpu_end_with_exit_0_or_a_finding_and_its_repro(tmp_path):
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "ci/memory_pressure.py", "--time-budget", "90", "--out", str(tmp_path / "runs"),
+                           "--memory-dir", str(tmp_path / "ledger"), "--json", str(tmp_path / "rows.json"),
+                           "--kernel", "paged_decode@masked", "--kernel", "split_decode@masked",
+                           "--kernel", "paged_decode@unmasked", "--kernel", "split_decode@drops-last-partition"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    print(proc.stdout[-4000:], f"({time.perf_counter() - started:.0f} s)")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["exit"] for r in rows[2:]] == [1, 1] and all(r["repro"] == "on disk" for r in rows[2:])
