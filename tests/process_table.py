@@ -35,6 +35,19 @@ def marked(mark: str) -> list[str]:
     return found
 
 
+def ended(pid: int, within: float = 30.0) -> bool:
+    """Does ``pid`` end within ``within`` seconds?  A group is ended by a guard process that
+    notices its worker's death a moment later, not at once."""
+    import time
+
+    until = time.monotonic() + within
+    while running(pid):
+        if time.monotonic() > until:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def running(pid: int) -> bool:
     """Is ``pid`` a live process (a zombie left to reap counts as ended)?"""
     try:

@@ -172,18 +172,18 @@ def _plant_in_the_oracle(every: int):
     def run(batch, out):
         from nanfuzz.harness.judge import check as judge
 
-        if not hasattr(judge.attend_in, "planted"):
-            real = judge.attend_in
+        if not hasattr(judge.attend_and_measure, "planted"):
+            real = judge.attend_and_measure
 
-            def attend_in(*args, **kwargs):
+            def attend_and_measure(*args, **kwargs):
                 calls[0] += 1
                 if (calls[0] - 1) % every == 0:
                     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 916.00 MiB (planted in the "
                                                  "oracle)")
                 return real(*args, **kwargs)
 
-            attend_in.planted = True
-            judge.attend_in = attend_in
+            attend_and_measure.planted = True
+            judge.attend_and_measure = attend_and_measure
         return attention(batch, out)
     return run
 

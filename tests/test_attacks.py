@@ -18,7 +18,7 @@ from nanfuzz.harness.launch.subjects import worker_spec
 from nanfuzz.harness.launch.worker import Supervised
 from tests import subjects
 from tests.cases import consecutive_case
-from tests.process_table import running
+from tests.process_table import ended, running
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table in /proc")
 
@@ -57,7 +57,7 @@ def test_a_kernel_that_kills_the_fork_server_is_a_crash_of_that_case_and_a_new_s
         assert crashed.verdict is Verdict.CRASH, crashed.summary
         assert "the fork server it was forked from died" in crashed.summary
         assert subject.check(PLAIN).verdict is Verdict.PASS  # a fresh worker, from a fresh server
-        assert _fork_server_pid() != server and not running(server) and subject.restarts == 1
+        assert _fork_server_pid() != server and ended(server) and subject.restarts == 1
     finally:
         subject.close()
 
@@ -81,13 +81,13 @@ def test_processes_a_kernel_starts_end_with_its_worker(tmp_path, monkeypatch):
         (first,) = _children(tmp_path)
         assert running(first)  # sensitivity: the child outlives its launch
         assert subject.check(WINDOWED).verdict is Verdict.CRASH  # the worker exits: its child goes with it
-        assert not running(first)
+        assert ended(first)
         assert subject.check(PLAIN).verdict is Verdict.PASS
         second = _children(tmp_path)[-1]
         assert second != first and running(second)
     finally:
         subject.close()
-    assert not running(second)  # a worker stopped by its campaign takes its children too
+    assert ended(second)  # a worker stopped by its campaign takes its children too
 
 
 ROOT = Path(__file__).resolve().parents[1]
