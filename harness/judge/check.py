@@ -206,7 +206,8 @@ class CaseCheck:
             t0 = now
 
         try:
-            self.reference, yardstick = attend_in(self.pristine, (FLOAT64, same_precision(g.dtype, precision)), lap)
+            arithmetic = same_precision(g.dtype, precision, self.kernel.capabilities.rotation_dtype)
+            self.reference, yardstick = attend_in(self.pristine, (FLOAT64, arithmetic), lap)
             self.errors = row_errors(self.result.double(), self.reference, yardstick, g.dtype, precision)
         except BaseException as exc:
             if _device_fault(exc):  # the poisoned run's fault, met where the oracle first waits for the device
