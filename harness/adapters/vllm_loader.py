@@ -27,6 +27,17 @@ GROUPS: dict[str, tuple[KernelModule, ...]] = {
         KernelModule("triton_decode_attention", ("decode_attention_fwd", "_fwd_grouped_kernel_stage1",
                                                  "_fwd_kernel_stage2")),
     ),
+    # TRITON_ATTN's INT4 per-token-head cache: unified_attention hands it to int4_per_token_head,
+    # which it imports on the call
+    "triton_attn_int4": (
+        KernelModule("triton_attention_helpers", ()),
+        KernelModule("triton_unified_attention", ("unified_attention", "reduce_segments")),
+        KernelModule("int4_per_token_head", ("unified_attention_int4", "_attn_packed", "single_rht")),
+    ),
+    "turboquant": (
+        KernelModule("triton_decode_attention", ("_fwd_kernel_stage2",)),
+        KernelModule("triton_turboquant_decode", ("triton_turboquant_decode_attention", "_tq_decode_stage1")),
+    ),
 }
 
 
@@ -47,7 +58,7 @@ _cache = loader._cache  # every library's loaded kernels, one per (library, grou
 
 
 def load(group: str, source: str | os.PathLike | None = None) -> LoadedKernels:
-    """The kernel modules of ``group`` ("rocm_attn", "triton_attn" or "triton_mla"), loaded once per source.
+    """The kernel modules of ``group`` (a key of ``GROUPS``), loaded once per source.
 
     ``source`` is a vLLM source tree or unpacked wheel (``--vllm-src``, or
     ``$NANFUZZ_VLLM_SRC`` read at the edge); None: the installed vllm.
