@@ -12,6 +12,9 @@ live field wrongly:
 - ``nibble``: takes a byte's high nibble for its low one;
 - ``rotation``: leaves q unrotated against a rotated cache;
 - ``past-window``: reads one key past the window's start with its weight.
+
+``bf16-rotations`` is correct but rotates q and un-rotates its output in bfloat16, as vLLM's INT4
+attention does on GPUs (``single_rht``): within the bound, no bug.
 """
 from __future__ import annotations
 
@@ -108,12 +111,20 @@ def _rotation(kv: KVCache, head_size: int):
     return runs(lambda x: hadamard(x * signs)), runs(lambda y: hadamard(y) * signs / b), b
 
 
+def _bfloat16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).double()
+
+
 def attention(batch, out, *, bug: str | None = None):
     case = batch.case
     g = case.geometry
     rotate, unrotate, norm = _rotation(case.kv_cache, g.head_size)
     if bug == "rotation":
         rotate = lambda x: x  # noqa: E731
+    if bug == "bf16-rotations":  # the query dtype after each: rounded through bfloat16 in between
+        exact_rotate, exact_unrotate = rotate, unrotate
+        rotate = lambda x: _bfloat16(exact_rotate(_bfloat16(x))).to(out.dtype).double()  # noqa: E731
+        unrotate = lambda y: _bfloat16(exact_unrotate(_bfloat16(y.to(out.dtype)))).to(out.dtype)  # noqa: E731
     seq_of, pos_of = token_layout(case)
     width = batch.block_table.shape[1] * g.block_size
     keys = torch.arange(width)
@@ -137,10 +148,13 @@ def attention(batch, out, *, bug: str | None = None):
     return out
 
 
-BUGS = (None, "zero-point", "scale", "nibble", "rotation", "past-window")
+BUGS = (None, "zero-point", "scale", "nibble", "rotation", "past-window", "bf16-rotations")
 # The formats each kernel reads: a NaN zero point needs one stored as a float; a rotation, a rotated cache.
 _FORMATS = {None: FORMATS, "zero-point": (LMDEPLOY_INT4, TURBOQUANT_K8V4), "scale": (LMDEPLOY_INT8, VLLM_INT4),
-            "nibble": (VLLM_INT4, LMDEPLOY_INT4), "rotation": (VLLM_INT4,), "past-window": (VLLM_INT4,)}
+            "nibble": (VLLM_INT4, LMDEPLOY_INT4), "rotation": (VLLM_INT4,), "past-window": (VLLM_INT4,),
+            "bf16-rotations": (VLLM_INT4,)}
+# How the bugless kernels rotate: in bfloat16, declared (Capabilities.rotation_dtype).
+_ROTATION_DTYPE = {"bf16-rotations": "bfloat16"}
 
 
 def _kernel(bug: str | None) -> Kernel:
@@ -148,13 +162,15 @@ def _kernel(bug: str | None) -> Kernel:
     # plain torch compiles nothing per case (specialisation_pool=0); float64 arithmetic, so "ieee"
     caps = Capabilities(dtypes=("float16", "float32"), head_sizes=(32, 48, 64), block_sizes=(8, 16),
                         sinks=True, kv_cache_dtypes=(), cache_formats=_FORMATS[bug], precision="ieee",
-                        specialisation_pool=0)
+                        specialisation_pool=0, rotation_dtype=_ROTATION_DTYPE.get(bug))
+    caught = bug not in (None, *_ROTATION_DTYPE)
     return Kernel(name=f"quantized@{bug or 'correct'}", run=lambda b, o: attention(b, o, bug=bug), capabilities=caps,
-                  expect="caught" if bug else "pass", spec=f"tests.quantized_subjects:{attr}")
+                  expect="caught" if caught else "pass", spec=f"tests.quantized_subjects:{attr}")
 
 
 _KERNELS = {bug: _kernel(bug) for bug in BUGS}
 globals().update({(bug or "correct").replace("-", "_"): kernel for bug, kernel in _KERNELS.items()})
+PLANTED = tuple(bug for bug, kernel in _KERNELS.items() if kernel.expect == "caught")
 
 
 def quantized_kernel(bug: str | None = None) -> Kernel:

@@ -246,11 +246,20 @@ def test_a_kernel_that_weights_a_dead_slot_is_a_leak_where_its_4_bit_zero_point_
     assert check(subjects.quantized_kernel(None), case, "cpu").verdict is Verdict.PASS
 
 
-@pytest.mark.parametrize("bug", [b for b in subjects.BUGS if b])
+@pytest.mark.parametrize("bug", subjects.PLANTED)
 def test_a_campaign_finds_each_planted_read(bug):
     campaign = fuzz(subjects.quantized_kernel(bug), device="cpu", max_examples=40, seed=1, shrink=False,
                     use_database=False)
     assert campaign.failed, f"quantized@{bug} passed 40 examples"
+
+
+def test_rotations_in_bfloat16_stay_within_the_bound_and_a_forgotten_rotation_does_not():
+    """vLLM's INT4 attention rotates in bfloat16 on GPUs; declared, the reference and the floor allow it."""
+    campaign = fuzz(subjects.quantized_kernel("bf16-rotations"), device="cpu", max_examples=30, seed=3,
+                    use_database=False)
+    assert not campaign.failed, f"{campaign.failure.summary}\n{campaign.failing_case.to_json()}"
+    assert check(subjects.quantized_kernel("rotation"), _subject_case(VLLM_INT4, "data", "max"),
+                 "cpu").verdict is Verdict.MISMATCH
 
 
 def test_a_campaign_of_the_correct_kernel_passes():
@@ -259,3 +268,20 @@ def test_a_campaign_of_the_correct_kernel_passes():
     assert not campaign.failed, f"{campaign.failure.summary}\n{campaign.failing_case.to_json()}"
     assert len({f"kv:{kv.label()}" for kv in FORMATS} & set(campaign.statistics.counts)) >= 3
     assert campaign.statistics.counts["poison:zero-point"] and campaign.statistics.counts["poison-value:nan"]
+
+
+@pytest.mark.parametrize("kv, bug, parts", [(VLLM_INT4, None, "scales"), (VLLM_INT4, "scale", "scales"),
+                                            (subjects.TURBOQUANT_K8V4, None, "zeros"),
+                                            (subjects.TURBOQUANT_K8V4, "zero-point", "zeros")],
+                         ids=["vllm-int4", "vllm-int4-scale", "turboquant", "turboquant-zero-point"])
+def test_a_case_built_large_gives_the_small_builds_verdict(kv, bug, parts, monkeypatch):
+    """Built on its device into the pooled caches (scale words, fp16 zero caches beside the codes)."""
+    from nanfuzz.reference import case as case_module
+
+    case = _subject_case(kv, parts)
+    small = check(subjects.quantized_kernel(bug), case, "cpu")
+    monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)
+    assert case.large
+    large = check(subjects.quantized_kernel(bug), case, "cpu")
+    assert large.verdict is small.verdict, (large.summary, small.summary)
+    assert large.output_sha256 == small.output_sha256

@@ -206,9 +206,10 @@ class CaseCheck:
             t0 = now
 
         try:
-            arithmetic = same_precision(g.dtype, precision, self.kernel.capabilities.rotation_dtype)
+            rotation = self.kernel.capabilities.rotation_dtype if self.case.kv_cache.rotation != "none" else None
+            arithmetic = same_precision(g.dtype, precision, rotation)
             self.reference, yardstick = attend_in(self.pristine, (FLOAT64, arithmetic), lap)
-            self.errors = row_errors(self.result.double(), self.reference, yardstick, g.dtype, precision)
+            self.errors = row_errors(self.result.double(), self.reference, yardstick, g.dtype, precision, rotation)
         except BaseException as exc:
             if _device_fault(exc):  # the poisoned run's fault, met where the oracle first waits for the device
                 return _crash(exc, "on the poisoned run")
