@@ -12,7 +12,7 @@ from nanfuzz.harness.judge.check import Verdict, check
 from nanfuzz.reference import packing, rotation
 from nanfuzz.reference.asymmetric import word_fields
 from nanfuzz.reference.capabilities import Capabilities
-from nanfuzz.reference.case import CacheSide, Case, CaseError, Geometry, KVCache, Poison, PoisonSite, Sequence
+from nanfuzz.reference.case import Case, CaseError, Geometry, KVCache, Poison, PoisonSite, Sequence
 from nanfuzz.reference.device_build import build_on_device
 from nanfuzz.reference.materialize import live_mask, materialize, refill_dead_slots
 from nanfuzz.reference.oracle import oracle
