@@ -10,7 +10,7 @@ from nanfuzz.reference.redzones import Allocation, clone_together, move_together
 
 
 # Inputs only some cases have.
-OPTIONAL_INPUTS = ("sinks", "k_scale", "v_scale", "k_scale_cache", "v_scale_cache")
+OPTIONAL_INPUTS = ("sinks", "k_scale", "v_scale", "k_scale_cache", "v_scale_cache", "k_zero_cache", "v_zero_cache")
 
 
 @dataclass
@@ -31,6 +31,13 @@ class PagedBatch:
 
     ``v_head_size`` is ``head_size`` unless the case gives V a head size of its own
     (``Geometry.head_size_v``); the output then has that many columns too.
+
+    Unsigned codes (``case.CacheSide``) sit in uint8 caches of
+    ``[num_blocks, block_size, num_kv_heads, row_bytes]`` (packed codes take
+    fewer bytes than the side's head size), with scale caches of their scale
+    format's dtype and, where the zero points have a cache of their own,
+    ``k_zero_cache``/``v_zero_cache`` of the same shape and dtype; each
+    side of the cache by its own format.
 
     A latent (MLA) cache (``Geometry.latent_rank``) is one cache: ``key_cache``
     ``[num_blocks, block_size, 1, kv_lora_rank + rope_dim]``, and ``value_cache``
@@ -56,6 +63,9 @@ class PagedBatch:
     v_scale: torch.Tensor | None = None
     k_scale_cache: torch.Tensor | None = None
     v_scale_cache: torch.Tensor | None = None
+    # zero points of unsigned codes: [num_blocks, block_size, num_kv_heads] in the scale format's dtype
+    k_zero_cache: torch.Tensor | None = None
+    v_zero_cache: torch.Tensor | None = None
 
     @classmethod
     def from_allocations(cls, case: Case, allocations: dict[str, Allocation]) -> "PagedBatch":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from nanfuzz.reference.case import DTYPES, Case
+from nanfuzz.reference.case import DTYPES, Case, KVCache
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.precision import PRECISIONS
 
@@ -63,6 +63,14 @@ class Capabilities:
     kv_cache_dtypes: tuple[str, ...] = ("auto",)
     # Cache dtypes read with per-token-head scale caches (fp8 or "int8").
     token_head_dtypes: tuple[str, ...] = ()
+    # Every other cache the kernel reads, each exactly as it reads it (``KVCache.extended``:
+    # zero points, unsigned or packed codes, a scale format, a rotation, V's own format;
+    # k_scale and v_scale as the kernel takes them).  Strategies draw them after the others,
+    # in this order.
+    cache_formats: tuple[KVCache, ...] = ()
+    # The dtype a kernel reading a rotated cache rotates q and un-rotates its output in, where that
+    # is not the query's (vLLM's INT4 cache: bfloat16 on GPUs); its same-precision reference does so too.
+    rotation_dtype: str | None = None
     # -- MLA latent caches (Geometry.latent_rank) ----------------------------------
     # (kv_lora_rank, rope_dim) pairs: the kernel reads one latent cache of rows of
     # kv_lora_rank + rope_dim entries, K the whole row and V its first kv_lora_rank,
@@ -102,6 +110,14 @@ class Capabilities:
         if self.window_only and not self.modes():
             raise NanfuzzError("Capabilities(window_only=True) needs a mode that takes a sliding window "
                                "(sliding_window=True, and causal=True or non_causal_window=True)")
+        for kv in self.cache_formats:
+            if not isinstance(kv, KVCache) or not kv.extended:
+                raise NanfuzzError(f"Capabilities(cache_formats=...) holds {kv!r}: each must be a KVCache with zero "
+                                   "points, unsigned codes, a rotation or V's own format (the others go in "
+                                   "kv_cache_dtypes / token_head_dtypes)")
+            kv.validate()
+        if self.rotation_dtype not in (None, *DTYPES):
+            raise NanfuzzError(f"Capabilities(rotation_dtype={self.rotation_dtype!r}) must be None or one of {DTYPES}")
         if self.precision not in PRECISIONS:
             raise NanfuzzError(f"Capabilities(precision={self.precision!r}) is not one of {PRECISIONS}: "
                                "'tf32' for tl.dot's default on GPUs, 'ieee' for input_precision='ieee'")
@@ -193,6 +209,9 @@ class Capabilities:
         if case.sinks and not self.sinks:
             return "attention sinks"
         kv = case.kv_cache
+        if kv.extended:
+            return None if kv in self.cache_formats else (
+                f"a {kv.label()} cache (supported: {self.describe_kv_cache().removeprefix('kv ')})")
         if kv.token_head and kv.dtype not in self.token_head_dtypes:
             return f"{kv.dtype} caches with per-token-head scales (supported: {', '.join(self.token_head_dtypes) or 'none'})"
         if not kv.token_head and kv.dtype not in self.kv_cache_dtypes:
@@ -207,6 +226,7 @@ class Capabilities:
             parts.append(",".join(self.kv_cache_dtypes) + (" per-tensor" if quantized else ""))
         if self.token_head_dtypes:
             parts.append(",".join(self.token_head_dtypes) + " per-token-head")
+        parts += [kv.label() for kv in self.cache_formats]
         return "kv " + "; ".join(parts)
 
     def describe_mla(self) -> str:
@@ -240,6 +260,8 @@ class Capabilities:
                                                           ("max-blocks", self.max_blocks)) if value is not None]
         parts += limits
         parts.append("blocks " + ",".join(map(str, self.block_sizes)))
-        if self.kv_cache_dtypes != ("auto",) or self.token_head_dtypes:
+        if self.kv_cache_dtypes != ("auto",) or self.token_head_dtypes or self.cache_formats:
             parts.append(self.describe_kv_cache())
+        if self.rotation_dtype:
+            parts.append(f"rotations in {self.rotation_dtype.replace('float', 'fp').replace('bfp16', 'bf16')}")
         return " ".join(parts)

@@ -24,23 +24,50 @@ DTYPES = ("float16", "bfloat16", "float32")
 POISON_VALUES = ("nan", "inf", "-inf", "max", "garbage", "bits")
 POISON_TENSORS = ("v", "k", "kv")
 # How a cache stores its elements: "auto" is the query dtype, unquantized;
-# the others are codes read as code x scale (see ``KVCache``).
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2", "int8")
+# the others are codes read as code x scale, or with a zero point (see ``KVCache``).
+# The unsigned codes are asymmetric: uint8 a byte, uint4 and uint3 packed several to a byte.
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2", "int8", "uint8", "uint4", "uint3")
 FP8_DTYPES = ("fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2")
+UNSIGNED_DTYPES = ("uint8", "uint4", "uint3")
+CODE_BITS = {"uint8": 8, "uint4": 4, "uint3": 3}
 SCALE_MODES = ("tensor", "token-head")
+# Where an unsigned code's zero point goes: "code" value = (code - zero) x scale, the zero in
+# code units; "offset" value = code x scale + zero, the zero in value units.
+ZERO_POINTS = ("none", "code", "offset")
+# How a per-token-head scale (and a zero point beside it) is stored: a float of that dtype, of the
+# query's dtype ("dtype": the model's), or "float32-zp4": one float32 word whose 4 low mantissa
+# bits hold the zero point (an integer code 0..15) and whose other bits are the scale.
+SCALE_FORMATS = ("float32", "float16", "bfloat16", "dtype", "float32-zp4")
+# How sub-byte codes share bytes: "interleaved", a head's codes as one little-endian bit string
+# (code i in bits [i x bits, (i + 1) x bits)); "halves" (uint4): byte j holds code j in its low
+# nibble and code j + head_size / 2 in its high one.
+PACKINGS = ("interleaved", "halves")
+# What a cache holds may be rotated: "hadamard", each (slot, head) row x stored as H_b (s * x) in
+# every run of b entries, b the largest power of two dividing head_size, H_b unnormalised
+# (H_b H_b^T = b I) and s a +-1 sign vector (``KVCache.rotation_seed``).
+ROTATIONS = ("none", "hadamard")
 # The hostile values each cache dtype can hold: e4m3fn and e4m3fnuz have no
-# Inf, int8 neither Inf nor NaN.
+# Inf, the integer codes neither Inf nor NaN.
 DATA_POISON_VALUES = {
     "auto": POISON_VALUES,
     "fp8_e4m3fn": ("nan", "max", "garbage", "bits"),
     "fp8_e4m3fnuz": ("nan", "max", "garbage", "bits"),
     "fp8_e5m2": POISON_VALUES,
     "int8": ("max", "garbage", "bits"),
+    "uint8": ("max", "garbage", "bits"),
+    "uint4": ("max", "garbage", "bits"),
+    "uint3": ("max", "garbage", "bits"),
 }
 # What a poisoned dead slot of a per-token-head cache holds hostile: its
-# codes, its scales (the scale-cache entries of the same slot), or both.
-POISON_PARTS = ("data", "scales", "data+scales")
+# codes, its scales (the scale-cache entries of the same slot), its zero
+# points, or several of them.  The parts after the first three exist only
+# where a cache has zero points.
+POISON_PARTS = ("data", "scales", "data+scales", "zeros", "data+zeros", "scales+zeros", "data+scales+zeros")
 SCALE_POISON_VALUES = POISON_VALUES + ("zero",)
+# A zero point stored as a float holds any float hostile; one of 4 bits (float32-zp4) any of its
+# 16 codes: the largest, the upper half, any, or 0.
+ZERO_POISON_VALUES = POISON_VALUES
+ZP4_POISON_VALUES = ("max", "garbage", "bits", "zero")
 # Per-tensor scales: positive normal float32 values in this range.
 SCALE_RANGE = (2.0 ** -24, 2.0 ** 24)
 NULL_BLOCK = 0
@@ -170,21 +197,24 @@ class Sequence:
 
 
 @dataclass(frozen=True)
-class KVCache:
-    """How the paged cache stores keys and values.
+class CacheSide:
+    """How one cache, K's or V's, holds an element (``KVCache.side``).
 
-    ``dtype`` "auto": in the query dtype, unquantized.  Otherwise each cached
-    element is a code of ``dtype`` whose value is code x scale, with one
-    float32 ``k_scale`` / ``v_scale`` per tensor (``scales`` "tensor"), or
-    one float32 scale per (slot, KV head) in paged scale caches
-    ``[num_blocks, block_size, num_kv_heads]`` (``scales`` "token-head";
-    ``k_scale`` and ``v_scale`` are then 1 and unused).
+    ``dtype`` "auto": the query dtype, unquantized.  A quantized side holds
+    codes read as code x scale (fp8, int8), or, for the unsigned codes, with
+    a zero point (``zero_points``): (code - zero) x scale or code x scale +
+    zero.  The scale is per tensor (``scales`` "tensor") or one per (slot,
+    KV head) in a paged scale cache ``[num_blocks, block_size, num_kv_heads]``
+    stored as ``scale_format`` says, a zero point likewise in a zero cache
+    of the same shape (or inside the scale, "float32-zp4").  Sub-byte codes
+    are packed as ``packing`` says, ``ceil(head_size x bits / 8)`` bytes a row.
     """
 
     dtype: str = "auto"
     scales: str = "tensor"
-    k_scale: float = 1.0
-    v_scale: float = 1.0
+    zero_points: str = "none"
+    scale_format: str = "float32"
+    packing: str = "interleaved"
 
     @property
     def quantized(self) -> bool:
@@ -194,9 +224,172 @@ class KVCache:
     def token_head(self) -> bool:
         return self.scales == "token-head"
 
+    @property
+    def bits(self) -> int:
+        """Bits a code takes: 8 but for the packed unsigned codes."""
+        return CODE_BITS.get(self.dtype, 8)
+
+    @property
+    def packed(self) -> bool:
+        return self.bits < 8
+
+    @property
+    def zero_cache(self) -> bool:
+        """Does this side have a zero cache of its own (zero points not hidden in the scale)?"""
+        return self.zero_points != "none" and self.scale_format != "float32-zp4"
+
+    def row_bytes(self, head_size: int) -> int:
+        """Elements of a (slot, head) row of the cache: head_size, or the bytes its packed codes take."""
+        return -(-head_size * self.bits // 8) if self.packed else head_size
+
     def label(self) -> str:
-        """``auto``, ``fp8_e4m3fn`` (per-tensor) or ``int8/token-head``."""
-        return self.dtype + ("/token-head" if self.token_head else "")
+        """``int8/token-head``, ``uint4/token-head/code-zero/dtype/halves``: the side in a word."""
+        if not self.quantized:
+            return self.dtype
+        extras = [f"{self.zero_points}-zero"] if self.zero_points != "none" else []
+        extras += [self.scale_format] if self.scale_format != "float32" else []
+        extras += [self.packing] if self.packed and self.packing != "interleaved" else []
+        return self.dtype + ("/token-head" if self.token_head else "") + "".join("/" + e for e in extras)
+
+    def validate(self, where: str) -> None:
+        for name, allowed in (("dtype", KV_CACHE_DTYPES), ("scales", SCALE_MODES), ("zero_points", ZERO_POINTS),
+                              ("scale_format", SCALE_FORMATS), ("packing", PACKINGS)):
+            value = getattr(self, name)
+            _check(value in allowed, f"{where}.{name}={value!r} is not one of {allowed}")
+        if not self.quantized:
+            _check(not self.token_head, f"{where}.scales='token-head' needs a quantized {where}.dtype")
+        if self.dtype == "int8":
+            _check(self.token_head, f"{where}.dtype='int8' needs per-token-head scales ({where}.scales 'token-head')")
+        unsigned = self.dtype in UNSIGNED_DTYPES
+        if unsigned:
+            _check(self.token_head and self.zero_points != "none",
+                   f"{where}.dtype={self.dtype!r} needs per-token-head scales and zero points "
+                   f"({where}.scales 'token-head', {where}.zero_points 'code' or 'offset')")
+        else:
+            _check(self.zero_points == "none", f"{where}.zero_points={self.zero_points!r} needs unsigned codes "
+                                               f"({', '.join(UNSIGNED_DTYPES)}), not {where}.dtype={self.dtype!r}")
+        _check(self.scale_format == "float32" or unsigned,
+               f"{where}.scale_format={self.scale_format!r} needs unsigned codes ({', '.join(UNSIGNED_DTYPES)})")
+        _check(self.scale_format != "float32-zp4" or self.zero_points == "code",
+               f"{where}.scale_format='float32-zp4' holds a zero point in code units ({where}.zero_points 'code')")
+        _check(self.packing == "interleaved" or self.dtype == "uint4",
+               f"{where}.packing={self.packing!r} packs nibbles: it needs {where}.dtype 'uint4'")
+
+
+_SIDE_DEFAULTS = CacheSide()
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """How the paged cache stores keys and values.
+
+    ``dtype`` "auto": in the query dtype, unquantized.  Otherwise each cached
+    element is a code of ``dtype`` whose value is code x scale, with one
+    float32 ``k_scale`` / ``v_scale`` per tensor (``scales`` "tensor"), or
+    one float32 scale per (slot, KV head) in paged scale caches
+    ``[num_blocks, block_size, num_kv_heads]`` (``scales`` "token-head";
+    ``k_scale`` and ``v_scale`` are then 1 and unused).
+
+    Unsigned codes add a zero point per (slot, KV head), packing and a
+    scale format (``CacheSide``); ``dtype`` to ``packing`` describe K's
+    cache, and V's unless ``value`` gives V a format of its own (fp8 keys
+    beside 4-bit values).  ``rotation`` "hadamard" rotates what both caches
+    hold (``ROTATIONS``), with the signs of ``rotation_seed`` (None: all +1;
+    else ``torch.Generator`` seeded with it draws ``bernoulli(0.5)`` over b
+    entries on the CPU, as 2 x draw - 1).
+    """
+
+    dtype: str = "auto"
+    scales: str = "tensor"
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    zero_points: str = "none"
+    scale_format: str = "float32"
+    packing: str = "interleaved"
+    rotation: str = "none"
+    rotation_seed: int | None = None
+    value: CacheSide | None = None
+
+    @property
+    def key(self) -> CacheSide:
+        return CacheSide(self.dtype, self.scales, self.zero_points, self.scale_format, self.packing)
+
+    def side(self, which: str) -> CacheSide:
+        """K's ("k") or V's ("v") format."""
+        if which == "v" and self.value is not None:
+            return self.value
+        return self.key
+
+    @property
+    def quantized(self) -> bool:
+        return self.key.quantized or self.side("v").quantized
+
+    @property
+    def token_head(self) -> bool:
+        """Are K's scales per token and head (and V's, unless V has a format of its own)?"""
+        return self.scales == "token-head"
+
+    @property
+    def extended(self) -> bool:
+        """Does it use more than fp8/int8 codes with per-tensor or per-token-head float32 scales
+        (zero points, unsigned or packed codes, other scale formats, a rotation, V's own format)?"""
+        return (self.key.dtype in UNSIGNED_DTYPES or self.value is not None or self.rotation != "none"
+                or (self.zero_points, self.scale_format, self.packing)
+                != (_SIDE_DEFAULTS.zero_points, _SIDE_DEFAULTS.scale_format, _SIDE_DEFAULTS.packing))
+
+    def sides_with(self, part: str) -> tuple[str, ...]:
+        """The caches ("k", "v") that have ``part``: "data" (quantized or not), "scales" (per-token-head
+        scale caches) or "zeros" (zero points)."""
+        def has(side: CacheSide) -> bool:
+            return {"data": True, "scales": side.token_head, "zeros": side.zero_points != "none"}[part]
+        return tuple(which for which in ("k", "v") if has(self.side(which)))
+
+    def label(self) -> str:
+        """``auto``, ``fp8_e4m3fn`` (per-tensor), ``int8/token-head``, and for an extended cache
+        each side's label and the rotation: ``k=fp8_e4m3fn,v=uint4/token-head/offset-zero/float16``."""
+        if not self.extended:
+            return self.dtype + ("/token-head" if self.token_head else "")
+        key, value = self.key.label(), self.side("v").label()
+        text = key if key == value else f"k={key},v={value}"
+        return text + (f"/{self.rotation}" if self.rotation != "none" else "")
+
+    def validate(self) -> None:
+        self.key.validate("kv_cache")
+        if self.value is not None:
+            self.value.validate("kv_cache.value")
+            _check(self.value != self.key, "kv_cache.value repeats K's format; leave it out")
+        _check(self.rotation in ROTATIONS, f"kv_cache.rotation={self.rotation!r} is not one of {ROTATIONS}")
+        if self.rotation == "none":
+            _check(self.rotation_seed is None, "kv_cache.rotation_seed needs a rotation (kv_cache.rotation 'hadamard')")
+        else:
+            _check(self.quantized, "kv_cache.rotation needs a quantized cache")
+        seed = self.rotation_seed
+        _check(seed is None or (type(seed) is int and 0 <= seed < 1 << 63),
+               f"kv_cache.rotation_seed={seed!r} must be null or a whole number in 0..2^63-1")
+        for name, which in (("k_scale", "k"), ("v_scale", "v")):
+            value = getattr(self, name)
+            side = self.side(which)
+            if not side.quantized or side.token_head:
+                _check(value == 1.0, f"kv_cache.{name}={value!r} must be 1.0: "
+                                     f"{'an unquantized cache' if not side.quantized else 'per-token-head scales'} "
+                                     "has no per-tensor scale")
+                continue
+            low, high = SCALE_RANGE
+            _check(math.isfinite(value) and low <= value <= high,
+                   f"kv_cache.{name}={value!r} must be a finite scale in [{low:g}, {high:g}]")
+            _check(_float32(value) == value,
+                   f"kv_cache.{name}={value!r} is not a float32 value (the kernel receives float32 scales); "
+                   f"use {_float32(value)!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that differ from their defaults (an old cache reads as it always did); ``dtype``
+        and ``scales`` always."""
+        record = {"dtype": self.dtype, "scales": self.scales, "k_scale": self.k_scale, "v_scale": self.v_scale}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in record and value != f.default:
+                record[f.name] = dataclasses.asdict(value) if f.name == "value" else value
+        return record
 
 
 @dataclass(frozen=True)
@@ -214,7 +407,7 @@ class Poison:
     ``sites`` None means every dead slot; otherwise only the listed sites get
     ``value`` and every other dead slot holds finite garbage.  ``parts``
     (caches with per-token-head scales only) says whether the slots' codes,
-    their scale-cache entries or both hold it.
+    their scale-cache entries, their zero points or several of them hold it.
     """
 
     value: str = "nan"
@@ -237,6 +430,14 @@ class Poison:
     @property
     def hits_scales(self) -> bool:
         return "scales" in self.parts
+
+    @property
+    def hits_zeros(self) -> bool:
+        return "zeros" in self.parts
+
+    def part_names(self) -> tuple[str, ...]:
+        """``parts`` as a tuple: ("data",), ("scales", "zeros"), ..."""
+        return tuple(self.parts.split("+"))
 
 
 @dataclass(frozen=True)
@@ -324,7 +525,7 @@ class Case:
         if self.poison.parts != "data":
             record["poison"]["parts"] = self.poison.parts
         if self.kv_cache != KVCache():
-            record["kv_cache"] = dataclasses.asdict(self.kv_cache)
+            record["kv_cache"] = self.kv_cache.to_dict()
         return record
 
     @classmethod
@@ -434,14 +635,7 @@ class Case:
         p = self.poison
         _check(p.tensors in POISON_TENSORS, f"poison tensors={p.tensors!r} is not one of {POISON_TENSORS}")
         _check(p.parts in POISON_PARTS, f"poison parts={p.parts!r} is not one of {POISON_PARTS}")
-        _check(p.parts == "data" or self.kv_cache.token_head,
-               f"poison parts={p.parts!r} needs a cache with per-token-head scales (kv_cache.scales 'token-head')")
-        if p.hits_data:
-            allowed = DATA_POISON_VALUES[self.kv_cache.dtype]
-            what = "" if self.kv_cache.dtype == "auto" else f" in a {self.kv_cache.dtype} cache"
-            _check(p.value in allowed, f"poison value={p.value!r}{what} is not one of {allowed}")
-        if p.hits_scales:
-            _check(p.value in SCALE_POISON_VALUES, f"poison value={p.value!r} is not one of {SCALE_POISON_VALUES}")
+        _validate_poison_parts(self.kv_cache, p)
         if p.sites is not None:
             for site in p.sites:
                 _check(0 <= site.block < g.num_blocks, f"poison site block={site.block} is outside the cache")
@@ -519,26 +713,50 @@ class Case:
         return is_live
 
     def _validate_kv_cache(self) -> None:
-        kv = self.kv_cache
-        _check(kv.dtype in KV_CACHE_DTYPES, f"kv_cache.dtype={kv.dtype!r} is not one of {KV_CACHE_DTYPES}")
-        _check(kv.scales in SCALE_MODES, f"kv_cache.scales={kv.scales!r} is not one of {SCALE_MODES}")
-        if not kv.quantized:
-            _check(not kv.token_head, "kv_cache.scales='token-head' needs a quantized kv_cache.dtype")
-        if kv.dtype == "int8":
-            _check(kv.token_head, "kv_cache.dtype='int8' needs per-token-head scales (kv_cache.scales 'token-head')")
-        for name in ("k_scale", "v_scale"):
-            value = getattr(kv, name)
-            if not kv.quantized or kv.token_head:
-                _check(value == 1.0, f"kv_cache.{name}={value!r} must be 1.0: "
-                                     f"{'an unquantized cache' if not kv.quantized else 'per-token-head scales'} "
-                                     "has no per-tensor scale")
-                continue
-            low, high = SCALE_RANGE
-            _check(math.isfinite(value) and low <= value <= high,
-                   f"kv_cache.{name}={value!r} must be a finite scale in [{low:g}, {high:g}]")
-            _check(_float32(value) == value,
-                   f"kv_cache.{name}={value!r} is not a float32 value (the kernel receives float32 scales); "
-                   f"use {_float32(value)!r}")
+        self.kv_cache.validate()
+        if self.kv_cache.rotation != "none":
+            block = self.geometry.head_size & -self.geometry.head_size
+            _check(block > 1, f"kv_cache.rotation needs an even head_size (head_size={self.geometry.head_size} "
+                              "has no Hadamard block)")
+        halves = [w for w in ("k", "v") if self.kv_cache.side(w).packing == "halves"]
+        _check(not halves or self.geometry.head_size % 2 == 0,
+               f"kv_cache packing 'halves' needs an even head_size, not {self.geometry.head_size}")
+
+
+def poison_values_for(kv: KVCache, which: str, part: str) -> tuple[str, ...]:
+    """The poison values cache ``which``'s ``part`` ("data", "scales", "zeros") can hold hostile."""
+    side = kv.side(which)
+    if part == "data":
+        return DATA_POISON_VALUES[side.dtype]
+    if part == "scales":
+        return SCALE_POISON_VALUES
+    return ZP4_POISON_VALUES if side.scale_format == "float32-zp4" else ZERO_POISON_VALUES
+
+
+def poison_landings(kv: KVCache, poison: Poison) -> tuple[tuple[str, str], ...]:
+    """The (cache, part) pairs a poison fills: its tensors' caches that have each of its parts."""
+    sides = tuple(which for which in ("k", "v") if which in poison.tensors)
+    return tuple((which, part) for part in poison.part_names() for which in sides if which in kv.sides_with(part))
+
+
+def _validate_poison_parts(kv: KVCache, p: Poison) -> None:
+    """Poison in scales or zero points only where the cache has them, and a value each part it fills can hold."""
+    for part, needs in (("scales", "per-token-head scales (kv_cache.scales 'token-head')"),
+                        ("zeros", "zero points (kv_cache.zero_points)")):
+        if part in p.part_names():
+            _check(any(w in p.tensors for w in kv.sides_with(part)),
+                   f"poison parts={p.parts!r} needs a cache with {needs} in poison tensors={p.tensors!r}")
+    for which, part in poison_landings(kv, p):
+        allowed = poison_values_for(kv, which, part)
+        side = kv.side(which)
+        if part == "data":
+            what = "" if side.dtype == "auto" else f" in a {side.dtype} cache"
+        elif part == "zeros":
+            what = f" in {side.scale_format} zero points"
+        else:
+            what = ""
+        _check(p.value in allowed, f"poison value={p.value!r}{what} is not one of {allowed}")
+
 
 def _object(value: Any, what: str) -> dict:
     _check(isinstance(value, dict), f"{what} must be a JSON object, not {type(value).__name__}")
@@ -584,8 +802,23 @@ def _kv_cache(data: Any) -> KVCache:
         value = data.get(name, 1.0)
         _check(type(value) in (int, float), f"kv_cache.{name}={value!r} must be a number")
         scales[name] = float(value)
-    return KVCache(dtype=_typed(data, "dtype", str, "kv_cache."),
-                   scales=_typed(data, "scales", str, "kv_cache.") if "scales" in data else "tensor", **scales)
+    side = _cache_side(data, "kv_cache.", required=("dtype",))
+    seed = data.get("rotation_seed")
+    _check(seed is None or type(seed) is int, f"kv_cache.rotation_seed={seed!r} must be null or a whole number")
+    value = None
+    if "value" in data:
+        record = _object(data["value"], "kv_cache.value")
+        unknown = set(record) - {f.name for f in dataclasses.fields(CacheSide)}
+        _check(not unknown, f"kv_cache.value has unknown fields {sorted(unknown)}")
+        value = CacheSide(**_cache_side(record, "kv_cache.value.", required=("dtype", "scales")))
+    rotation = _typed(data, "rotation", str, "kv_cache.") if "rotation" in data else "none"
+    return KVCache(**side, **scales, rotation=rotation, rotation_seed=seed, value=value)
+
+
+def _cache_side(data: dict, where: str, required: tuple[str, ...]) -> dict[str, str]:
+    """The ``CacheSide`` fields of a JSON record: strings, each at its default where absent."""
+    return {f.name: _typed(data, f.name, str, where) for f in dataclasses.fields(CacheSide)
+            if f.name in data or f.name in required}
 
 
 def _float32(value: float) -> float:

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from nanfuzz.reference import quantization, redzones, values
+from nanfuzz.reference import asymmetric, quantization, redzones, rotation, values
 from nanfuzz.reference.batch import PagedBatch, latent_values
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.features import poisoned_mask
-from nanfuzz.reference.materialize import (_Q_SPREAD, TORCH_DTYPES, _code_margin, _derive, _garbage, _margin_fill,
-                                           _poison_values, _surround_small, cache_sides, poison_columns, token_layout)
+from nanfuzz.reference.materialize import (_Q_SPREAD, PARAMETER_CACHES, TORCH_DTYPES, _derive, _fill_dead_codes,
+                                           _fill_poison, _garbage, _margin_fill, _poison_values, _surround_small,
+                                           cache_sides, new_tokens, per_tensor_scales, poison_columns, token_layout)
 from nanfuzz.reference.semantics import liveness
 
 # Elements generated per step: bounds the int64 temporaries of the hash (2^24 x 8 bytes each).
@@ -46,13 +47,13 @@ _FLOAT_NAN_BITS = {"float16": (0x7E00, 2), "bfloat16": (0x7FC0, 2), "float32": (
 
 def background(case: Case, name: str) -> tuple[int, int]:
     """(bit pattern, bytes) every unwritten element of cache ``name`` holds."""
-    if name in ("k_scale_cache", "v_scale_cache"):
-        return _FLOAT_NAN_BITS["float32"]
-    kv = case.kv_cache
-    if not kv.quantized:
+    side = case.kv_cache.side("k" if name in ("key_cache", "k_scale_cache", "k_zero_cache") else "v")
+    if name in PARAMETER_CACHES:
+        dtype = asymmetric.storage_dtype(side, TORCH_DTYPES[case.geometry.dtype])
+        return _FLOAT_NAN_BITS[str(dtype).removeprefix("torch.")]
+    if not side.quantized:
         return _FLOAT_NAN_BITS[case.geometry.dtype]
-    enc = quantization.ENCODINGS[kv.dtype]
-    return (enc.nan_codes or (enc.max_code,))[0], 1
+    return quantization.margin_code(side.dtype), 1
 
 
 def written_blocks(case: Case) -> np.ndarray:
@@ -143,39 +144,48 @@ def _caches(case: Case, physical: torch.Tensor, live: torch.Tensor, poison: torc
     g = case.geometry
     kv = case.kv_cache
     device = physical.device
-    widths = {"key_cache": g.num_kv_heads * g.head_size, "value_cache": g.num_kv_heads * g.v_head_size}
     rows = physical.numel()
-    dtype = torch.uint8 if kv.quantized else TORCH_DTYPES[g.dtype]
-    names = ("key_cache", "value_cache")[:len(cache_sides(case))]
-    caches = {name: torch.empty(rows, widths[name], dtype=dtype, device=device) for name in names}
-    if kv.token_head:
-        for name in ("k_scale_cache", "v_scale_cache"):
-            caches[name] = torch.empty(rows, g.num_kv_heads, dtype=torch.float32, device=device)
+    sides = (("k", "key_cache"), ("v", "value_cache"))[:len(cache_sides(case))]
+    caches, widths = {}, {}
+    for which, name in sides:
+        side = kv.side(which)
+        widths[name] = g.num_kv_heads * side.row_bytes(g.cache_head_size(which))
+        caches[name] = torch.empty(rows, widths[name], dtype=torch.uint8 if side.quantized else TORCH_DTYPES[g.dtype],
+                                   device=device)
+        stored = asymmetric.storage_dtype(side, TORCH_DTYPES[g.dtype])
+        if side.token_head:
+            caches[f"{which}_scale_cache"] = torch.empty(rows, g.num_kv_heads, dtype=stored, device=device)
+        if side.zero_cache:
+            caches[f"{which}_zero_cache"] = torch.empty(rows, g.num_kv_heads, dtype=stored, device=device)
     live_rows = torch.nonzero(live).flatten()
-    for which, name in (("k", "key_cache"), ("v", "value_cache"))[:len(names)]:
-        width = widths[name]
+    for which, name in sides:
+        side = kv.side(which)
+        head_size = g.cache_head_size(which)
+        width = g.num_kv_heads * head_size
         for part in _chunks(live_rows, width):
             rows_here = live_rows[part]
             x = values.uniform(case.data_seed, f"cache_{which}", _element_index(physical[rows_here], width))
-            if not kv.quantized:
+            if not side.quantized:
                 caches[name][rows_here] = x.to(caches[name].dtype)
-            elif kv.token_head:
-                x = x.view(-1, g.num_kv_heads, g.cache_head_size(which))
-                scale = quantization.token_head_scales(x, kv.dtype)
-                caches[name][rows_here] = quantization.quantize(x, scale.double()[..., None], kv.dtype).view(-1, width)
-                caches[f"{which}_scale_cache"][rows_here] = scale
-            else:
-                caches[name][rows_here] = quantization.quantize(x, kv.k_scale if which == "k" else kv.v_scale, kv.dtype)
+                continue
+            x = rotation.rotate(x.view(-1, g.num_kv_heads, head_size), kv)
+            codes, scales, zeros = quantization.live_rows(x, side, kv.k_scale if which == "k" else kv.v_scale,
+                                                          TORCH_DTYPES[g.dtype])
+            caches[name][rows_here] = codes.reshape(-1, widths[name])
+            if scales is not None:
+                caches[f"{which}_scale_cache"][rows_here] = scales
+            if zeros is not None:
+                caches[f"{which}_zero_cache"][rows_here] = zeros
     dead_rows = torch.nonzero(~live).flatten()
     _write_dead(case, caches, dead_rows, physical[dead_rows], None if poison is None else poison[dead_rows],
                 garbage_seed)
-    slots = (rows // g.block_size, g.block_size, g.num_kv_heads)
-    for name in names:
-        cache = quantization.as_encoding(caches[name], kv.dtype) if kv.quantized else caches[name]
-        caches[name] = cache.view(*slots, widths[name] // g.num_kv_heads)
-    for name in ("k_scale_cache", "v_scale_cache"):
+    for which, name in sides:
+        side = kv.side(which)
+        shape = (rows // g.block_size, g.block_size, g.num_kv_heads, -1)
+        caches[name] = (quantization.as_encoding(caches[name], side.dtype) if side.quantized else caches[name]).view(shape)
+    for name in PARAMETER_CACHES:
         if name in caches:
-            caches[name] = caches[name].view(slots)
+            caches[name] = caches[name].view(rows // g.block_size, g.block_size, g.num_kv_heads)
     return caches
 
 
@@ -186,54 +196,44 @@ def _write_dead(case: Case, caches: dict[str, torch.Tensor], rows: torch.Tensor,
     g = case.geometry
     kv = case.kv_cache
     p = case.poison
-    per_slot = {"key_cache": g.num_kv_heads * g.head_size, "value_cache": g.num_kv_heads * g.v_head_size}
-    flat = {name: (quantization.codes_of(t) if kv.quantized and name in per_slot else t)
-            .reshape(-1, per_slot.get(name, g.num_kv_heads))
-            for name, t in caches.items()}
     garbage = _derive(case.data_seed, 2, garbage_seed)
-    hostile = _derive(case.data_seed, 1)
     for (which, hit), name in zip(cache_sides(case), ("key_cache", "value_cache")):
-        codes_hit = poisoned if (poisoned is not None and hit and p.hits_data) else None
-        scales_hit = poisoned if (poisoned is not None and hit and p.hits_scales and kv.token_head) else None
-        _fill_dead(case, which, flat[name], rows, physical, codes_hit, flat[name].shape[1], garbage, hostile)
-        if kv.token_head:
-            _fill_dead_scales(case, which, flat[f"{which}_scale_cache"], rows, physical, scales_hit, garbage, hostile)
+        side = kv.side(which)
+        if not side.quantized:
+            width = g.num_kv_heads * g.cache_head_size(which)
+            codes_hit = poisoned if (poisoned is not None and hit and p.hits_data) else None
+            _fill_dead(case, which, caches[name].reshape(-1, width), rows, physical, codes_hit, width, garbage)
+            continue
+        # every cache as [slots, row] views, whether still being built or already shaped
+        width = g.num_kv_heads * side.row_bytes(g.cache_head_size(which))
+        codes = quantization.codes_of(caches[name]).reshape(-1, width)
+        scales, zeros = (caches[key].reshape(-1, g.num_kv_heads) if key in caches else None
+                         for key in (f"{which}_scale_cache", f"{which}_zero_cache"))
+        for part in _chunks(rows, codes.shape[1]):
+            here, slots = rows[part], physical[part]
+            _fill_dead_codes(case, which, codes, scales, zeros, slots, slots, slots, garbage_seed, rows=here)
+            if poisoned is None or not hit:
+                continue
+            chosen = poisoned[part]
+            hit_here, hit_slots = here[chosen], slots[chosen]
+            kinds = {"poison": hit_slots} if p.hits_data else {}
+            for name_part, has in (("scales", side.token_head), ("zeros", side.zero_points != "none")):
+                if name_part in p.part_names() and has:
+                    kinds[f"poison_{name_part}"] = hit_slots
+            _fill_poison(case, which, codes, scales, zeros, kinds, rows=hit_here)
 
 
-def _fill_dead(case, which, cache, rows, physical, poisoned, width, garbage_seed, hostile_seed) -> None:
-    kv = case.kv_cache
+def _fill_dead(case, which, cache, rows, physical, poisoned, width, garbage_seed) -> None:
+    """Dead slots of an unquantized cache: finite garbage, the poison where ``poisoned`` says."""
     columns = torch.zeros(width, dtype=torch.bool, device=cache.device)
     columns[poison_columns(case)] = True  # the entries of a poisoned slot the poison fills
     for part in _chunks(rows, width):
         here, index = rows[part], _element_index(physical[part], width)
-        if kv.quantized:
-            fill = quantization.finite_codes(values.random_bits(garbage_seed, f"garbage_{which}", index), kv.dtype)
-        else:
-            fill = _garbage(garbage_seed, f"garbage_{which}", index).to(cache.dtype)
+        fill = _garbage(garbage_seed, f"garbage_{which}", index).to(cache.dtype)
         if poisoned is not None:
-            hit = poisoned[part]
-            if kv.quantized:
-                bad = quantization.hostile_codes(case.poison.value,
-                                                 values.random_bits(hostile_seed, f"poison_{which}", index),
-                                                 values.uniform(hostile_seed, f"poison_{which}", index), kv.dtype)
-            else:
-                bad = _poison_values(case, f"poison_{which}", index).to(cache.dtype)
-            fill = torch.where(hit[:, None] & columns[None, :], bad, fill)
+            bad = _poison_values(case, f"poison_{which}", index).to(cache.dtype)
+            fill = torch.where(poisoned[part][:, None] & columns[None, :], bad, fill)
         cache[here] = fill
-
-
-def _fill_dead_scales(case, which, scales, rows, physical, poisoned, garbage_seed, hostile_seed) -> None:
-    kv = case.kv_cache
-    heads = scales.shape[1]
-    for part in _chunks(rows, heads):
-        here, index = rows[part], _element_index(physical[part], heads)
-        fill = quantization.garbage_scales(values.uniform(garbage_seed, f"garbage_scale_{which}", index), kv.dtype)
-        if poisoned is not None:
-            stream = f"poison_scale_{which}"
-            bad = quantization.hostile_scales(case.poison.value, values.random_bits(hostile_seed, stream, index),
-                                              values.uniform(hostile_seed, stream, index))
-            fill = torch.where(poisoned[part][:, None], bad, fill)
-        scales[here] = fill
 
 
 # -- the small inputs --------------------------------------------------------------------
@@ -250,7 +250,6 @@ def _small_inputs(case: Case, device: torch.device, caches: dict[str, torch.Tens
     """q (hashed on the device), the new tokens' k/v (gathered from the compact caches), and the
     host-made table, lengths, sinks and scales, in their redzones, in one device buffer."""
     g = case.geometry
-    kv = case.kv_cache
     seq_of, pos_of = token_layout(case)
     seq_t = torch.tensor(seq_of, dtype=torch.int64, device=device)
     pos_t = torch.tensor(pos_of, dtype=torch.int64, device=device)
@@ -264,19 +263,14 @@ def _small_inputs(case: Case, device: torch.device, caches: dict[str, torch.Tens
     q = q.view(len(seq_of), g.num_q_heads, g.head_size)
     compact = compact_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t
     slots = compact * g.block_size + pos_t % g.block_size
-    k = quantization.values_at(case, caches["key_cache"], kv.k_scale, caches.get("k_scale_cache"), slots).to(q.dtype)
-    if g.latent:
-        v = k[..., :g.latent_rank].contiguous()
-    else:
-        v = quantization.values_at(case, caches["value_cache"], kv.v_scale, caches.get("v_scale_cache"), slots).to(q.dtype)
+    k, v = new_tokens(case, caches["key_cache"], caches.get("value_cache"),
+                      (caches.get("k_scale_cache"), caches.get("v_scale_cache")),
+                      (caches.get("k_zero_cache"), caches.get("v_zero_cache")), slots, q.dtype)
     sinks = None
     if case.sinks:
         index = torch.arange(g.num_q_heads, dtype=torch.int64)
         sinks = (values.uniform(case.data_seed, "sinks", index) * 2.0).to(torch.float32)
-    scales = {}
-    if kv.quantized and not kv.token_head:
-        scales = {"k_scale": torch.tensor([kv.k_scale], dtype=torch.float32),
-                  "v_scale": torch.tensor([kv.v_scale], dtype=torch.float32)}
+    scales = per_tensor_scales(case, "cpu")
     table = torch.tensor([list(s.block_table) for s in case.sequences], dtype=torch.int32)
     margin = _margin_fill(case, garbage_seed, poisoned)
     allocations = _surround_small(

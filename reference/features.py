@@ -53,12 +53,16 @@ def poisoned_slots(case: Case) -> list[tuple[int, int]]:
 
 
 def poison_target(case: Case) -> str:
-    """What the poison is in: "V", "KV", "V scales" (per-token-head scale caches), "K codes and scales"."""
+    """What the poison is in: "V", "KV", "V scales" (per-token-head scale caches), "K codes and scales",
+    "V zero points", "KV codes, scales and zero points"."""
     p = case.poison
     sides = p.tensors.upper()
     if case.geometry.latent:  # one cache: V is its latent part, what only K reads its rotary part
         return {"v": "the latent part (V)", "k": "the rope part", "kv": "the latent and rope parts"}[p.tensors]
-    return {"data": sides, "scales": f"{sides} scales", "data+scales": f"{sides} codes and scales"}[p.parts]
+    if p.parts == "data":
+        return sides
+    names = [{"data": "codes", "scales": "scales", "zeros": "zero points"}[part] for part in p.part_names()]
+    return f"{sides} " + (names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1])
 
 
 def case_features(case: Case) -> set[str]:
@@ -91,6 +95,8 @@ def case_features(case: Case) -> set[str]:
     count = int(poisoned.sum())
     if case.poison.hits_scales and count:
         found.add("poison:scale")
+    if case.poison.hits_zeros and count:
+        found.add("poison:zero-point")
     if case.poison.sites is not None and count == 1:
         found.add("poison:single-slot")
     held = liveness(case).any(axis=1)  # blocks holding keys some query reads
@@ -155,7 +161,7 @@ def size_features(case: Case) -> set[str]:
     if max(g.head_size, g.v_head_size) >= 192:
         found.add("head-size>=192")
     per_block = g.block_size * g.num_kv_heads * max(g.head_size, g.v_head_size)
-    element = 1 if case.kv_cache.quantized else (4 if g.dtype == "float32" else 2)
+    element = 1 if case.kv_cache.key.quantized else (4 if g.dtype == "float32" else 2)
     if g.num_blocks * g.block_size * g.num_kv_heads * g.slot_width * element >= 8 << 30:
         found.add("cache>=8GiB")
     highest = max((max(s.block_table[:s.used_blocks(g.block_size)], default=0) for s in case.sequences), default=0)

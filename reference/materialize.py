@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from nanfuzz.reference import quantization, redzones, values
+from nanfuzz.reference import asymmetric, quantization, redzones, rotation, values
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.semantics import liveness
@@ -130,8 +130,9 @@ def poison_columns(case: Case) -> slice:
 
 def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed: int):
     """One cache from the device-side slot numbers of its "live", "garbage" and (if any) "poison"
-    slots: ``(cache, scale_cache)``, the second None unless the case has per-token-head scales."""
-    if case.kv_cache.quantized:
+    slots: ``(cache, scale_cache, zero_cache)``, the second None unless that side has per-token-head
+    scales, the third unless it has zero points in a cache of their own."""
+    if case.kv_cache.side(which).quantized:
         return _quantized_cache(case, which, slots, garbage_seed)
     g = case.geometry
     shape = (g.num_blocks, g.block_size, g.num_kv_heads, g.cache_head_size(which))
@@ -142,50 +143,97 @@ def _cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed:
           lambda index: _garbage(_derive(case.data_seed, 2, garbage_seed), f"garbage_{which}", index))
     if "poison" in slots:
         _fill(cache, slots["poison"], lambda index: _poison_values(case, f"poison_{which}", index), poison_columns(case))
-    return cache.view(shape), None
+    return cache.view(shape), None, None
 
 
 def _quantized_cache(case: Case, which: str, slots: dict[str, torch.Tensor], garbage_seed: int):
-    """Codes (uint8 while being filled) and, per token-head, the scale cache.
+    """Codes (uint8 while being filled), and per token-head the scale cache and any zero cache.
 
     Live slots hold the codes of the same seeded values an unquantized cache
-    holds; dead slots hold finite garbage codes and scales, except that
-    ``slots["poison"]`` gets hostile codes and ``slots["poison_scales"]``
-    hostile scales.
+    holds (rotated first where the cache is); dead slots hold finite garbage
+    codes, scales and zero points, except that ``slots["poison"]`` gets
+    hostile codes, ``slots["poison_scales"]`` hostile scales and
+    ``slots["poison_zeros"]`` hostile zero points.
     """
     g = case.geometry
     kv = case.kv_cache
+    side = kv.side(which)
     live = slots["live"]
+    device = live.device
     head_size = g.cache_head_size(which)
-    width = g.num_kv_heads * head_size
-    codes = torch.empty(g.num_blocks * g.block_size, width, dtype=torch.uint8, device=live.device)
-    scale_cache = None
-    if kv.token_head:
-        scale_cache = torch.empty(g.num_blocks * g.block_size, g.num_kv_heads, dtype=torch.float32, device=live.device)
+    width = g.num_kv_heads * side.row_bytes(head_size)
+    rows = g.num_blocks * g.block_size
+    codes = torch.empty(rows, width, dtype=torch.uint8, device=device)
+    scale_cache = zero_cache = None
+    stored = asymmetric.storage_dtype(side, TORCH_DTYPES[g.dtype])
+    if side.token_head:
+        scale_cache = torch.empty(rows, g.num_kv_heads, dtype=stored, device=device)
+    if side.zero_cache:
+        zero_cache = torch.empty(rows, g.num_kv_heads, dtype=stored, device=device)
     if live.numel():
-        x = values.uniform(case.data_seed, f"cache_{which}", _element_index(live, width))
-        if kv.token_head:
-            x = x.view(-1, g.num_kv_heads, head_size)
-            scale = quantization.token_head_scales(x, kv.dtype)
-            codes[live] = quantization.quantize(x, scale.double()[..., None], kv.dtype).view(-1, width)
-            scale_cache[live] = scale
-        else:
-            codes[live] = quantization.quantize(x, kv.k_scale if which == "k" else kv.v_scale, kv.dtype)
-    _fill_dead_codes(case, which, codes, scale_cache, slots["garbage"], slots.get("garbage_scales"), garbage_seed)
-    seed = _derive(case.data_seed, 1)
-    if "poison" in slots and slots["poison"].numel():
-        index = _element_index(slots["poison"], width)
-        bits, uniform = values.random_bits(seed, f"poison_{which}", index), values.uniform(seed, f"poison_{which}", index)
-        codes[slots["poison"]] = quantization.hostile_codes(case.poison.value, bits, uniform, kv.dtype)
-    if "poison_scales" in slots and slots["poison_scales"].numel():
-        index = _element_index(slots["poison_scales"], g.num_kv_heads)
-        stream = f"poison_scale_{which}"
-        scale_cache[slots["poison_scales"]] = quantization.hostile_scales(
-            case.poison.value, values.random_bits(seed, stream, index), values.uniform(seed, stream, index))
-    cache = quantization.as_encoding(codes, kv.dtype).view(g.num_blocks, g.block_size, g.num_kv_heads, head_size)
+        x = values.uniform(case.data_seed, f"cache_{which}", _element_index(live, g.num_kv_heads * head_size))
+        x = rotation.rotate(x.view(-1, g.num_kv_heads, head_size), kv)
+        live_codes, scales, zeros = quantization.live_rows(x, side, kv.k_scale if which == "k" else kv.v_scale,
+                                                           TORCH_DTYPES[g.dtype])
+        codes[live] = live_codes.reshape(-1, width)
+        if scales is not None:
+            scale_cache[live] = scales
+        if zeros is not None:
+            zero_cache[live] = zeros
+    _fill_dead_codes(case, which, codes, scale_cache, zero_cache, slots["garbage"], slots.get("garbage_scales"),
+                     slots.get("garbage_zeros"), garbage_seed)
+    _fill_poison(case, which, codes, scale_cache, zero_cache, slots)
+    cache = quantization.as_encoding(codes, side.dtype).view(g.num_blocks, g.block_size, g.num_kv_heads, -1)
     if scale_cache is not None:
         scale_cache = scale_cache.view(g.num_blocks, g.block_size, g.num_kv_heads)
-    return cache, scale_cache
+    if zero_cache is not None:
+        zero_cache = zero_cache.view(g.num_blocks, g.block_size, g.num_kv_heads)
+    return cache, scale_cache, zero_cache
+
+
+def _fill_poison(case: Case, which: str, codes: torch.Tensor, scale_cache: torch.Tensor | None,
+                 zero_cache: torch.Tensor | None, slots: dict[str, torch.Tensor],
+                 rows: torch.Tensor | None = None) -> None:
+    """The hostile codes, scales and zero points of the poisoned slots of one quantized cache
+    (``slots["poison"]``, ``["poison_scales"]``, ``["poison_zeros"]``: flat slot numbers, which seed
+    the values; ``rows``: where in the tensors each slot of those lists sits, when not at its number,
+    the same slots in every list)."""
+    g = case.geometry
+    side = case.kv_cache.side(which)
+    seed = _derive(case.data_seed, 1)
+    value = case.poison.value
+    if "poison" in slots and slots["poison"].numel():
+        slots_hit = slots["poison"]
+        at = slots_hit if rows is None else rows
+        if side.dtype in quantization.UNSIGNED_DTYPES:  # one random stream per code, packed afterwards
+            head_size = g.cache_head_size(which)
+            index = _element_index(slots_hit, g.num_kv_heads * head_size)
+            bits = values.random_bits(seed, f"poison_{which}", index).view(-1, g.num_kv_heads, head_size)
+            codes[at] = quantization.hostile_unsigned(value, bits, side).reshape(len(slots_hit), -1)
+        else:
+            index = _element_index(slots_hit, codes.shape[1])
+            bits, uniform = (values.random_bits(seed, f"poison_{which}", index),
+                             values.uniform(seed, f"poison_{which}", index))
+            codes[at] = quantization.hostile_codes(value, bits, uniform, side.dtype)
+    for part, stream in (("scales", f"poison_scale_{which}"), ("zeros", f"poison_zero_{which}")):
+        key = f"poison_{part}"
+        if key not in slots or not slots[key].numel():
+            continue
+        index = _element_index(slots[key], g.num_kv_heads)
+        bits, uniform = values.random_bits(seed, stream, index), values.uniform(seed, stream, index)
+        hit = slots[key] if rows is None else rows
+        if side.scale_format == "float32-zp4":  # one word: the scale's bits, or the zero point's
+            words = scale_cache[hit]
+            if part == "scales":
+                scale_cache[hit] = asymmetric.with_zero(quantization.hostile_scales(value, bits, uniform),
+                                                        asymmetric.word_fields(words)[1])
+            else:
+                scale_cache[hit] = asymmetric.with_zero(words, asymmetric.hostile_zp4(value, bits))
+        elif part == "scales" and scale_cache.dtype == torch.float32:
+            scale_cache[hit] = quantization.hostile_scales(value, bits, uniform)
+        else:
+            target = scale_cache if part == "scales" else zero_cache
+            target[hit] = asymmetric.hostile_zeros(value, bits, uniform, target.dtype)
 
 
 def _element_index(slots: torch.Tensor, width: int) -> torch.Tensor:
@@ -194,18 +242,32 @@ def _element_index(slots: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _fill_dead_codes(case: Case, which: str, codes: torch.Tensor, scale_cache: torch.Tensor | None,
-                     slots: torch.Tensor, scale_slots: torch.Tensor | None, garbage_seed: int) -> None:
-    """Finite garbage codes in ``slots`` and finite garbage scales in ``scale_slots``
-    (``codes``: uint8 ``[slots, heads * head_size]``), depending on ``garbage_seed``."""
-    kv = case.kv_cache
+                     zero_cache: torch.Tensor | None, slots: torch.Tensor, scale_slots: torch.Tensor | None,
+                     zero_slots: torch.Tensor | None, garbage_seed: int, rows: torch.Tensor | None = None) -> None:
+    """Finite garbage codes in ``slots``, scales in ``scale_slots`` and zero points in ``zero_slots``
+    (``codes``: uint8 ``[slots, heads * row_bytes]``), depending on ``garbage_seed``.  ``rows``: where
+    in the tensors the slots sit when not at their numbers (then the three lists are the same slots)."""
+    side = case.kv_cache.side(which)
     seed = _derive(case.data_seed, 2, garbage_seed)
     if slots.numel():
-        codes[slots] = quantization.finite_codes(
-            values.random_bits(seed, f"garbage_{which}", _element_index(slots, codes.shape[1])), kv.dtype)
+        codes[slots if rows is None else rows] = quantization.finite_codes(
+            values.random_bits(seed, f"garbage_{which}", _element_index(slots, codes.shape[1])), side.dtype)
     if scale_cache is not None and scale_slots.numel():
-        index = _element_index(scale_slots, scale_cache.shape[1])
-        scale_cache[scale_slots] = quantization.garbage_scales(
-            values.uniform(seed, f"garbage_scale_{which}", index), kv.dtype)
+        heads = scale_cache.shape[1]
+        index = _element_index(scale_slots, heads)
+        uniform = values.uniform(seed, f"garbage_scale_{which}", index)
+        at = scale_slots if rows is None else rows
+        if side.dtype in quantization.UNSIGNED_DTYPES:
+            zero_bits = values.random_bits(seed, f"garbage_zero_{which}", index)
+            scale_cache[at] = asymmetric.finite_parameters(uniform, zero_bits, side, TORCH_DTYPES[case.geometry.dtype],
+                                                           "scales")
+        else:
+            scale_cache[at] = quantization.garbage_scales(uniform, side.dtype)
+    if zero_cache is not None and zero_slots.numel():
+        index = _element_index(zero_slots, zero_cache.shape[1])
+        zero_cache[zero_slots if rows is None else rows] = asymmetric.finite_parameters(
+            values.uniform(seed, f"garbage_zero_{which}", index), None, side, TORCH_DTYPES[case.geometry.dtype],
+            "zeros")
 
 
 def cache_sides(case: Case) -> tuple[tuple[str, bool], ...]:
@@ -255,9 +317,9 @@ def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -
     }
     p = case.poison
     for which, hit in cache_sides(case):
+        side = case.kv_cache.side(which)
         poisons = poison is not None and hit
         codes_hit = poisons and p.hits_data
-        scales_hit = poisons and p.hits_scales and case.kv_cache.token_head
         if codes_hit and g.latent:  # the poison fills some columns of its slots, garbage the rest
             host[f"{which}.garbage"] = _slots(~live)
             host[f"{which}.poison"] = _slots(poison)
@@ -266,19 +328,24 @@ def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -
             host[f"{which}.poison"] = _slots(poison)
         else:
             host[f"{which}.garbage"] = _slots(~live)
-        if scales_hit:
-            host[f"{which}.garbage_scales"] = _slots(~live & ~poison)
-            host[f"{which}.poison_scales"] = _slots(poison)
-        elif case.kv_cache.token_head:
+        # zp4 zero points live in the scale words: their garbage comes with the scales'
+        for part, has in (("scales", side.token_head), ("zeros", side.zero_points != "none")):
+            if poisons and part in p.part_names() and has:
+                host[f"{which}.garbage_{part}"] = _slots(~live & ~poison)
+                host[f"{which}.poison_{part}"] = _slots(poison)
+            elif has:
+                host[f"{which}.garbage_{part}"] = _slots(~live)
+        if side.scale_format == "float32-zp4":
             host[f"{which}.garbage_scales"] = _slots(~live)
 
     def cache(which: str):
-        kinds = {kind: host[f"{which}.{kind}"] for kind in ("garbage", "poison", "garbage_scales", "poison_scales")
+        kinds = {kind: host[f"{which}.{kind}"] for kind in ("garbage", "poison", "garbage_scales", "poison_scales",
+                                                            "garbage_zeros", "poison_zeros")
                  if f"{which}.{kind}" in host}
         return _cache(case, which, {"live": host["live"], **kinds}, garbage_seed)
 
-    key_cache, k_scale_cache = cache("k")
-    value_cache, v_scale_cache = cache("v") if not g.latent else (None, None)
+    key_cache, k_scale_cache, k_zero_cache = cache("k")
+    value_cache, v_scale_cache, v_zero_cache = cache("v") if not g.latent else (None, None, None)
 
     seq_t, pos_t = host["seq"], host["pos"]
     heads = torch.arange(g.num_q_heads * g.head_size, device=device, dtype=torch.int64)
@@ -290,30 +357,57 @@ def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -
     blocks = block_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t
     slots = blocks * g.block_size + pos_t % g.block_size
     kv = case.kv_cache
-    k = quantization.values_at(case, key_cache, kv.k_scale, k_scale_cache, slots).to(q.dtype)
-    if g.latent:
-        v = k[..., :g.latent_rank].contiguous()
-    else:
-        v = quantization.values_at(case, value_cache, kv.v_scale, v_scale_cache, slots).to(q.dtype)
+    k, v = new_tokens(case, key_cache, value_cache, (k_scale_cache, v_scale_cache), (k_zero_cache, v_zero_cache),
+                      slots, q.dtype)
 
     sinks = None
     if case.sinks:
         index = torch.arange(g.num_q_heads, device=device, dtype=torch.int64)
         sinks = (values.uniform(case.data_seed, "sinks", index) * 2.0).to(torch.float32)
-    scales = {}
-    if kv.token_head:
-        scales = {"k_scale_cache": k_scale_cache, "v_scale_cache": v_scale_cache}
-    elif kv.quantized:
-        scales = {"k_scale": torch.tensor([kv.k_scale], dtype=torch.float32, device=device),
-                  "v_scale": torch.tensor([kv.v_scale], dtype=torch.float32, device=device)}
+    scales = per_tensor_scales(case, device)
+    for name, tensor in (("k_scale_cache", k_scale_cache), ("v_scale_cache", v_scale_cache),
+                         ("k_zero_cache", k_zero_cache), ("v_zero_cache", v_zero_cache)):
+        if tensor is not None:
+            scales[name] = tensor
 
     margin = _margin_fill(case, garbage_seed, poisoned)
-    cache_margin = _code_margin(case, garbage_seed, poisoned) if kv.quantized else margin
     caches = {"key_cache": key_cache} if g.latent else {"key_cache": key_cache, "value_cache": value_cache}
-    allocations = _surround(case, margin, cache_margin, q=q, k=k, v=v, **caches,
-                            block_table=block_table, seq_lens=host["seq_lens"].to(torch.int32),
+    allocations = _surround(case, margin, _cache_margins(case, margin, garbage_seed, poisoned), q=q, k=k, v=v,
+                            **caches, block_table=block_table, seq_lens=host["seq_lens"].to(torch.int32),
                             query_start_loc=host["starts"].to(torch.int32), sinks=sinks, **scales)
     return PagedBatch.from_allocations(case, allocations)
+
+
+def per_tensor_scales(case: Case, device) -> dict[str, torch.Tensor]:
+    """``k_scale`` / ``v_scale`` (float32 ``[1]``) of the sides quantized with per-tensor scales."""
+    kv = case.kv_cache
+    found = {}
+    for which, name, value in (("k", "k_scale", kv.k_scale), ("v", "v_scale", kv.v_scale)):
+        side = kv.side(which)
+        if side.quantized and not side.token_head:
+            found[name] = torch.tensor([value], dtype=torch.float32, device=device)
+    return found
+
+
+def new_tokens(case: Case, key_cache, value_cache, scale_caches, zero_caches, slots: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new tokens' k and v as the caches hold them at ``slots``: dequantized, unrotated,
+    rounded to ``dtype`` (a latent cache's v: the first ``latent_rank`` entries of k)."""
+    kv = case.kv_cache
+    k = rotation.unrotate(quantization.values_at(case, key_cache, kv.k_scale, scale_caches[0], slots,
+                                                 which="k", zero_cache=zero_caches[0]), kv).to(dtype)
+    if case.geometry.latent:
+        return k, k[..., :case.geometry.latent_rank].contiguous()
+    v = rotation.unrotate(quantization.values_at(case, value_cache, kv.v_scale, scale_caches[1], slots,
+                                                 which="v", zero_cache=zero_caches[1]), kv).to(dtype)
+    return k, v
+
+
+def _cache_margins(case: Case, margin, garbage_seed: int, poisoned: bool):
+    """What each cache's redzones hold, by cache name: codes for a quantized side, else ``margin``'s floats."""
+    kv = case.kv_cache
+    return {name: (_code_margin(case, which, garbage_seed, poisoned) if kv.side(which).quantized else margin)
+            for which, name in (("k", "key_cache"), ("v", "value_cache"))}
 
 
 def _margin_fill(case: Case, garbage_seed: int, poisoned: bool):
@@ -332,19 +426,18 @@ def _margin_fill(case: Case, garbage_seed: int, poisoned: bool):
     return garbage
 
 
-def _code_margin(case: Case, garbage_seed: int, poisoned: bool):
+def _code_margin(case: Case, which: str, garbage_seed: int, poisoned: bool):
     """What the redzones of a quantized cache hold: a NaN code (int8, which has
-    none: its largest code) in the poisoned run, seeded finite garbage codes
-    otherwise."""
-    kv_dtype = case.kv_cache.dtype
-    enc = quantization.ENCODINGS[kv_dtype]
+    none: its largest code; unsigned codes, all ones) in the poisoned run, seeded
+    finite garbage codes otherwise."""
+    kv_dtype = case.kv_cache.side(which).dtype
     seed = _derive(case.data_seed, 3, garbage_seed)
 
     def margin(stream: str):
         def make(shape):
             count = math.prod(shape)
             if poisoned:
-                codes = torch.full((count,), (enc.nan_codes or (enc.max_code,))[0], dtype=torch.uint8)
+                codes = torch.full((count,), quantization.margin_code(kv_dtype), dtype=torch.uint8)
             else:
                 codes = quantization.finite_codes(values.random_bits(seed, stream, torch.arange(count)), kv_dtype)
             return quantization.as_encoding(codes, kv_dtype).view(shape)
@@ -353,22 +446,24 @@ def _code_margin(case: Case, garbage_seed: int, poisoned: bool):
     return margin
 
 
-def _surround(case: Case, margin, cache_margin, **tensors) -> dict[str, redzones.Allocation]:
-    g = case.geometry
+# Per-(slot, head) tables beside the caches: scales and zero points, in redzones of their own.
+PARAMETER_CACHES = ("k_scale_cache", "v_scale_cache", "k_zero_cache", "v_zero_cache")
+INPUT_ORDER = ("q", "k", "v", "key_cache", "value_cache", "block_table", "seq_lens", "query_start_loc", "sinks",
+               "k_scale", "v_scale", *PARAMETER_CACHES)
+
+
+def _surround(case: Case, margin, cache_margins, **tensors) -> dict[str, redzones.Allocation]:
     z = redzones
-    caches = {name: tensors.pop(name) for name in ("key_cache", "value_cache", "k_scale_cache", "v_scale_cache")
-              if name in tensors}
+    caches = {name: tensors.pop(name) for name in ("key_cache", "value_cache", *PARAMETER_CACHES) if name in tensors}
     made = _surround_small(case, margin, **tensors)
     for name in ("key_cache", "value_cache"):
         if name in caches:  # a latent cache is key_cache alone
             made[name] = z.surround(caches[name], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER,
-                                    cache_margin(f"redzone_{name}"))
-    for name in ("k_scale_cache", "v_scale_cache"):
+                                    cache_margins[name](f"redzone_{name}"))
+    for name in PARAMETER_CACHES:
         if name in caches:
             made[name] = z.surround(caches[name], z.CACHE_BLOCKS_BEFORE, z.CACHE_BLOCKS_AFTER, margin(f"redzone_{name}"))
-    order = ("q", "k", "v", "key_cache", "value_cache", "block_table", "seq_lens", "query_start_loc", "sinks",
-             "k_scale", "v_scale", "k_scale_cache", "v_scale_cache")
-    return {name: made[name] for name in order if name in made}
+    return {name: made[name] for name in INPUT_ORDER if name in made}
 
 
 def _surround_small(case: Case, margin, **tensors) -> dict[str, redzones.Allocation]:
@@ -407,22 +502,22 @@ def refill_dead_slots(batch: PagedBatch, garbage_seed: int) -> PagedBatch:
     copy = batch.clone()
     dead = _slots(~live_mask(case, "cpu"))
     seed = _derive(case.data_seed, 2, garbage_seed)
-    quantized = case.kv_cache.quantized
-    sides = (("k", copy.key_cache, copy.k_scale_cache), ("v", copy.value_cache, copy.v_scale_cache))
-    for which, cache, scale_cache in sides[:len(cache_sides(case))]:
-        if quantized:
-            codes = quantization.codes_of(cache).reshape(-1, g.num_kv_heads * g.cache_head_size(which))
+    sides = (("k", copy.key_cache, copy.k_scale_cache, copy.k_zero_cache),
+             ("v", copy.value_cache, copy.v_scale_cache, copy.v_zero_cache))
+    for which, cache, scale_cache, zero_cache in sides[:len(cache_sides(case))]:
+        if case.kv_cache.side(which).quantized:
+            codes = quantization.codes_of(cache).reshape(cache.shape[0] * cache.shape[1], -1)
             scales = None if scale_cache is None else scale_cache.reshape(-1, g.num_kv_heads)
-            _fill_dead_codes(case, which, codes, scales, dead, dead, garbage_seed)
+            zeros = None if zero_cache is None else zero_cache.reshape(-1, g.num_kv_heads)
+            _fill_dead_codes(case, which, codes, scales, zeros, dead, dead, dead, garbage_seed)
         else:
             flat = cache.flatten(0, 1).flatten(1)
             _fill(flat, dead, lambda index: _garbage(seed, f"garbage_{which}", index))
     margin = _margin_fill(case, garbage_seed, poisoned=False)
-    code_margin = _code_margin(case, garbage_seed, poisoned=False) if quantized else margin
+    cache_margins = _cache_margins(case, margin, garbage_seed, poisoned=False)
     for name, allocation in copy.allocations.items():
-        cache = name in ("key_cache", "value_cache")
-        if allocation.base.is_floating_point() or (cache and quantized):
-            fill = (code_margin if cache else margin)(f"redzone_{name}")
+        if allocation.base.is_floating_point() or name in cache_margins:
+            fill = cache_margins.get(name, margin)(f"redzone_{name}")
             for _, where in allocation.sides():
                 redzones._fill_rows(allocation.base, where[0] if len(where) == 1 else where, fill)
     return copy

@@ -3,7 +3,10 @@
 Keys are *gathered* from the live slots into a zero-initialised buffer, so a
 dead slot's bits never enter a single floating-point operation here, whatever
 poison it holds; a quantized cache's live codes are dequantized (code x
-scale) on the way, its dead codes and scales never read.  Vectorised over sequences, queries and heads; sequences are
+scale, or with their zero points) on the way, its dead codes, scales and zero
+points never read.  A rotated cache is attended in its rotated frame: q
+rotated alike, the scores divided by the rotation's norm, the output rotated
+back (reference.rotation), exact in float64.  Vectorised over sequences, queries and heads; sequences are
 processed in chunks so that the gathered K/V stay within a memory budget.
 
 :func:`attend_in` computes the same attention in several arithmetics (the
@@ -23,10 +26,11 @@ from typing import Callable, Sequence
 import torch
 
 from nanfuzz.reference.batch import PagedBatch
-from nanfuzz.reference.case import Case
+from nanfuzz.reference.case import UNSIGNED_DTYPES, Case
 from nanfuzz.reference.materialize import host_to_device, token_layout
 from nanfuzz.reference.precision import FLOAT64, Arithmetic
-from nanfuzz.reference.quantization import live_values
+from nanfuzz.reference.quantization import stored_values
+from nanfuzz.reference.rotation import rotate, rotation_norm, unrotate
 from nanfuzz.reference.semantics import allowed_mask, live_key_range
 
 # Gathered K plus V per chunk, in float64 elements (2 x 2**27 x 8 B = 2 GiB).
@@ -155,41 +159,50 @@ class _Gathered:
 
     case: Case
     q: torch.Tensor             # [n, max_q, hkv, group, d]
-    k: torch.Tensor             # [n, max_len, hkv, d]
+    k: torch.Tensor             # [n, max_len, hkv, d]: as stored (in a rotated cache's frame)
     v: torch.Tensor             # [n, max_len, hkv, dv]
     allowed: torch.Tensor       # bool [n, max_q, max_len]
     sinks: torch.Tensor | None  # [1, hkv, group, 1, 1]
     tok_seq: torch.Tensor       # [chunk tokens]: its sequence in the chunk
     tok_row: torch.Tensor       # [chunk tokens]: its query row in the sequence
+    # k and v dequantized in their scales' dtype, where that is a half-precision one; else None
+    rounded: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def attend(self, arithmetic: Arithmetic, measure: bool = False) -> tuple[torch.Tensor, Summands | None]:
         """float64 ``[chunk tokens, num_q_heads, v_head_size]`` in ``arithmetic``, a step of query rows
         at a time (each row's softmax is its own), and with ``measure`` the rows' :class:`Summands`
         from the same weights."""
         g = self.case.geometry
+        kv = self.case.kv_cache
         n, max_q, max_len = self.allowed.shape
         rows = max(1, _SCORE_ELEMENTS // max(1, n * g.num_q_heads * max_len))
+        k, v = self.rounded if (arithmetic.dequantize_rounded and self.rounded) else (self.k, self.v)
+        q, scale = self.q, self.case.scale
+        if kv.rotation != "none":  # q into the cache's frame, rounded as the arithmetic rotates it
+            q = arithmetic.rotation(rotate(arithmetic.rotation(q), kv))
+            scale = scale / rotation_norm(kv, g.head_size)
         with _ieee_float32_matmuls():
-            steps = [_softmax_pv(self.q[:, r:r + rows], self.k, self.v, self.allowed[:, r:r + rows], self.case.scale,
+            steps = [_softmax_pv(q[:, r:r + rows], k, v, self.allowed[:, r:r + rows], scale,
                                  self.sinks, arithmetic, measure) for r in range(0, max_q, rows)]
         out, *measured = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1) for parts in zip(*steps))
+        if kv.rotation != "none":  # and the output back out of it (the summands stay in the cache's frame)
+            out = arithmetic.output(arithmetic.rotation(unrotate(arithmetic.rotation(out.double()), kv)))
         out = out[self.tok_seq, self.tok_row].reshape(len(self.tok_seq), g.num_q_heads, g.v_head_size).double()
-        return out, (self.measure(measured) if measure else None)
+        return out, (self.measure(measured, q, scale) if measure else None)
 
-
-    def measure(self, part: tuple[torch.Tensor, ...]) -> Summands:
+    def measure(self, part: tuple[torch.Tensor, ...], q: torch.Tensor, scale: float) -> Summands:
         """The chunk's rows' :class:`Summands`, from the per-row figures of its float64 pass
-        (``[n, max_q, hkv, group, ...]``) and the gathered queries and keys."""
+        (``[n, max_q, hkv, group, ...]``), the queries and scale it attended with and the gathered keys."""
         g = self.case.geometry
         key_max = self.k.abs().amax(dim=(1, 3))[:, None, :, None]                              # [n, 1, hkv, 1]
-        score_scale = self.case.scale * self.q.norm(dim=-1) * key_max                          # [n, q, hkv, g]
+        score_scale = scale * q.norm(dim=-1) * key_max                                         # [n, q, hkv, g]
         keys = self.allowed.sum(dim=-1).double()[:, :, None, None].expand_as(score_scale)
 
         def rows_of(x: torch.Tensor) -> torch.Tensor:
             x = x[self.tok_seq, self.tok_row]
             return x.reshape(len(self.tok_seq), g.num_q_heads, *x.shape[3:]).double()
 
-        products = torch.full_like(score_scale, self.q.shape[-1])
+        products = torch.full_like(score_scale, q.shape[-1])
         return Summands(*(rows_of(x) for x in part), rows_of(keys), rows_of(score_scale), rows_of(products))
 
 
@@ -227,7 +240,11 @@ def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gat
     slot = table[seq_idx, key_idx // bs] * bs + key_idx % bs
     k = torch.zeros(n, max_len, hkv, d, dtype=torch.float64, device=device)
     v = torch.zeros(n, max_len, hkv, g.v_head_size, dtype=torch.float64, device=device)
-    k[seq_idx, key_idx], v[seq_idx, key_idx] = live_values(batch, slot)
+    k[seq_idx, key_idx], v[seq_idx, key_idx] = stored_values(batch, slot)
+    rounded = None
+    if any(batch.case.kv_cache.side(w).dtype in UNSIGNED_DTYPES for w in ("k", "v")):
+        rounded = (torch.zeros_like(k), torch.zeros_like(v))
+        rounded[0][seq_idx, key_idx], rounded[1][seq_idx, key_idx] = stored_values(batch, slot, rounded=True)
 
     # -- the queries, padded to [n, max_q] -----------------------------------
     q = torch.zeros(n, max_q, hkv, group, d, dtype=torch.float64, device=device)
@@ -242,7 +259,7 @@ def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gat
         pos, key, seq_len[:, None, None], case.sliding_window, case.causal)
 
     sinks = batch.sinks.view(1, hkv, group, 1, 1) if batch.sinks is not None else None
-    return _Gathered(case, q, k, v, allowed, sinks, tok_seq, tok_row)
+    return _Gathered(case, q, k, v, allowed, sinks, tok_seq, tok_row, rounded)
 
 
 class _IeeeMatmuls:

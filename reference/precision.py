@@ -46,6 +46,12 @@ class Arithmetic:
     operand: Callable[[torch.Tensor], torch.Tensor] = _identity
     probabilities: Callable[[torch.Tensor], torch.Tensor] = _identity
     output: Callable[[torch.Tensor], torch.Tensor] = _identity
+    # A rotated cache (reference.rotation): what rounds q before and after its rotation, and the
+    # output before and after the rotation is undone.
+    rotation: Callable[[torch.Tensor], torch.Tensor] = _identity
+    # Unsigned codes with half-precision scales are dequantized in the scales' dtype
+    # (reference.asymmetric.dequantize_rounded), as a kernel multiplying by them does.
+    dequantize_rounded: bool = False
 
 
 FLOAT64 = Arithmetic("float64", torch.float64)
@@ -64,13 +70,17 @@ def arithmetic_name(dtype: str, precision: str) -> str:
     return f"float32/{precision}" if dtype == "float32" else dtype
 
 
-def same_precision(dtype: str, precision: str) -> Arithmetic:
+def same_precision(dtype: str, precision: str, rotation_dtype: str | None = None) -> Arithmetic:
     """The arithmetic of a straightforward kernel reading ``dtype`` and multiplying
-    float32 as ``precision`` says ("ieee" or "tf32")."""
+    float32 as ``precision`` says ("ieee" or "tf32"); a rotated cache's q and output
+    are rotated in ``rotation_dtype`` (None: ``dtype``)."""
     name = arithmetic_name(dtype, precision)
+    rotation = _rounder(TORCH_DTYPES[rotation_dtype or dtype]) if (rotation_dtype or dtype) != "float32" else _identity
     if dtype == "float32":
         rounding = round_to_tf32 if precision == "tf32" else _identity
-        return Arithmetic(name, torch.float32, operand=rounding, probabilities=rounding)
+        return Arithmetic(name, torch.float32, operand=rounding, probabilities=rounding, rotation=rotation,
+                          dequantize_rounded=True)
     # fp16 x fp16 and bf16 x bf16 products are exact in float32: only P and the output round.
     to_dtype = _rounder(TORCH_DTYPES[dtype])
-    return Arithmetic(name, torch.float32, operand=to_dtype, probabilities=to_dtype, output=to_dtype)
+    return Arithmetic(name, torch.float32, operand=to_dtype, probabilities=to_dtype, output=to_dtype,
+                      rotation=rotation, dequantize_rounded=True)

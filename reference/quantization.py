@@ -21,7 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nanfuzz.reference.case import KVCache
+from nanfuzz.reference.asymmetric import dequantize_unsigned, dequantize_unsigned_rounded, quantize_unsigned
+from nanfuzz.reference.packing import pack_codes, unpack_codes
+from nanfuzz.reference.rotation import unrotate
+from nanfuzz.reference.case import UNSIGNED_DTYPES, CacheSide, KVCache
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,10 @@ ENCODINGS = {
     "fp8_e4m3fnuz": Encoding(torch.float8_e4m3fnuz, 0x7F, 240.0, (0x80,), None),
     "fp8_e5m2": Encoding(torch.float8_e5m2, 0x7B, 57344.0, (0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF), (0x7C, 0xFC)),
     "int8": Encoding(torch.int8, 0x7F, 127.0, (), None),
+    # unsigned codes (reference.asymmetric): a byte, or packed several to a byte (reference.packing)
+    "uint8": Encoding(torch.uint8, 0xFF, 255.0, (), None),
+    "uint4": Encoding(torch.uint8, 0xF, 15.0, (), None),
+    "uint3": Encoding(torch.uint8, 0x7, 7.0, (), None),
 }
 
 # A per-token-head scale is the slot's largest |value| over the head over
@@ -151,32 +158,83 @@ def hostile_scales(kind: str, bits: torch.Tensor, uniform: torch.Tensor) -> torc
     return torch.where(low >= 1 << 31, low - (1 << 32), low).to(torch.int32).view(torch.float32)
 
 
-def live_values(batch, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 K ``[len(slots), num_kv_heads, head_size]`` and V ``[..., v_head_size]`` of the flat cache
-    slots ``block * block_size + offset``: the codes times their scales (a latent
-    cache's V: the first ``latent_rank`` entries of K).
+def margin_code(kv_cache_dtype: str) -> int:
+    """The byte a quantized cache's redzones (and a large case's unwritten blocks) hold: the
+    encoding's first NaN code; int8, which has none, its largest code; unsigned codes all ones."""
+    if kv_cache_dtype in UNSIGNED_DTYPES:
+        return 0xFF
+    enc = ENCODINGS[kv_cache_dtype]
+    return (enc.nan_codes or (enc.max_code,))[0]
 
-    Only the given slots are read, codes and scale-cache entries alike; a
-    caller that passes live slots alone never touches a dead slot's bits.
-    """
-    kv: KVCache = batch.case.kv_cache
-    k = values_at(batch.case, batch.key_cache, kv.k_scale, batch.k_scale_cache, slots)
-    if batch.case.geometry.latent:
-        return k, k[..., :batch.case.geometry.latent_rank]
-    return k, values_at(batch.case, batch.value_cache, kv.v_scale, batch.v_scale_cache, slots)
+
+def hostile_unsigned(kind: str, bits: torch.Tensor, side: CacheSide) -> torch.Tensor:
+    """uint8 rows ``[..., row_bytes]`` of unsigned codes for a poisoned dead slot, from int64 ``bits``
+    ``[..., head_size]`` (one per code): max, every code at the largest; garbage, codes in the upper
+    half; bits, any code (every nibble pattern, across a slot's codes)."""
+    top = (1 << side.bits) - 1
+    if kind == "max":
+        codes = torch.full_like(bits, top)
+    elif kind == "garbage":
+        codes = (top + 1) // 2 + (bits & ((top + 1) // 2 - 1))
+    else:
+        assert kind == "bits", kind
+        codes = bits & top
+    return pack_codes(codes, side.bits, side.packing)
+
+
+def live_rows(x: torch.Tensor, side: CacheSide, per_tensor_scale: float, query_dtype: torch.dtype):
+    """What a quantized cache side stores for float64 rows ``x`` ``[n, heads, head_size]``:
+    ``(uint8 codes [n, heads, row_bytes], scales [n, heads] or None, zero points [n, heads] or None)``."""
+    if side.dtype in UNSIGNED_DTYPES:
+        codes, scales, zeros = quantize_unsigned(x, side, query_dtype)
+        return pack_codes(codes, side.bits, side.packing), scales, zeros
+    if side.token_head:
+        scales = token_head_scales(x, side.dtype)
+        return quantize(x, scales.double()[..., None], side.dtype), scales, None
+    return quantize(x, per_tensor_scale, side.dtype), None, None
+
+
+def live_values(batch, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 K ``[len(slots), num_kv_heads, head_size]`` and V ``[..., v_head_size]`` of the flat
+    cache slots ``block * block_size + offset``, as the model means them: ``stored_values`` with the
+    cache's rotation undone."""
+    kv = batch.case.kv_cache
+    return tuple(unrotate(x, kv) for x in stored_values(batch, slots))
+
+
+def stored_values(batch, slots: torch.Tensor, rounded: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 K and V (``live_values``' shapes) the caches hold at the flat slots, dequantized (a
+    latent cache's V: the first ``latent_rank`` entries of K), in the cache's rotated frame where it
+    has one (``rounded``: dequantized in the scales' own dtype, ``asymmetric.dequantize_unsigned_rounded``)."""
+    case = batch.case
+    kv: KVCache = case.kv_cache
+    k = values_at(case, batch.key_cache, kv.k_scale, batch.k_scale_cache, slots,
+                  which="k", zero_cache=batch.k_zero_cache, rounded=rounded)
+    if case.geometry.latent:
+        return k, k[..., :case.geometry.latent_rank]
+    return k, values_at(case, batch.value_cache, kv.v_scale, batch.v_scale_cache, slots,
+                        which="v", zero_cache=batch.v_zero_cache, rounded=rounded)
 
 
 def values_at(case, cache: torch.Tensor, scale: float, scale_cache: torch.Tensor | None,
-              slots: torch.Tensor) -> torch.Tensor:
-    """float64 ``[len(slots), num_kv_heads, its head size]``: one cache's values at ``slots``
-    (``scale``: its per-tensor scale; ``scale_cache``: its per-token-head scales)."""
+              slots: torch.Tensor, *, which: str = "k", zero_cache: torch.Tensor | None = None,
+              rounded: bool = False) -> torch.Tensor:
+    """float64 ``[len(slots), num_kv_heads, its head size]``: cache ``which``'s stored values at ``slots``
+    (``scale``: its per-tensor scale; ``scale_cache`` and ``zero_cache``: its per-token-head scales and
+    zero points), in the cache's rotated frame where it has one."""
     g = case.geometry
-    kv: KVCache = case.kv_cache
-    width = cache.shape[-1]
-    if not kv.quantized:
-        return cache.reshape(-1, g.num_kv_heads, width)[slots].double()
-    codes = codes_of(cache).reshape(-1, g.num_kv_heads, width)[slots]
-    values = decode(codes, kv.dtype)
-    if kv.token_head:
+    side = case.kv_cache.side(which)
+    head_size = g.cache_head_size(which)
+    if not side.quantized:
+        return cache.reshape(-1, g.num_kv_heads, head_size)[slots].double()
+    codes = codes_of(cache).reshape(-1, g.num_kv_heads, side.row_bytes(head_size))[slots]
+    if side.dtype in UNSIGNED_DTYPES:
+        codes = unpack_codes(codes, side.bits, side.packing, head_size)
+        scales = scale_cache.reshape(-1, g.num_kv_heads)[slots]
+        zeros = zero_cache.reshape(-1, g.num_kv_heads)[slots] if side.zero_cache else None
+        read = dequantize_unsigned_rounded if rounded else dequantize_unsigned
+        return read(codes, scales, zeros, side)
+    values = decode(codes, side.dtype)
+    if side.token_head:
         return values * scale_cache.reshape(-1, g.num_kv_heads)[slots].double()[..., None]
     return values * scale

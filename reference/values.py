@@ -24,7 +24,10 @@ STREAMS = {name: i for i, name in enumerate(
      "redzone_q", "redzone_k", "redzone_v", "redzone_key_cache", "redzone_value_cache", "redzone_sinks",
      # quantized caches (appended: the streams above keep their numbers, so their values)
      "garbage_scale_k", "garbage_scale_v", "poison_scale_k", "poison_scale_v",
-     "redzone_k_scale", "redzone_v_scale", "redzone_k_scale_cache", "redzone_v_scale_cache"))}
+     "redzone_k_scale", "redzone_v_scale", "redzone_k_scale_cache", "redzone_v_scale_cache",
+     # zero points of unsigned codes
+     "garbage_zero_k", "garbage_zero_v", "poison_zero_k", "poison_zero_v",
+     "redzone_k_zero_cache", "redzone_v_zero_cache"))}
 
 
 def _mix_int(x: int) -> int:

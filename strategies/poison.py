@@ -6,7 +6,7 @@ import functools
 from hypothesis import strategies as st
 
 from nanfuzz.reference.case import (DATA_POISON_VALUES, POISON_PARTS, POISON_TENSORS, SCALE_POISON_VALUES, Case,
-                                    Poison, PoisonSite)
+                                    KVCache, Poison, PoisonSite, poison_landings, poison_values_for)
 from nanfuzz.reference.features import POISON_CLASS_FLAGS
 from nanfuzz.reference.semantics import Dead, dead_slots, slot_reasons
 from nanfuzz.strategies.draws import integers, pick
@@ -35,11 +35,7 @@ def draw_poison(draw, case: Case, classes: tuple[str, ...] | None = None) -> Poi
     hold; with per-token-head scales the poison goes into the slots' codes,
     their scales or both (shrinking toward the codes).
     """
-    kv = case.kv_cache
-    parts = pick(draw, POISON_PARTS) if kv.token_head else "data"
-    values = poison_values(kv.dtype, parts)
-    value = pick(draw, values, (FIRST_VALUE_WEIGHT,) + (1,) * (len(values) - 1))
-    tensors = pick(draw, POISON_TENSORS, TENSOR_WEIGHTS)
+    value, tensors, parts = draw_poison_kind(draw, case.kv_cache)
     if classes is None:
         scope = pick(draw, SCOPES)
         if scope == "all":  # every dead slot: no need to list them
@@ -86,6 +82,48 @@ def _block_picks(whole: tuple[int, ...]):
 @functools.lru_cache(maxsize=1024)
 def _slot_picks(count: int):
     return st.lists(integers(0, count - 1), min_size=1, max_size=8, unique=True)
+
+
+def draw_poison_kind(draw, kv: KVCache) -> tuple[str, str, str]:
+    """(value, tensors, parts) of a poison for a cache ``kv``.
+
+    For fp8 and int8 caches: the parts (codes, scales or both, with per-token-head
+    scales), a value all of them hold, then the tensors.  An extended cache (zero
+    points, unsigned or packed codes, V's own format) draws the tensors first, then
+    a value some part of their caches can hold (NaN first and favoured, as ever),
+    then parts that all hold it: NaN stays as likely in a cache of 4-bit codes,
+    which hold none, as elsewhere, there in the scales and zero points.
+    """
+    weights = lambda values: (FIRST_VALUE_WEIGHT,) + (1,) * (len(values) - 1)  # noqa: E731
+    if not kv.extended:
+        parts = pick(draw, POISON_PARTS[:3]) if kv.token_head else "data"
+        values = poison_values(kv.dtype, parts)
+        value = pick(draw, values, weights(values))
+        return value, pick(draw, POISON_TENSORS, TENSOR_WEIGHTS), parts
+    tensors = pick(draw, POISON_TENSORS, TENSOR_WEIGHTS)
+    values = tuple(v for v in SCALE_POISON_VALUES
+                   if any(v in landing_values(kv, tensors, parts) for parts in poison_parts(kv, tensors)))
+    value = pick(draw, values, weights(values))
+    return value, tensors, pick(draw, tuple(parts for parts in poison_parts(kv, tensors)
+                                           if value in landing_values(kv, tensors, parts)))
+
+
+@functools.lru_cache(maxsize=256)
+def poison_parts(kv: KVCache, tensors: str) -> tuple[str, ...]:
+    """The parts (``case.POISON_PARTS``, codes first) a poison in ``tensors`` of cache ``kv`` can fill."""
+    return tuple(parts for parts in POISON_PARTS if landing_values(kv, tensors, parts))
+
+
+@functools.lru_cache(maxsize=1024)
+def landing_values(kv: KVCache, tensors: str, parts: str) -> tuple[str, ...]:
+    """The values every (cache, part) a poison fills can hold, NaN first where they all do; empty when
+    a part it names is in none of its caches, or no value fits them all."""
+    poison = Poison("nan", tensors, None, parts)
+    landings = poison_landings(kv, poison)
+    if {part for _, part in landings} != set(poison.part_names()):
+        return ()
+    order = SCALE_POISON_VALUES
+    return tuple(v for v in order if all(v in poison_values_for(kv, which, part) for which, part in landings))
 
 
 @functools.lru_cache(maxsize=None)

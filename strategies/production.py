@@ -27,14 +27,14 @@ from hypothesis import strategies as st
 
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import (CHUNKED_PREFILL, DECODE, LIMITS, MAX_SLOTS, MAX_TABLE_ENTRIES, NULL_BLOCK,
-                                    PADDING, POISON_PARTS, POISON_TENSORS, PREFILL, Case, Geometry, Poison,
+                                    PADDING, PREFILL, Case, Geometry, Poison,
                                     PoisonSite, Sequence)
 from nanfuzz.reference.features import POISON_CLASS_FLAGS
 from nanfuzz.reference.semantics import reasons
 from nanfuzz.strategies.batches import Lengths, allowed_kinds, causal_flags
 from nanfuzz.strategies.draws import BOOLEANS, integers, pick
 from nanfuzz.strategies.geometry import Shape, head_sizes
-from nanfuzz.strategies.poison import FIRST_VALUE_WEIGHT, TENSOR_WEIGHTS, poison_values
+from nanfuzz.strategies.poison import draw_poison_kind
 from nanfuzz.strategies.quantization import kv_caches
 
 # The element offset kernels compute as ``block_id * stride``: past it, an int32 product wraps.
@@ -402,11 +402,7 @@ def _draw_poison(draw, case: Case, classes: tuple[str, ...] | None) -> Poison:
     ``all`` (every dead slot), a few whole dead blocks, or one dead slot of a drawn class of a
     drawn sequence (its tail, its expired keys, its padding entry).  Generated, it favours NaN,
     in K and V both, and every dead slot."""
-    kv = case.kv_cache
-    parts = pick(draw, POISON_PARTS) if kv.token_head else "data"
-    values = poison_values(kv.dtype, parts)
-    value = pick(draw, values, (FIRST_VALUE_WEIGHT,) + (1,) * (len(values) - 1))
-    tensors = pick(draw, POISON_TENSORS, TENSOR_WEIGHTS)
+    value, tensors, parts = draw_poison_kind(draw, case.kv_cache)
     scope = pick(draw, ("slot", "blocks", "all"), SCOPE_WEIGHTS)
     if scope == "all" and classes is None:
         return Poison(value, tensors, None, parts)

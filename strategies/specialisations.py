@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass
 
 from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import KVCache
 from nanfuzz.strategies.geometry import Shape, head_sizes
 from nanfuzz.strategies.quantization import kv_cache_options
 
@@ -40,7 +41,7 @@ class Specialisation:
     causal: bool
     window: int  # 0 = none
     sinks: bool
-    kv_cache: tuple[str, bool] = ("auto", False)  # cache dtype, per-token-head scales?
+    kv_cache: tuple[str, bool] | KVCache = ("auto", False)  # cache dtype, per-token-head scales? (or a format)
 
     def complexity(self, caps: Capabilities) -> tuple:
         s = self.shape

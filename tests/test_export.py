@@ -332,3 +332,13 @@ def test_a_scripts_pass_line_names_what_it_checked_and_claims_no_traced_read():
     nondeterministic = Verdicts([], compared_repeats=False).report()
     assert "second launch" not in nondeterministic and "identical launches not compared" in nondeterministic
     assert Verdicts([Finding("LEAK", "the output changes")]).report() == "LEAK: the output changes"
+
+
+def test_a_repro_of_a_cache_with_zero_points_packed_codes_and_a_rotation_is_refused_in_one_line(tmp_path, capsys,
+                                                                                                  vllm_source):
+    copy = tmp_path / "r.json"
+    shutil.copyfile(REGRESSIONS / "vllm_triton_attn_int4-nan-v-scale-below-window.json", copy)
+    assert cli(["export", str(copy), "--vllm-src", str(vllm_source)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no standalone script for a uint4/token-head/code-zero/float32-zp4/hadamard cache yet" in err
+    assert "\n" not in err and not list(tmp_path.glob("*.py"))

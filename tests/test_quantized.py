@@ -352,7 +352,7 @@ def test_fuzz_one_cache_dtype_and_list_what_each_kernel_takes(capsys, nanfuzz_de
     assert main(["list", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "kv auto,fp8_e4m3fn,fp8_e5m2,fp8_e4m3fnuz per-tensor; fp8_e4m3fn,int8,fp8_e5m2,fp8_e4m3fnuz per-token-head" in out
-    assert "fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2, int8 run here" in out
+    assert "fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2, int8, uint8, uint4, uint3 run here" in out
 
 
 def test_the_pytest_plugin_aims_campaigns_at_one_cache(tmp_path, nanfuzz_device):

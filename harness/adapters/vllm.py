@@ -22,6 +22,15 @@
     kind of case meets both paths and a repro replays on the path it failed
     on; ``vllm:triton_attn@2d`` and ``@3d`` pin the choice.
 
+``vllm:triton_attn_int4``
+    TRITON_ATTN with ``kv_cache_dtype="int4_per_token_head"``: ``unified_attention``
+    with ``KVQuantMode.INT4_PER_TOKEN_HEAD`` hands the batch to
+    ``unified_attention_int4`` (``int4_per_token_head.py``), which rotates q
+    (vLLM's single randomized Hadamard transform), runs ``_attn_packed`` (2D,
+    or 3D split-K with ``reduce_segments`` for decode batches, as above) over
+    the packed cache and rotates the output back.  Causal only, as vLLM asserts.
+    ``@2d`` / ``@3d`` pin the path.
+
 ``vllm:triton_mla``
     The TRITON_MLA backend's decode: ``decode_attention_fwd`` over the latent cache
     (``harness.adapters.vllm_mla``).
@@ -33,6 +42,10 @@
 ``vllm:rocm_segmented_attn``
     The ROCM_SEGMENTED_ATTN backend: ``segmented_attention``, token-major segmented attention
     for RDNA GPUs (``harness.adapters.vllm_segmented``).
+
+``vllm:turboquant``
+    The TURBOQUANT backend's Triton decode with fp8 keys and 3- or 4-bit
+    values (``harness.adapters.vllm_turboquant``).
 
 Both paged adapters convert the window as their backend does (W keys, the query's
 own position included): ROCM_ATTN receives ``sliding_window=W``,
@@ -58,6 +71,12 @@ MI300-class GPUs and e4m3fn elsewhere (what the kernels' own
   V's scale; ``k_scale_cache``/``v_scale_cache`` are strided float32 views of
   those scale bytes.  The adapter builds that packing from the batch, dead
   slots and their scales included.
+- TRITON_ATTN's ``INT4_PER_TOKEN_HEAD`` (``INT4_CACHE``): the same packing with
+  head_size / 2 bytes of codes a row, two 4-bit codes a byte (the even
+  element in the low nibble), and a float32 word per (slot, head) whose 4
+  low mantissa bits are the zero point and whose other bits the scale; what
+  the cache holds is rotated (``reference.rotation``, the signs of vLLM's
+  ``_get_rht_signs(d, 0)``).  The case's cache is that format exactly.
 """
 from __future__ import annotations
 
@@ -65,20 +84,23 @@ import functools
 
 import torch
 
-from nanfuzz.harness.adapters import vllm_diffkv, vllm_loader, vllm_mla, vllm_segmented
+from nanfuzz.harness.adapters import vllm_diffkv, vllm_loader, vllm_mla, vllm_segmented, vllm_turboquant
 from nanfuzz.harness.adapters.vllm_loader import platform_fp8
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
-from nanfuzz.reference.case import Case
+from nanfuzz.reference.case import Case, KVCache
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.layouts import scheduled
 from nanfuzz.reference.quantization import codes_of
 from nanfuzz.reference.windows import window_size
 
-KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn", vllm_mla.NAME, vllm_diffkv.NAME, vllm_segmented.NAME)
+INT4_NAME = "vllm:triton_attn_int4"
+KERNEL_NAMES = ("vllm:rocm_attn", "vllm:triton_attn", INT4_NAME, vllm_mla.NAME, vllm_diffkv.NAME, vllm_segmented.NAME,
+                vllm_turboquant.NAME)
 UNIFIED_PATHS = ("2d", "3d")
-VARIANTS = (*(f"vllm:triton_attn@{p}" for p in UNIFIED_PATHS), *vllm_mla.VARIANTS, *vllm_diffkv.VARIANTS)
+VARIANTS = (*(f"{base}@{p}" for base in ("vllm:triton_attn", INT4_NAME) for p in UNIFIED_PATHS),
+            *vllm_mla.VARIANTS, *vllm_diffkv.VARIANTS)
 
 # Both backends take any multiple of 16 (MultipleOf(16)); 48 stands for the
 # non-power-of-two sizes of hybrid models, which ROCM_ATTN tiles by 32.
@@ -170,6 +192,20 @@ def run_rocm_attn(batch: PagedBatch, out: torch.Tensor, source: str | None = Non
 
 TRITON_ATTN_CAPABILITIES = BOTH_BACKENDS
 
+# vLLM's INT4 per-token-head cache: 4-bit codes two a byte, the even element in the low nibble
+# (pack_int4_nibbles), a zero point in the low 4 bits of a float32 scale word, rotated by vLLM's
+# single RHT (_get_rht_signs(d, 0) seeds torch's generator with 0x9E3779B9 + 0 * 0x517CC1B7).
+INT4_CACHE = KVCache("uint4", "token-head", zero_points="code", scale_format="float32-zp4", rotation="hadamard",
+                     rotation_seed=0x9E3779B9)
+INT4_CAPABILITIES = BOTH_BACKENDS.restrict(
+    non_causal=False,                # unified_attention asserts INT4_PER_TOKEN_HEAD is causal
+    kv_cache_dtypes=(), token_head_dtypes=(), cache_formats=(INT4_CACHE,),
+    # single_rht rotates q and the output in bfloat16 on GPUs (Triton's MMA Hadamard, or hadacore
+    # with a bfloat16 round trip for float32); float32 under the interpreter, which this covers
+    rotation_dtype="bfloat16",
+)
+INT4_NOTES = ("reshape_and_cache_int4 (the cache writer): not driven; the case writes the cache as the format says",)
+
 
 def offers_split_k(case: Case, path: str | None = None) -> bool:
     """Does the adapter hand ``unified_attention`` split-K scratch for this case?"""
@@ -183,8 +219,9 @@ SCALE_ELEMENTS = 4
 
 
 def packed_token_head_caches(batch: PagedBatch) -> torch.Tensor:
-    """TRITON_ATTN's per-token-head cache: uint8 ``[num_blocks, num_kv_heads, block_size, 2 * (head_size + 4)]``,
-    each row K's codes, K's scale, V's codes, V's scale (every slot copied, dead ones included)."""
+    """TRITON_ATTN's per-token-head cache: uint8 ``[num_blocks, num_kv_heads, block_size, 2 * (row + 4)]``,
+    each row K's codes, K's scale, V's codes, V's scale (every slot copied, dead ones included); ``row``
+    is a head's code bytes (head_size, or head_size / 2 for INT4's packed nibbles)."""
     blocks, block_size, heads, head_size = batch.key_cache.shape
     padded = head_size + SCALE_ELEMENTS
     packed = torch.empty(blocks, heads, block_size, 2 * padded, dtype=torch.uint8, device=batch.key_cache.device)
@@ -211,10 +248,10 @@ def token_head_views(packed: torch.Tensor, head_size: int, dtype: torch.dtype):
 
 
 def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = None,
-                    source: str | None = None) -> torch.Tensor:
+                    source: str | None = None, group: str = "triton_attn") -> torch.Tensor:
     case = batch.case
     g = case.geometry
-    loaded = vllm_loader.load("triton_attn", source)
+    loaded = vllm_loader.load(group, source)
     module = loaded["triton_unified_attention"]
     entry = module.unified_attention
     device = batch.q.device
@@ -223,7 +260,13 @@ def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
     key_cache, value_cache = batch.key_cache, batch.value_cache
     quant = dict(kv_quant_mode=module.KVQuantMode.NONE)
     descales = [torch.ones(1, dtype=torch.float32, device=device).expand(num_seqs, g.num_kv_heads)] * 2
-    if kv.token_head:
+    if kv == INT4_CACHE:  # codes and scale words packed as the backend keeps them, as bytes
+        key_cache, value_cache, k_scales, v_scales = token_head_views(
+            packed_token_head_caches(batch), batch.key_cache.shape[-1], torch.uint8)
+        quant = dict(kv_quant_mode=module.KVQuantMode.INT4_PER_TOKEN_HEAD, k_scale_cache=k_scales,
+                     v_scale_cache=v_scales)
+        descales = [None, None]
+    elif kv.token_head:
         int8 = kv.dtype == "int8"
         mode = module.KVQuantMode.INT8_PER_TOKEN_HEAD if int8 else module.KVQuantMode.FP8_PER_TOKEN_HEAD
         key_cache, value_cache, k_scales, v_scales = token_head_views(
@@ -264,8 +307,9 @@ def run_triton_attn(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
 # -- registry entry -----------------------------------------------------------------
 
 def kernel(name: str, source: str | None = None) -> Kernel:
-    """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` (or ``@2d`` / ``@3d``), ``vllm:triton_mla``
-    (``harness.adapters.vllm_mla``), ``vllm:triton_attn_diffkv`` or ``vllm:rocm_segmented_attn``, with vLLM's
+    """The Kernel for ``vllm:rocm_attn``, ``vllm:triton_attn`` and ``vllm:triton_attn_int4`` (or ``@2d`` /
+    ``@3d``), ``vllm:triton_mla`` (``harness.adapters.vllm_mla``), ``vllm:triton_attn_diffkv``,
+    ``vllm:rocm_segmented_attn`` or ``vllm:turboquant`` (``harness.adapters.vllm_turboquant``), with vLLM's
     kernel files from ``source`` (a source tree or unpacked wheel; None: the installed vllm).
 
     The kernel files are loaded here, so a missing or unusable vLLM source is
@@ -284,10 +328,17 @@ def kernel(name: str, source: str | None = None) -> Kernel:
         caps = TRITON_ATTN_CAPABILITIES.restrict(kv_cache_dtypes=("auto", fp8), token_head_dtypes=(fp8, "int8"))
         return Kernel(name=name, run=functools.partial(run_triton_attn, path=path or None, source=source),
                       capabilities=caps, source=source)
+    if base == INT4_NAME and path in ("", *UNIFIED_PATHS):
+        vllm_loader.load("triton_attn_int4", source)
+        return Kernel(name=name, run=functools.partial(run_triton_attn, path=path or None, source=source,
+                                                       group="triton_attn_int4"),
+                      capabilities=INT4_CAPABILITIES, source=source, notes=INT4_NOTES)
     if name in (vllm_mla.NAME, *vllm_mla.VARIANTS):
         return vllm_mla.kernel(name, source)
     if name in (vllm_diffkv.NAME, *vllm_diffkv.VARIANTS):
         return vllm_diffkv.kernel(name, source)
     if name == vllm_segmented.NAME:
         return vllm_segmented.kernel(name, source)
+    if name == vllm_turboquant.NAME:
+        return vllm_turboquant.kernel(name, source)
     raise NanfuzzError(f"unknown vLLM kernel {name!r}; known: {', '.join((*KERNEL_NAMES, *VARIANTS))}")

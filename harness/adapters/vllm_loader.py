@@ -41,6 +41,17 @@ GROUPS: dict[str, tuple[KernelModule, ...]] = {
         KernelModule("triton_decode_attention", ("decode_attention_fwd", "_fwd_grouped_kernel_stage1",
                                                  "_fwd_kernel_stage2")),
     ),
+    # TRITON_ATTN's INT4 per-token-head cache: unified_attention hands it to int4_per_token_head,
+    # which it imports on the call
+    "triton_attn_int4": (
+        KernelModule("triton_attention_helpers", ()),
+        KernelModule("triton_unified_attention", ("unified_attention", "reduce_segments")),
+        KernelModule("int4_per_token_head", ("unified_attention_int4", "_attn_packed", "single_rht")),
+    ),
+    "turboquant": (
+        KernelModule("triton_decode_attention", ("_fwd_kernel_stage2",)),
+        KernelModule("triton_turboquant_decode", ("triton_turboquant_decode_attention", "_tq_decode_stage1")),
+    ),
 }
 
 

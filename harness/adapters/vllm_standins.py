@@ -23,7 +23,8 @@ from nanfuzz.harness.adapters.standins import standin_module
 
 # Parents of the modules below; they hold no code, and an empty __path__ keeps
 # any other ``vllm.*`` import from silently reaching into a source tree.
-PACKAGES = ("vllm", "vllm.platforms", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops", "vllm.v1.worker")
+PACKAGES = ("vllm", "vllm.platforms", "vllm.utils", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.ops",
+            "vllm.v1.worker")
 
 
 class DeviceCapability(NamedTuple):
@@ -42,6 +43,12 @@ class Platform:
 
     def is_cuda(self) -> bool:
         return torch.cuda.is_available() and not self.is_rocm()
+
+    def is_cuda_alike(self) -> bool:
+        return torch.cuda.is_available()
+
+    def is_xpu(self) -> bool:
+        return False
 
     def get_device_capability(self, device_id: int = 0) -> DeviceCapability | None:
         if not torch.cuda.is_available():
@@ -121,6 +128,11 @@ class KVQuantMode(enum.IntEnum):
     INT4_PER_TOKEN_HEAD = 4
 
 
+def largest_power_of_2_divisor(n: int) -> int:
+    """``vllm.utils.math_utils.largest_power_of_2_divisor``: n's lowest set bit."""
+    return n & -n
+
+
 def _refuse_rocm_custom_kernel(*_args: Any, **_kwargs: Any) -> None:
     raise RuntimeError("ROCm's custom paged-attention kernel is disabled under nanfuzz; the Triton path is under test")
 
@@ -177,6 +189,8 @@ def build() -> dict[str, types.ModuleType]:
         "vllm.v1.worker.workspace": _module("vllm.v1.worker.workspace", {
             "is_workspace_manager_initialized": _no_workspace_manager,
             "current_workspace_manager": _workspace_manager}),
+        "vllm.utils.math_utils": _module("vllm.utils.math_utils",
+                                         {"largest_power_of_2_divisor": largest_power_of_2_divisor}),
     })
     for name, module in modules.items():
         parent, _, child = name.rpartition(".")

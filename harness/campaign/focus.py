@@ -85,16 +85,19 @@ class Focus:
         return "--window-only" if self.window_only else "--poison out-of-window (which draws only windowed cases)"
 
     def _kv_caches(self, caps: Capabilities, kernel_name: str) -> dict:
-        per_tensor, token_head = caps.kv_cache_dtypes, caps.token_head_dtypes
+        per_tensor, token_head, formats = caps.kv_cache_dtypes, caps.token_head_dtypes, caps.cache_formats
         if self.kv_cache_dtype:
             per_tensor = tuple(d for d in per_tensor if d == self.kv_cache_dtype)
             token_head = tuple(d for d in token_head if d == self.kv_cache_dtype)
+            formats = tuple(kv for kv in formats if self.kv_cache_dtype in (kv.side("k").dtype, kv.side("v").dtype))
         if self.kv_scales == "tensor":
             token_head = ()
+            formats = tuple(kv for kv in formats if not kv.sides_with("scales"))
         elif self.kv_scales == "token-head":
             per_tensor = ()
-        if not per_tensor and not token_head:
+            formats = tuple(kv for kv in formats if kv.sides_with("scales"))
+        if not per_tensor and not token_head and not formats:
             flags = " ".join(f"--{flag} {value}" for flag, value in (("kv-cache-dtype", self.kv_cache_dtype),
                                                                       ("kv-scales", self.kv_scales)) if value)
             raise NanfuzzError(f"{flags}: kernel {kernel_name} takes {caps.describe_kv_cache()}")
-        return {"kv_cache_dtypes": per_tensor, "token_head_dtypes": token_head}
+        return {"kv_cache_dtypes": per_tensor, "token_head_dtypes": token_head, "cache_formats": formats}

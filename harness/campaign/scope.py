@@ -32,7 +32,7 @@ def campaign_capabilities(kernel: Kernel, settings: Settings) -> tuple[Capabilit
         raise NanfuzzError(f"kernel {kernel.name}: no dtype of {', '.join(caps.dtypes)} runs under Triton's interpreter; "
                            "use --device cuda")
     caps, skipped = encodings.runnable(caps, settings.device)
-    if not caps.kv_cache_dtypes and not caps.token_head_dtypes:
+    if not caps.kv_cache_dtypes and not caps.token_head_dtypes and not caps.cache_formats:
         raise NanfuzzError(f"kernel {kernel.name}: no KV cache it takes runs here ({'; '.join(skipped)})")
     return caps, skipped
 

@@ -270,10 +270,11 @@ class CaseCheck:
             t0 = now
 
         try:
-            (self.reference, yardstick), summands = attend_and_measure(
-                self.pristine, (FLOAT64, same_precision(g.dtype, precision)), lap)
+            rotation = self.kernel.capabilities.rotation_dtype if self.case.kv_cache.rotation != "none" else None
+            arithmetic = same_precision(g.dtype, precision, rotation)
+            (self.reference, yardstick), summands = attend_and_measure(self.pristine, (FLOAT64, arithmetic), lap)
             self.errors = row_errors(self.result.double(), self.reference, yardstick, summands, g.dtype, precision,
-                                     self.case.kv_cache.quantized)
+                                     self.case.kv_cache.quantized, rotation)
         except BaseException as exc:
             if _device_fault(exc):  # the poisoned run's fault, met where the oracle first waits for the device
                 return _crash(exc, "on the poisoned run")

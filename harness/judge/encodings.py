@@ -38,9 +38,17 @@ def skipped(device: str) -> dict[str, str]:
     return dict(_interpreter_state()[0] if device == "cpu" else _gpu_skips())
 
 
+def _dtypes(kv) -> set[str]:
+    """The encodings a cache format's sides use."""
+    return {kv.side("k").dtype, kv.side("v").dtype}
+
+
 def runnable(caps: Capabilities, device: str) -> tuple[Capabilities, list[str]]:
-    """``caps`` without the cache encodings ``device`` cannot run, and one note per encoding left out."""
+    """``caps`` without the cache encodings ``device`` cannot run, and one note per encoding left out
+    (a cache format goes with any encoding it uses)."""
     wanted = set(caps.kv_cache_dtypes) | set(caps.token_head_dtypes)
+    for kv in caps.cache_formats:
+        wanted |= _dtypes(kv)
     if not wanted & set(FP8_DTYPES):
         return caps, []  # nothing to ask the device
     gone = skipped(device)
@@ -48,13 +56,13 @@ def runnable(caps: Capabilities, device: str) -> tuple[Capabilities, list[str]]:
     if not notes:
         return caps, []
     return caps.restrict(kv_cache_dtypes=tuple(d for d in caps.kv_cache_dtypes if d not in gone),
-                         token_head_dtypes=tuple(d for d in caps.token_head_dtypes if d not in gone)), notes
+                         token_head_dtypes=tuple(d for d in caps.token_head_dtypes if d not in gone),
+                         cache_formats=tuple(kv for kv in caps.cache_formats if not _dtypes(kv) & set(gone))), notes
 
 
 def require(case: Case, device: str) -> None:
     """NanfuzzError when ``device`` cannot run the case's cache encoding (a usage error, not a verdict)."""
-    name = case.kv_cache.dtype
-    if name in FP8_DTYPES:
+    for name in sorted(_dtypes(case.kv_cache) & set(FP8_DTYPES)):
         why = skipped(device).get(name)
         if why:
             raise NanfuzzError(f"this case's {name} cache cannot run here: {why}")

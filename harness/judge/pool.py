@@ -17,9 +17,10 @@ import math
 import torch
 
 from nanfuzz.reference.device_build import DeviceBuild, background
+from nanfuzz.reference.materialize import PARAMETER_CACHES
 from nanfuzz.reference.redzones import CACHE_BLOCKS_AFTER, CACHE_BLOCKS_BEFORE, Allocation
 
-CACHE_NAMES = ("key_cache", "value_cache", "k_scale_cache", "v_scale_cache")
+CACHE_NAMES = ("key_cache", "value_cache", *PARAMETER_CACHES)
 _WORD = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 
 

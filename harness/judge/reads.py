@@ -43,7 +43,7 @@ from nanfuzz.reference.features import POISON_CLASS_FLAGS
 from nanfuzz.reference.semantics import slot_reasons
 
 # The inputs whose leading dimensions are (block, slot): a load there names a slot.
-SLOTTED = ("key_cache", "value_cache", "k_scale_cache", "v_scale_cache")
+SLOTTED = ("key_cache", "value_cache", "k_scale_cache", "v_scale_cache", "k_zero_cache", "v_zero_cache")
 REDZONES = "redzones"
 CLASSES = (*POISON_CLASS_FLAGS, REDZONES)
 # Probe digits: five bits a probe, in bytes 1..31 on even probes and 33..63 on odd ones.  Every

@@ -52,8 +52,8 @@ class Written:
 
 # Where a write into an input is named by more than its first dimension: caches by block and slot,
 # the block table by sequence and column.
-_PLACE_DIMS = {"key_cache": 2, "value_cache": 2, "k_scale_cache": 2, "v_scale_cache": 2, "block_table": 2}
-_CACHES = ("key_cache", "value_cache", "k_scale_cache", "v_scale_cache")
+_CACHES = ("key_cache", "value_cache", "k_scale_cache", "v_scale_cache", "k_zero_cache", "v_zero_cache")
+_PLACE_DIMS = {**dict.fromkeys(_CACHES, 2), "block_table": 2}
 _ROWS = ("q", "k", "v")
 _PLACES_KEPT = 64  # places recorded per input in the evidence (a kernel may overwrite a whole cache)
 

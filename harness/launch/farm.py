@@ -100,7 +100,8 @@ class Plan:
 def entry_of(case: Case) -> Specialisation:
     """The pool entry a case was drawn from: its compile-time part."""
     g = case.geometry
-    cache = (case.kv_cache.dtype, case.kv_cache.quantized and case.kv_cache.token_head)
+    kv = case.kv_cache
+    cache = kv if kv.extended else (kv.dtype, kv.quantized and kv.token_head)
     return Specialisation(Shape(g.dtype, g.num_q_heads, g.num_kv_heads, g.head_size, g.block_size, g.head_size_v),
                           case.causal, case.sliding_window, case.sinks, cache)
 

@@ -22,6 +22,8 @@ def _kv_cache(case: Case) -> str:
     kv = case.kv_cache
     if not kv.quantized:
         return ""
+    if kv.extended:
+        return f", {kv.label()} cache"
     if kv.token_head:
         return f", {kv.dtype} cache with per-token-head scales"
     return f", {kv.dtype} cache (k_scale {kv.k_scale:g}, v_scale {kv.v_scale:g})"

@@ -24,10 +24,13 @@ from nanfuzz.reference.errors import NanfuzzError
 JUDGING = (
     ("reference.errors", None, ()),
     ("reference.case", None, ()),
+    ("reference.packing", None, ()),
+    ("reference.rotation", None, ()),
+    ("reference.asymmetric", None, ()),
     ("reference.quantization", ("Encoding", "ENCODINGS", "_TOKEN_HEAD_RANGE", "_SMALLEST_SCALE", "torch_dtype",
                                 "codes_of", "as_encoding", "quantize", "decode", "token_head_scales", "_pick",
                                 "finite_codes", "hostile_codes", "garbage_scales", "hostile_scales", "live_values",
-                                "values_at"), ()),
+                                "stored_values", "values_at"), ()),
     ("reference.semantics", ("allowed_mask", "live_key_range"), ()),
     ("reference.materialize", ("TORCH_DTYPES", "host_to_device", "token_layout"), ()),
     ("reference.precision", None, ()),
@@ -180,10 +183,14 @@ def kernel_part(kernel: Kernel, import_path: str) -> KernelPart:
 
 
 def refuse_latent(case) -> None:
-    """A latent (MLA) cache has no standalone script yet: one line, before anything is written."""
+    """A latent (MLA) cache, or a cache with zero points, packed codes or a rotation, has no standalone
+    script yet: one line, before anything is written."""
     if case.geometry.latent:
         raise NanfuzzError("nanfuzz export writes no standalone script for a latent (MLA) cache yet; "
                            "`nanfuzz replay` and the repro's own .py run it")
+    if case.kv_cache.extended:
+        raise NanfuzzError(f"nanfuzz export writes no standalone script for a {case.kv_cache.label()} cache yet "
+                           "(zero points, packed codes, rotations); `nanfuzz replay` and the repro's own .py run it")
 
 
 def _builtin(kernel: Kernel, name: str) -> KernelPart:
