@@ -116,6 +116,12 @@ class Capabilities:
                                    "points, unsigned codes, a rotation or V's own format (the others go in "
                                    "kv_cache_dtypes / token_head_dtypes)")
             kv.validate()
+        halved = [kv.label() for kv in self.cache_formats
+                  if kv.rotation != "none" or "halves" in (kv.side("k").packing, kv.side("v").packing)]
+        odd = sorted({size for pair in self.head_size_pairs() for size in pair if size % 2})
+        if halved and odd:
+            raise NanfuzzError(f"Capabilities(cache_formats=...) holds {halved[0]}, whose rows need an even head size "
+                               f"(a Hadamard block, or nibbles in halves); head_sizes / diff_kv give {odd}")
         if self.rotation_dtype not in (None, *DTYPES):
             raise NanfuzzError(f"Capabilities(rotation_dtype={self.rotation_dtype!r}) must be None or one of {DTYPES}")
         if self.precision not in PRECISIONS:

@@ -713,14 +713,16 @@ class Case:
         return is_live
 
     def _validate_kv_cache(self) -> None:
-        self.kv_cache.validate()
-        if self.kv_cache.rotation != "none":
-            block = self.geometry.head_size & -self.geometry.head_size
-            _check(block > 1, f"kv_cache.rotation needs an even head_size (head_size={self.geometry.head_size} "
-                              "has no Hadamard block)")
-        halves = [w for w in ("k", "v") if self.kv_cache.side(w).packing == "halves"]
-        _check(not halves or self.geometry.head_size % 2 == 0,
-               f"kv_cache packing 'halves' needs an even head_size, not {self.geometry.head_size}")
+        kv, g = self.kv_cache, self.geometry
+        kv.validate()
+        # each cache's rows by its own head size: K's, and V's where it has one
+        for which, name in (("k", "head_size"), ("v", "head_size_v" if g.diff_kv else "head_size")):
+            size = g.cache_head_size(which)
+            if kv.rotation != "none":
+                _check(size & -size > 1, f"kv_cache.rotation needs an even {name} ({name}={size} "
+                                         "has no Hadamard block)")
+            _check(kv.side(which).packing != "halves" or size % 2 == 0,
+                   f"kv_cache packing 'halves' needs an even {name}, not {size}")
 
 
 def poison_values_for(kv: KVCache, which: str, part: str) -> tuple[str, ...]:

@@ -1,6 +1,7 @@
 """Caches with zero points, packed sub-byte codes and rotations: the model, its poison, its oracle, its strategies."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -14,6 +15,7 @@ from nanfuzz.reference.asymmetric import word_fields
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, CaseError, Geometry, KVCache, Poison, PoisonSite, Sequence
 from nanfuzz.reference.device_build import build_on_device
+from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import live_mask, materialize, refill_dead_slots
 from nanfuzz.reference.oracle import oracle
 from nanfuzz.reference.quantization import live_values
@@ -68,6 +70,17 @@ def test_invalid_formats_and_poison_are_named_in_one_line(kv, poison, message):
     with pytest.raises(CaseError, match=message) as info:
         windowed(KVCache()).replace(kv_cache=kv, poison=poison).validate()
     assert "\n" not in str(info.value)
+
+
+def test_a_rotation_or_halves_needs_an_even_head_size_on_each_side():
+    case = windowed(VLLM_INT4)
+    with pytest.raises(CaseError, match=r"kv_cache.rotation needs an even head_size_v \(head_size_v=33 has no"):
+        case.replace(geometry=dataclasses.replace(case.geometry, head_size_v=33)).validate()
+    halves_v = KVCache("fp8_e4m3fn", value=LMDEPLOY_INT4.key)
+    with pytest.raises(CaseError, match="kv_cache packing 'halves' needs an even head_size_v, not 33"):
+        case.replace(kv_cache=halves_v, geometry=dataclasses.replace(case.geometry, head_size_v=33)).validate()
+    with pytest.raises(NanfuzzError, match=r"hadamard, whose rows need an even head size .* give \[33\]"):
+        Capabilities(head_sizes=(32,), diff_kv=((32, 33),), cache_formats=(VLLM_INT4,))
 
 
 # -- packing and rotation --------------------------------------------------------------------
