@@ -61,18 +61,19 @@ def _parameters(scales: torch.Tensor, zeros: torch.Tensor | None, side: CacheSid
 
 
 def _values(batch, which: str, slots: torch.Tensor, ok: torch.Tensor, bug: str | None) -> torch.Tensor:
-    """float64 ``[len(slots), heads, head_size]`` of cache ``which`` at the slots; dead ones (``~ok``) 0,
+    """float64 ``[len(slots), heads, its head size]`` of cache ``which`` at the slots; dead ones (``~ok``) 0,
     but for what the bug leaves unmasked."""
     case = batch.case
     g = case.geometry
     side = case.kv_cache.side(which)
+    head_size = g.head_size if which == "k" else g.v_head_size
     cache = batch.key_cache if which == "k" else batch.value_cache
     rows = cache.reshape(-1, g.num_kv_heads, cache.shape[-1])[slots]
     live = ok[:, None, None]
     if side.dtype not in BITS:  # fp8 with a per-tensor scale
         scale = (batch.k_scale if which == "k" else batch.v_scale).double()
         return torch.where(live, rows.double() * scale, 0.0)
-    codes = _codes(rows.view(torch.uint8), side, g.head_size, bug == "nibble").double()
+    codes = _codes(rows.view(torch.uint8), side, head_size, bug == "nibble").double()
     scale_cache = batch.k_scale_cache if which == "k" else batch.v_scale_cache
     zero_cache = batch.k_zero_cache if which == "k" else batch.v_zero_cache
     scale, zero = _parameters(scale_cache.reshape(-1, g.num_kv_heads)[slots],
@@ -118,7 +119,8 @@ def _bfloat16(x: torch.Tensor) -> torch.Tensor:
 def attention(batch, out, *, bug: str | None = None):
     case = batch.case
     g = case.geometry
-    rotate, unrotate, norm = _rotation(case.kv_cache, g.head_size)
+    rotate, _, norm = _rotation(case.kv_cache, g.head_size)
+    _, unrotate, _ = _rotation(case.kv_cache, g.v_head_size)  # V's rows, and the output's, by V's head size
     if bug == "rotation":
         rotate = lambda x: x  # noqa: E731
     if bug == "bf16-rotations":  # the query dtype after each: rounded through bfloat16 in between
@@ -160,9 +162,10 @@ _ROTATION_DTYPE = {"bf16-rotations": "bfloat16"}
 def _kernel(bug: str | None) -> Kernel:
     attr = (bug or "correct").replace("-", "_")
     # plain torch compiles nothing per case (specialisation_pool=0); float64 arithmetic, so "ieee"
-    caps = Capabilities(dtypes=("float16", "float32"), head_sizes=(32, 48, 64), block_sizes=(8, 16),
-                        sinks=True, kv_cache_dtypes=(), cache_formats=_FORMATS[bug], precision="ieee",
-                        specialisation_pool=0, rotation_dtype=_ROTATION_DTYPE.get(bug))
+    # V of its own head size too (Geometry.head_size_v): each side packed and rotated by its width
+    caps = Capabilities(dtypes=("float16", "float32"), head_sizes=(32, 48, 64), diff_kv=((48, 32),),
+                        block_sizes=(8, 16), sinks=True, kv_cache_dtypes=(), cache_formats=_FORMATS[bug],
+                        precision="ieee", specialisation_pool=0, rotation_dtype=_ROTATION_DTYPE.get(bug))
     caught = bug not in (None, *_ROTATION_DTYPE)
     return Kernel(name=f"quantized@{bug or 'correct'}", run=lambda b, o: attention(b, o, bug=bug), capabilities=caps,
                   expect="caught" if caught else "pass", spec=f"tests.quantized_subjects:{attr}")

@@ -182,6 +182,26 @@ def test_the_oracle_matches_an_independent_dequantize_and_attend(kv):
         torch.testing.assert_close(oracle(batch), out, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("kv", FORMATS, ids=NAMES.get)
+def test_each_cache_packs_and_rotates_rows_of_its_own_head_size(kv):
+    """K's rows of 48 entries and V's of 32 (``Geometry.head_size_v``): each side's codes, built on the host
+    and on the device alike, read back as the independent subject reads them."""
+    case = windowed(kv, Poison("bits", "kv", (PoisonSite(1), PoisonSite(3, 7)), "data+scales+zeros"))
+    case = case.replace(geometry=dataclasses.replace(case.geometry, head_size_v=32)).validate()
+    batch, device = materialize(case), build_on_device(case, "cpu")
+    assert batch.key_cache.shape[-1] == kv.side("k").row_bytes(48)
+    assert batch.value_cache.shape[-1] == kv.side("v").row_bytes(32) and batch.v.shape[-1] == 32
+    for name, compact in device.caches.items():
+        full = getattr(batch, name)[device.ids]
+        assert torch.equal(compact.contiguous().view(torch.uint8), full.contiguous().view(torch.uint8)), name
+    refilled, fresh = refill_dead_slots(batch, garbage_seed=1), materialize(case, garbage_seed=1, poisoned=False)
+    for name, tensor in fresh.bases().items():
+        assert torch.equal(tensor.contiguous().view(torch.uint8), refilled.bases()[name].contiguous().view(torch.uint8))
+    out = torch.empty(case.num_tokens, 4, 32, dtype=torch.float64)
+    subjects.attention(batch, out)
+    torch.testing.assert_close(oracle(batch), out, rtol=1e-9, atol=1e-12)
+
+
 def test_new_tokens_hold_the_caches_values_unrotated():
     case = windowed(VLLM_INT4)
     batch = materialize(case)
