@@ -201,7 +201,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
 
 def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
     from nanfuzz.harness.campaign.result import Campaign
-    from nanfuzz.harness.registry import import_path, kernel_sources
+    from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.launch.processes import fork_server_context
 
     # Not fork: a forked child of a process that used CUDA cannot use it.  Jobs come from the
@@ -217,9 +217,8 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
     try:
         for i, examples in enumerate(split(spread.max_examples, spread.jobs)):
             job_seed = None if spread.seed is None else spread.seed + i
-            job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed,
-                                            **kernel_sources(kernel, settings.sources))
-            orders = JobOrders(i, import_path(kernel), job_settings, spread.pool_seed, spread.warmup)
+            orders = JobOrders(i, import_path(kernel), job_settings(settings, examples, job_seed, kernel),
+                               spread.pool_seed, spread.warmup)
             processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}",
                                              args=(orders, links)))
             start_process(processes[-1])  # a stop meanwhile waits until the job runs, then stops it too
@@ -256,6 +255,17 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
                            f"(exit status {processes[died[0]].exitcode}); run with --jobs 1 to see why")
     merged.elapsed = max((span[1] for _, span in finished), default=time.time()) - measured_from
     return merged
+
+
+def job_settings(settings: Settings, examples: int, seed: int | None, kernel: Kernel) -> Settings:
+    """One job's settings: a campaign of its own (``jobs=1``) among ``settings.jobs`` on the device,
+    which it says (``campaigns_per_device``), so that it draws no case a campaign alone on the device
+    may draw (a huge cache: ``scope.campaign_production_size``)."""
+    from nanfuzz.harness.registry import kernel_sources
+
+    return settings.replace(jobs=1, max_examples=examples, seed=seed,
+                            campaigns_per_device=settings.campaigns_per_device * settings.jobs,
+                            **kernel_sources(kernel, settings.sources))
 
 
 def _interrupt(processes, listening) -> None:
