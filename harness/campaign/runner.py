@@ -37,7 +37,7 @@ from nanfuzz.harness.judge import reads
 from nanfuzz.harness.judge.check import Verdict
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.launch.farm import FarmHandle
+from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, FarmHandle, Plan
 from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import subject_for, worker_spec
 from nanfuzz.harness.launch.worker import judged
@@ -90,24 +90,26 @@ def note_paths(campaign: Campaign, state_dir) -> None:
 
 
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | None = None, subject=None,
-         farm: FarmHandle | None = None, **overrides) -> Campaign:
+         farm: FarmHandle | None = None, search_seed: int | None = None, **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
 
     ``settings`` fields may be overridden by keyword (``device=``, ``max_examples=``, ...).
     ``subject``: a worker the caller keeps between campaigns (jobs, bench); ``farm``: the compile
     farm of a caller that started one for this campaign (jobs, the self-check); otherwise a GPU
-    campaign with a pool starts its own.
+    campaign with a pool starts its own.  ``search_seed``: the seed of its search, where the caller
+    picked it to draw the first cases ahead (``CampaignRunner.farm_plan``).
     """
     settings = settings or Settings()
     if overrides:
         settings = settings.replace(**overrides)
-    return CampaignRunner(kernel, settings, hooks or Hooks(), subject, farm).run()
+    return CampaignRunner(kernel, settings, hooks or Hooks(), subject, farm, search_seed).run()
 
 
 class CampaignRunner:
     """One campaign against one kernel: what it is, once, and its stages as methods."""
 
-    def __init__(self, kernel: Kernel, settings: Settings, hooks: Hooks, subject=None, farm: FarmHandle | None = None):
+    def __init__(self, kernel: Kernel, settings: Settings, hooks: Hooks, subject=None, farm: FarmHandle | None = None,
+                 seed: int | None = None):
         self.kernel, self.settings, self.hooks = kernel, settings, hooks
         self.profile = settings.profile if isinstance(settings.profile, Profile) else get_profile(settings.profile)
         self.caps, skipped = campaign_capabilities(kernel, settings)
@@ -115,7 +117,7 @@ class CampaignRunner:
         self.pool, self.pool_seed = campaign_pool_of(self.caps, settings, tier=self.tier)
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
-        self.search_seed = search_seed(settings, self.profile)
+        self.search_seed = search_seed(settings, self.profile) if seed is None else seed
         self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed,
                                  statistics=Statistics.for_capabilities(self.caps))
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
@@ -168,13 +170,27 @@ class CampaignRunner:
         if self._own_subject:
             self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
         if plan is not None:
-            upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
-                                      chunk_seed(self.search_seed, 0),
-                                      first_chunk(self.max_examples, self.time_budget, settings.device), UPCOMING_CASES,
-                                      declines=self.kernel.declines)
-            self._own_farm = start_farm([replace(plan, upcoming=upcoming)], settings, after=device_opened)
+            self._own_farm = start_farm([self._with_first_cases(plan)], settings, after=device_opened)
             self.farm = self._own_farm.handle if self._own_farm else None
         self.waiting = _FarmWait(self.farm, self.kernel)
+
+    def farm_plan(self, spec, count: int = UPCOMING_CASES, samples: int = SAMPLES_PER_ENTRY) -> Plan | None:
+        """What a compile farm builds ahead of this campaign: its first ``count`` cases, in the order
+        its search meets them (``harness.campaign.upcoming``), then ``samples`` cases of each pool
+        entry; None where nothing compiles per case.  For a caller that starts one farm for several
+        campaigns (the self-check): it runs this one with ``search_seed=self.search_seed``."""
+        plan = plan_for(spec, self.caps, self.pool, self.settings, self.tier)
+        return None if plan is None else self._with_first_cases(replace(plan, samples=samples), count)
+
+    def _with_first_cases(self, plan: Plan, count: int = UPCOMING_CASES) -> Plan:
+        settings = self.settings
+        if not count:
+            return plan
+        upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
+                                  chunk_seed(self.search_seed, 0),
+                                  first_chunk(self.max_examples, self.time_budget, settings.device), count,
+                                  declines=self.kernel.declines)
+        return replace(plan, upcoming=upcoming)
 
     def recover_leftovers(self) -> Campaign | None:
         """The failure a case left by a dead campaign gives again, if any (notes for the others)."""

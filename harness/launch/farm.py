@@ -95,6 +95,7 @@ class Plan:
     entries: tuple[Specialisation, ...]
     upcoming: tuple[Case, ...] = ()  # the campaign's first cases, in order (``harness.campaign.upcoming``)
     tier: str = "small"              # the campaign's size tier: with production cases, each entry gets one
+    samples: int = SAMPLES_PER_ENTRY  # sample cases built per entry after the upcoming ones (0: none)
 
 
 def entry_of(case: Case) -> Specialisation:
@@ -194,15 +195,25 @@ def _current_key(module: str, name: str) -> str | None:
 @dataclass(frozen=True)
 class FarmHandle:
     """What a campaign (in any process) needs to wait for the farm's entries: its folder.
-    ``per_binary``: the workers wait for each binary they need instead (``harness.launch.shared_compiles``)."""
+    ``per_binary``: the workers wait for each binary they need instead (``harness.launch.shared_compiles``).
+    ``plan``: the campaign's own plan of several (``for_plan``), whose tasks alone it waits for."""
 
     folder: str
     per_binary: bool = False
+    plan: int | None = None
+
+    def for_plan(self, plan: int) -> "FarmHandle":
+        """The handle of one plan's campaign: running while that plan has tasks left, so that once
+        they are done its worker compiles what else it meets instead of waiting for other plans."""
+        return replace(self, plan=plan)
 
     def running(self) -> bool:
-        """Is the farm still compiling (some task not done, and it has not been closed)?"""
+        """Is the farm still compiling (some task, of ``plan`` where given, not done, and it has not
+        been closed)?"""
         folder = Path(self.folder)
-        return folder.exists() and not (folder / _FINISHED).exists()
+        if not folder.exists() or (folder / _FINISHED).exists():
+            return False
+        return self.plan is None or not (folder / f"{_FINISHED}.{self.plan}").exists()
 
     def wait_for(self, kernel: str, case: Case, limit: float = TASK_TIMEOUT + 60.0) -> float:
         """Wait while the farm still holds a task of ``case``'s entry; the seconds waited (0 when it does not)."""
@@ -243,14 +254,16 @@ class Farm:
         self._plans = plans
         self.task_timeout = task_timeout
         self._marks = marks or BuiltMarks()
-        every = [(p, e, i) for p, plan in enumerate(plans) for i in range(SAMPLES_PER_ENTRY)
+        every = [(p, e, i) for p, plan in enumerate(plans) for i in range(plan.samples)
                  for e in range(len(plan.entries))]
         samples = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
         copies = UPCOMING_COPIES if per_binary else 1  # without claims a second copy would only wait
         # A farm that runs anyway takes every upcoming case: an entry's built mark covers its
         # samples, and a case of the entry may still meet a binary they did not (a prefill where
-        # they were decodes).  On a warm cache (nothing unbuilt) no farm starts for them.
-        self._tasks = (_upcoming_tasks(plans, copies) if samples else []) + samples
+        # they were decodes).  On a warm cache (nothing unbuilt) no farm starts for them; a plan
+        # without samples has no marks to tell a warm cache by, so its cases are built anyway.
+        warm = not samples and all(plan.samples for plan in plans)
+        self._tasks = ([] if warm else _upcoming_tasks(plans, copies)) + samples
         self._entries = sum(len(plan.entries) for plan in plans)
         self.already_built = len(every) - len(samples)
         self._processes = []
@@ -258,6 +271,10 @@ class Farm:
         self.finished_at: float | None = None
         self._stopping = threading.Event()
         self._closed: dict | None = None
+        # per plan, its tasks not yet done (``FarmHandle.for_plan``); None once all are
+        self._open = {p: {t for t, task in enumerate(self._tasks) if task[0] == p} for p in range(len(plans))}
+        self._open_lock = threading.Lock()
+        self._note_plans_done()
         if not self._tasks:  # a warm cache: nothing to start
             self.finished_at = self.started
             Path(self.folder, _FINISHED).touch()
@@ -294,6 +311,20 @@ class Farm:
         if not done.exists():
             done.write_text(json.dumps({"ok": False, "error": why, "seconds": None}))
 
+    def _note_plans_done(self) -> None:
+        """Mark each plan whose tasks are all done (built or given up) as finished."""
+        with self._open_lock:
+            for plan, open_tasks in self._open.items():
+                if open_tasks is None:
+                    continue
+                open_tasks -= {t for t in open_tasks if self._marker(*self._tasks[t], "done").exists()}
+                if not open_tasks:
+                    try:
+                        Path(self.folder, f"{_FINISHED}.{plan}").touch()
+                    except OSError:  # the farm was closed meanwhile: its folder is gone, and every wait with it
+                        pass
+                    self._open[plan] = None
+
     def _watch(self) -> None:
         """Give up the task of a farm process that died or overran its task; mark the end."""
         while not self._stopping.is_set():
@@ -309,6 +340,7 @@ class Farm:
                 elif task >= 0:
                     self._give_up(task, f"the compile process died (exit status {process.exitcode})")
                     self._current[slot] = -1
+            self._note_plans_done()
             if not alive:
                 break
             time.sleep(0.1)

@@ -1,0 +1,111 @@
+"""One compile farm for campaigns run in turn (harness.campaign.compile_ahead): each campaign's
+first cases drawn ahead with the search seed it then runs with, built in campaign order, a few
+samples per entry after them, and each campaign waiting for its own plan alone."""
+from __future__ import annotations
+
+import dataclasses
+
+from nanfuzz.harness.campaign import compile_ahead as ahead_module
+from nanfuzz.harness.campaign.compile_ahead import compile_ahead
+from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks, fuzz
+from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.launch.farm import BuiltMarks, Farm, Plan, entry_of
+from nanfuzz.harness.launch.processes import fork_server_context
+from nanfuzz.harness.launch.subjects import worker_spec
+from nanfuzz.harness.registry import resolve
+from tests.test_upcoming import _Recording
+from tests.torch_kernels import torch_kernel
+
+POOL_SIZE, POOL_SEED = 4, 5
+
+
+def _plan(spec: str, **fields) -> Plan:
+    kernel = resolve(spec)
+    settings = Settings(device="cpu", pool_size=POOL_SIZE)
+    caps, _ = campaign_capabilities(kernel, settings)
+    pool, _ = campaign_pool_of(caps, settings, POOL_SEED)
+    return dataclasses.replace(Plan(worker_spec(kernel, settings), caps, None, pool), **fields)
+
+
+def test_a_campaign_run_with_the_seed_its_cases_were_drawn_with_meets_them_first():
+    kernel = torch_kernel()
+    settings = Settings(device="cpu", max_examples=12, use_database=False, pool_size=POOL_SIZE, pool_seed=POOL_SEED)
+    planner = CampaignRunner(kernel, settings, Hooks())  # unseeded: it picks a seed of its own
+    plan = planner._with_first_cases(_plan("tests.torch_kernels:correct"), count=6)
+    assert len(plan.upcoming) == 6
+    recording = _Recording(kernel)
+    campaign = fuzz(kernel, settings, subject=recording, search_seed=planner.search_seed)
+    assert not campaign.failed and campaign.seed == planner.search_seed
+    assert tuple(recording.cases[:6]) == plan.upcoming
+    other = CampaignRunner(kernel, settings, Hooks())  # another campaign's own seed draws other cases
+    assert other._with_first_cases(_plan("tests.torch_kernels:correct"), count=6).upcoming != plan.upcoming
+
+
+def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(monkeypatch):
+    planned = []
+    monkeypatch.setattr(ahead_module, "start_farm", lambda plans, settings: planned.append(plans))
+    base = Settings(device="cuda", pool_size=3, max_examples=20, use_database=False)
+    slow, raises = resolve("tests.farm_subjects:slow"), resolve("tests.farm_subjects:raises")
+    runs = [(slow, base), (torch_kernel(), base.replace(pool_size=0)), (raises, base.replace(jobs=2))]
+    first = {slow.name: 5, raises.name: 7}
+    ahead = compile_ahead(runs, base, lambda kernel: first.get(kernel.name, 64), samples=1)
+    (plans,) = planned
+    assert ahead.plans == [0, None, 1]  # a kernel that draws freely compiles nothing ahead
+    assert [p.spec.kernel for p in plans] == ["tests.farm_subjects:slow", "tests.farm_subjects:raises"]
+    assert len(plans[0].upcoming) == 5 and all(p.samples == 1 for p in plans)
+    assert {entry_of(case) for case in plans[0].upcoming} <= set(plans[0].entries)
+    # a campaign of several jobs draws its seeds in its jobs: no first cases, no seed picked here
+    assert plans[1].upcoming == () and ahead.seeds[2] is None and isinstance(ahead.seeds[0], int)
+    assert ahead.handle(0) is None  # no farm was started here
+    cpu = compile_ahead(runs, base.replace(device="cpu"), lambda kernel: 8, samples=1)
+    assert cpu.farm is None and cpu.plans == [None] * 3 and len(planned) == 1  # nothing compiles ahead on a CPU
+
+
+def test_a_plan_without_samples_builds_its_first_cases_alone(tmp_path):
+    plan = _plan("tests.farm_subjects:slow", samples=0)
+    upcoming = tuple(c for e in plan.entries[:2] for c in _samples(plan, e, 1))
+    plan = dataclasses.replace(plan, upcoming=upcoming)
+    sampled = _plan("tests.farm_subjects:slow", samples=1)
+    with Farm([plan, sampled], processes=1, marks=BuiltMarks(tmp_path)) as farm:
+        tasks = list(farm._tasks)
+        assert farm.wait(timeout=300)
+        summary = farm.summary()
+    assert tasks == [(0, 0, "u0"), (0, 1, "u1")] + [(1, e, 0) for e in range(len(sampled.entries))]
+    assert summary["compiled"] == len(tasks) and summary["given_up"] == 0
+
+
+def test_each_plan_s_campaign_waits_for_its_own_plan_alone(tmp_path):
+    first, second = _plan("tests.farm_subjects:slow", samples=1), _plan("tests.farm_subjects:slow", samples=2)
+    held = fork_server_context().Event()  # the farm process waits for it before its first task
+    with Farm([first, second], processes=1, marks=BuiltMarks(tmp_path), after=held, device_wait=3600.0) as farm:
+        handle = farm.handle
+        assert handle.running() and handle.for_plan(0).running() and handle.for_plan(1).running()
+        for task, (plan, _, _) in enumerate(farm._tasks):  # the first plan's tasks done (as a process marks them)
+            if plan == 0:
+                farm._marker(*farm._tasks[task], "done").write_text('{"ok": true, "error": null, "seconds": 0}')
+        farm._note_plans_done()
+        assert not handle.for_plan(0).running()
+        assert handle.for_plan(1).running() and handle.running()  # the rest still held
+        held.set()
+        assert farm.wait(timeout=300)
+        assert not handle.for_plan(1).running() and not handle.running()
+    assert not handle.for_plan(0).running()  # a closed farm holds nobody
+
+
+def test_a_plan_built_before_holds_its_campaign_for_nothing(tmp_path):
+    marks = BuiltMarks(tmp_path)
+    built, other = _plan("tests.farm_subjects:slow", samples=1), _plan("tests.farm_subjects:raises", samples=1)
+    for entry in built.entries:
+        marks.mark(built, entry, [], sample=0)
+    held = fork_server_context().Event()
+    with Farm([built, other], processes=1, marks=marks, after=held, device_wait=3600.0) as farm:
+        assert not farm.handle.for_plan(0).running() and farm.handle.for_plan(1).running()
+        held.set()
+        assert farm.wait(timeout=300)
+
+
+def _samples(plan: Plan, entry, count: int):
+    from nanfuzz.harness.launch.farm import sample_cases
+
+    return sample_cases(plan, entry, count)
