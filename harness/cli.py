@@ -20,9 +20,11 @@ TIERS = ("small", "production", "mixed")
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 # Examples the self-check gives a kernel whose campaigns draw production sizes only.
 SELF_CHECK_PRODUCTION_EXAMPLES = 24
-# The self-check's farm builds an old variant's first cases this far (see _self_check_first_cases),
-# and after every campaign's first cases one case of each pool entry: its simplest, where a shrink heads.
-SELF_CHECK_CAUGHT_FIRST_CASES = 16
+# How many of its first cases the self-check's farm builds for a campaign of an old variant, which fails
+# within its first dozen examples (1 to 10 in the interpreter's self-check) and then shrinks, and of a
+# fixed one, which runs all its examples (32 cases meet most of a 16-entry pool); after every campaign's
+# first cases, one case of each pool entry: its simplest, where a shrink heads.
+SELF_CHECK_FIRST_CASES = {"caught": 16, "pass": 32}
 SELF_CHECK_SAMPLES = 1
 
 
@@ -394,12 +396,8 @@ def _fuzz(args, settings) -> int:
 
 
 def _self_check_first_cases(kernel) -> int:
-    """How many of a self-check campaign's first cases its farm builds ahead: an old variant fails
-    within its first dozen examples (1 to 10 in the interpreter's self-check), then shrinks; a fixed
-    one runs all its examples."""
-    from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
-
-    return SELF_CHECK_CAUGHT_FIRST_CASES if kernel.expect == "caught" else UPCOMING_CASES
+    """How many of a self-check campaign's first cases its farm builds ahead (``SELF_CHECK_FIRST_CASES``)."""
+    return SELF_CHECK_FIRST_CASES["caught" if kernel.expect == "caught" else "pass"]
 
 
 def _self_check_settings(kernel, settings, profile):
