@@ -166,6 +166,9 @@ def figures(side: Install) -> dict[str, float | None]:
         for who in ("campaign", "judging"):
             found[f"cpu ms/ex {who}"] = _median(1e3 * t["cpu_seconds_per_example"][who] for t in bench
                                                 if "cpu_seconds_per_example" in t)
+        # where the first example's time goes (an install that reports them)
+        found["worker ready s"] = _median((t.get("startup_s") or {}).get("worker_ready_s") for t in bench)
+        found["farm first built s"] = _median((t.get("compile_farm") or {}).get("first_built_seconds") for t in bench)
     if side.results["self_check"]:
         found["self-check s"] = _median(r["seconds"] for r in side.results["self_check"])
         found["self-check farm tasks"] = _median(r["tasks"] for r in side.results["self_check"])

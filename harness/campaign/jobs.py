@@ -102,7 +102,7 @@ def _run_job(orders: JobOrders, links: JobLinks) -> None:
     links.listening[index] = 1
     interpret_if_cpu(settings.device)  # before the kernel's module is imported
     try:
-        from nanfuzz.harness.campaign.runner import Hooks, fuzz
+        from nanfuzz.harness.campaign.runner import Hooks, fuzz, note_worker_start
         from nanfuzz.harness.launch.subjects import make_subject
         from nanfuzz.harness.registry import resolve
 
@@ -132,6 +132,7 @@ def _run_job(orders: JobOrders, links: JobLinks) -> None:
             finally:
                 campaigning[0] = False
             campaign.compiles = subject.specialisations
+            note_worker_start(campaign, subject)
         finally:
             subject.close()
     except NanfuzzError as exc:
@@ -246,6 +247,7 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
         raise NanfuzzError(errors[0])
     measured_from = min((span[0] for _, span in finished), default=spread.start) if spread.warmup else spread.start
     merged = _merge(kernel.name, settings.device, finished, measured_from)
+    merged.startup["started"] = spread.start  # its steps from the run's start, warm-ups included
     merged.notes = notes + merged.notes
     merged.note_declines()  # over every job's draws, in place of each job's own
     merged.note_reads()
@@ -323,6 +325,9 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
                 # the earliest job's first examples, timed from the run's start
                 merged.early_examples = [{**e, "at_s": round(started - start + e["at_s"], 3)}
                                          for e in campaign.early_examples]
+        for step, at in campaign.startup.items():  # each step as soon as the first job took it
+            if step != "started":
+                merged.startup[step] = min(at, merged.startup.get(step, at))
         merged.statistics.merge(campaign.statistics)
         merged.accuracy.merge(campaign.accuracy)
         for verdict, n in campaign.verdicts.items():

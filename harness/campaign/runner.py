@@ -79,6 +79,13 @@ class _FarmWait:
             campaign.phase_times["compile"] = campaign.phase_times.get("compile", 0.0) + waited
 
 
+def note_worker_start(campaign: Campaign, subject) -> None:
+    """When ``subject``'s first worker had loaded the kernel and was ready, in the campaign's start steps."""
+    ready = getattr(subject, "ready_times", None)
+    if ready:
+        campaign.startup.update(worker_loaded=ready["loaded"], worker_ready=ready["ready"])
+
+
 def note_paths(campaign: Campaign, state_dir) -> None:
     """The kernel paths earlier campaigns reached and this one did not, kept on the campaign and noted."""
     if not campaign.examples or campaign.interrupted:
@@ -123,6 +130,7 @@ class CampaignRunner:
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
         self._check_read_tracing()
         self.start, self._cpu_start = time.perf_counter(), time.process_time()
+        self.campaign.startup["started"] = time.time()
         self.subject, self._own_subject = subject, subject is None
         self.farm, self._own_farm = farm, None
         self.waiting: _FarmWait | None = None
@@ -172,6 +180,7 @@ class CampaignRunner:
         if plan is not None:
             self._own_farm = start_farm([self._with_first_cases(plan)], settings, after=device_opened)
             self.farm = self._own_farm.handle if self._own_farm else None
+            self.campaign.startup["farm_started"] = time.time()
         self.waiting = _FarmWait(self.farm, self.kernel)
 
     def farm_plan(self, spec, count: int = UPCOMING_CASES, samples: int = SAMPLES_PER_ENTRY) -> Plan | None:
@@ -258,6 +267,7 @@ class CampaignRunner:
         """The worker and the farm this campaign started, stopped, with what they counted."""
         campaign = self.campaign
         if self._own_subject and self.subject is not None:
+            note_worker_start(campaign, self.subject)
             campaign.worker_restarts = getattr(self.subject, "restarts", 0)
             campaign.compiles = getattr(self.subject, "specialisations", None)
             self.subject.close()

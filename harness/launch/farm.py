@@ -268,6 +268,7 @@ class Farm:
         self.already_built = len(every) - len(samples)
         self._processes = []
         self.started = time.monotonic()
+        self.started_at = time.time()  # the wall clock, which farm processes stamp their tasks' ends with
         self.finished_at: float | None = None
         self._stopping = threading.Event()
         self._closed: dict | None = None
@@ -378,6 +379,9 @@ class Farm:
                 "processes": len(self._processes), "compile_seconds": round(seconds, 3),
                 "slowest_task_seconds": round(max((r["seconds"] or 0.0 for r in results), default=0.0), 3),
                 "wall_seconds": None if self.finished_at is None else round(self.finished_at - self.started, 3),
+                # from the farm's start to its first task built: processes started, devices opened, a compile
+                "first_built_seconds": min((round(r["at"] - self.started_at, 3) for r in results
+                                            if r["ok"] and "at" in r), default=None),
                 "first_error": failed[0] if failed else None}
 
     def close(self) -> None:
@@ -515,6 +519,7 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, aft
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         shared_compiles.release_claims()  # a compile that raised leaves its claim
         result["seconds"] = time.perf_counter() - started
+        result["at"] = time.time()
         done = _marker(folder, plan.spec.kernel, entry, sample, "done")
         done.with_suffix(".tmp").write_text(json.dumps(result))
         os.replace(done.with_suffix(".tmp"), done)  # whole, or not there
