@@ -10,7 +10,7 @@ from nanfuzz.harness.campaign.compile_ahead import compile_ahead
 from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks, fuzz
 from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of
 from nanfuzz.harness.campaign.settings import Settings
-from nanfuzz.harness.launch.farm import BuiltMarks, Farm, Plan, entry_of
+from nanfuzz.harness.launch.farm import BuiltMarks, Farm, FarmHandle, Plan, entry_of
 from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import worker_spec
 from nanfuzz.harness.registry import resolve
@@ -32,32 +32,43 @@ def test_a_campaign_run_with_the_seed_its_cases_were_drawn_with_meets_them_first
     kernel = torch_kernel()
     settings = Settings(device="cpu", max_examples=12, use_database=False, pool_size=POOL_SIZE, pool_seed=POOL_SEED)
     planner = CampaignRunner(kernel, settings, Hooks())  # unseeded: it picks a seed of its own
-    plan = planner._with_first_cases(_plan("tests.torch_kernels:correct"), count=6)
-    assert len(plan.upcoming) == 6
+    first = planner.first_cases(6)
+    assert len(first) == 6 and planner.first_cases(0) == ()
     recording = _Recording(kernel)
     campaign = fuzz(kernel, settings, subject=recording, search_seed=planner.search_seed)
     assert not campaign.failed and campaign.seed == planner.search_seed
-    assert tuple(recording.cases[:6]) == plan.upcoming
+    assert tuple(recording.cases[:6]) == first
     other = CampaignRunner(kernel, settings, Hooks())  # another campaign's own seed draws other cases
-    assert other._with_first_cases(_plan("tests.torch_kernels:correct"), count=6).upcoming != plan.upcoming
+    assert other.first_cases(6) != first
 
 
 def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(monkeypatch):
-    planned = []
-    monkeypatch.setattr(ahead_module, "start_farm", lambda plans, settings: planned.append(plans))
+    planned, scheduled = [], []
+
+    class _Farm:  # what the farm was given, and when: its plans at its start, their first cases after
+        handle = FarmHandle("a folder")
+
+        def __init__(self, plans):
+            planned.append(plans)
+
+        def schedule(self, first_cases):
+            scheduled.append(first_cases)
+
+    monkeypatch.setattr(ahead_module, "start_farm",
+                        lambda plans, settings, first_cases_later: _Farm(plans) if first_cases_later else None)
     base = Settings(device="cuda", pool_size=3, max_examples=20, use_database=False)
     slow, raises = resolve("tests.farm_subjects:slow"), resolve("tests.farm_subjects:raises")
     runs = [(slow, base), (torch_kernel(), base.replace(pool_size=0)), (raises, base.replace(jobs=2))]
     first = {slow.name: 5, raises.name: 7}
     ahead = compile_ahead(runs, base, lambda kernel: first.get(kernel.name, 64), samples=1)
-    (plans,) = planned
+    (plans,), (first_cases,) = planned, scheduled
     assert ahead.plans == [0, None, 1]  # a kernel that draws freely compiles nothing ahead
     assert [p.spec.kernel for p in plans] == ["tests.farm_subjects:slow", "tests.farm_subjects:raises"]
-    assert len(plans[0].upcoming) == 5 and all(p.samples == 1 for p in plans)
-    assert {entry_of(case) for case in plans[0].upcoming} <= set(plans[0].entries)
+    assert all(p.samples == 1 and p.upcoming == () for p in plans)
+    assert len(first_cases[0]) == 5 and {entry_of(case) for case in first_cases[0]} <= set(plans[0].entries)
     # a campaign of several jobs draws its seeds in its jobs: no first cases, no seed picked here
-    assert plans[1].upcoming == () and ahead.seeds[2] is None and isinstance(ahead.seeds[0], int)
-    assert ahead.handle(0) is None  # no farm was started here
+    assert first_cases[1] == () and ahead.seeds[2] is None and isinstance(ahead.seeds[0], int)
+    assert ahead.handle(0).plan == 0 and ahead.handle(1) is None and ahead.handle(2).plan == 1
     cpu = compile_ahead(runs, base.replace(device="cpu"), lambda kernel: 8, samples=1)
     assert cpu.farm is None and cpu.plans == [None] * 3 and len(planned) == 1  # nothing compiles ahead on a CPU
 
@@ -73,6 +84,22 @@ def test_a_plan_without_samples_builds_its_first_cases_alone(tmp_path):
         summary = farm.summary()
     assert tasks == [(0, 0, "u0"), (0, 1, "u1")] + [(1, e, 0) for e in range(len(sampled.entries))]
     assert summary["compiled"] == len(tasks) and summary["given_up"] == 0
+
+
+def test_a_farm_starts_its_processes_before_it_is_given_the_first_cases(tmp_path):
+    plan = _plan("tests.farm_subjects:slow", samples=1)
+    first = tuple(c for e in reversed(plan.entries[:2]) for c in _samples(plan, e, 1))
+    with Farm([plan], processes=2, marks=BuiltMarks(tmp_path), first_cases_later=True) as farm:
+        assert len(farm._processes) == 2 and farm._tasks == []  # started, nothing sent yet
+        assert farm.handle.running() and farm.handle.for_plan(0).running()
+        farm.schedule({0: first})
+        farm.schedule({0: ()})  # once only
+        tasks = list(farm._tasks)
+        assert farm.wait(timeout=300)
+        summary = farm.summary()
+    assert tasks == [(0, 1, "u0"), (0, 0, "u1")] + [(0, e, 0) for e in range(len(plan.entries))]
+    assert summary["compiled"] == len(tasks) and summary["upcoming"] == 2
+    assert summary["first_built_seconds"] is not None and summary["first_built_seconds"] >= 0
 
 
 def test_each_plan_s_campaign_waits_for_its_own_plan_alone(tmp_path):

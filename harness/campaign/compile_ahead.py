@@ -3,7 +3,7 @@
 A run of several campaigns (the self-check: every built-in kernel in turn)
 has one farm for all of them.  Each campaign's search seed is picked before
 the farm starts, so that its first cases can be drawn ahead
-(``CampaignRunner.farm_plan``); the farm builds every campaign's first cases
+(``CampaignRunner.first_cases``); the farm builds every campaign's first cases
 in the order the campaigns meet them, then a few sample cases of each pool
 entry, and nothing else: the specialisations a campaign meets later compile
 in its own worker when it meets them.  Each campaign waits only for its own
@@ -49,7 +49,7 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings, first
     """A farm for ``runs`` (kernel, its campaign's settings), run in this order: ``first_cases(kernel)``
     of each campaign's first cases, then ``samples`` cases of each pool entry.  A campaign of several
     jobs picks its seeds in its jobs: the farm builds its samples alone."""
-    plans, ahead = [], Ahead(None)
+    plans, planners, ahead = [], [], Ahead(None)
     if settings.device == "cpu" or settings.compile_jobs == 0:  # nothing compiles ahead (``scope.plan_for``)
         return Ahead(None, [None] * len(runs), [None] * len(runs))
     for kernel, run in runs:
@@ -61,10 +61,14 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings, first
             ahead.plans.append(None)
             continue
         spec = worker_spec(kernel, run) if runner.pool else None
-        plan = runner.farm_plan(spec, first_cases(kernel) if alone else 0, samples) if spec is not None else None
+        plan = runner.farm_plan(spec, samples) if spec is not None else None
         ahead.seeds.append(runner.search_seed if alone else None)
         ahead.plans.append(len(plans) if plan is not None else None)
         if plan is not None:
             plans.append(plan)
-    ahead.farm = start_farm(plans, settings)
+            planners.append((runner, first_cases(kernel) if alone else 0))
+    # the farm's processes start while the first cases are drawn here
+    ahead.farm = start_farm(plans, settings, first_cases_later=True)
+    if ahead.farm is not None:
+        ahead.farm.schedule({p: runner.first_cases(count) for p, (runner, count) in enumerate(planners)})
     return ahead

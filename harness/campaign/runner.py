@@ -104,7 +104,7 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | Non
     ``subject``: a worker the caller keeps between campaigns (jobs, bench); ``farm``: the compile
     farm of a caller that started one for this campaign (jobs, the self-check); otherwise a GPU
     campaign with a pool starts its own.  ``search_seed``: the seed of its search, where the caller
-    picked it to draw the first cases ahead (``CampaignRunner.farm_plan``).
+    picked it to draw the first cases ahead (``CampaignRunner.first_cases``).
     """
     settings = settings or Settings()
     if overrides:
@@ -178,28 +178,31 @@ class CampaignRunner:
         if self._own_subject:
             self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
         if plan is not None:
-            self._own_farm = start_farm([self._with_first_cases(plan)], settings, after=device_opened)
+            # its processes start while this one draws the search's first cases, which they build first
+            self._own_farm = start_farm([plan], settings, after=device_opened, first_cases_later=True)
             self.farm = self._own_farm.handle if self._own_farm else None
             self.campaign.startup["farm_started"] = time.time()
+            if self._own_farm is not None:
+                self._own_farm.schedule({0: self.first_cases()})
         self.waiting = _FarmWait(self.farm, self.kernel)
 
-    def farm_plan(self, spec, count: int = UPCOMING_CASES, samples: int = SAMPLES_PER_ENTRY) -> Plan | None:
-        """What a compile farm builds ahead of this campaign: its first ``count`` cases, in the order
-        its search meets them (``harness.campaign.upcoming``), then ``samples`` cases of each pool
-        entry; None where nothing compiles per case.  For a caller that starts one farm for several
-        campaigns (the self-check): it runs this one with ``search_seed=self.search_seed``."""
+    def farm_plan(self, spec, samples: int = SAMPLES_PER_ENTRY) -> Plan | None:
+        """What a compile farm builds ahead of this campaign, but its first cases (``first_cases``):
+        ``samples`` cases of each pool entry; None where nothing compiles per case.  For a caller
+        that starts one farm for several campaigns (the self-check), which runs this one with
+        ``search_seed=self.search_seed``."""
         plan = plan_for(spec, self.caps, self.pool, self.settings, self.tier)
-        return None if plan is None else self._with_first_cases(replace(plan, samples=samples), count)
+        return None if plan is None else replace(plan, samples=samples)
 
-    def _with_first_cases(self, plan: Plan, count: int = UPCOMING_CASES) -> Plan:
-        settings = self.settings
+    def first_cases(self, count: int = UPCOMING_CASES) -> tuple[Case, ...]:
+        """The first ``count`` cases this campaign's search meets, in order (``harness.campaign.upcoming``)."""
         if not count:
-            return plan
-        upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
-                                  chunk_seed(self.search_seed, 0),
-                                  first_chunk(self.max_examples, self.time_budget, settings.device), count,
-                                  declines=self.kernel.declines)
-        return replace(plan, upcoming=upcoming)
+            return ()
+        settings = self.settings
+        return upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
+                              chunk_seed(self.search_seed, 0),
+                              first_chunk(self.max_examples, self.time_budget, settings.device), count,
+                              declines=self.kernel.declines)
 
     def recover_leftovers(self) -> Campaign | None:
         """The failure a case left by a dead campaign gives again, if any (notes for the others)."""

@@ -243,53 +243,49 @@ class Farm:
     """
 
     def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT,
-                 marks: BuiltMarks | None = None, after=None, device_wait: float = DEVICE_WAIT):
+                 marks: BuiltMarks | None = None, after=None, device_wait: float = DEVICE_WAIT,
+                 first_cases_later: bool = False):
         """``after``: an event (of the fork server's context) the farm processes wait for, up to
-        ``device_wait`` seconds, before their first device work: a worker's opened GPU context."""
+        ``device_wait`` seconds, before their first device work: a worker's opened GPU context.
+        ``first_cases_later``: the processes start now, and the plans' upcoming cases come with
+        ``schedule`` (drawing them takes the campaign's process a while, which the processes spend
+        starting, loading the kernel and opening their devices); no task goes out before."""
         from nanfuzz.harness.launch.processes import fork_server_context
 
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
-        per_binary = plans[0].spec.device == "cuda" and shared_compiles.available()
-        self.handle = FarmHandle(self.folder, per_binary)
-        self._plans = plans
+        self._per_binary = plans[0].spec.device == "cuda" and shared_compiles.available()
+        self.handle = FarmHandle(self.folder, self._per_binary)
+        self._plans = list(plans)
         self.task_timeout = task_timeout
         self._marks = marks or BuiltMarks()
         every = [(p, e, i) for p, plan in enumerate(plans) for i in range(plan.samples)
                  for e in range(len(plan.entries))]
-        samples = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
-        copies = UPCOMING_COPIES if per_binary else 1  # without claims a second copy would only wait
+        self._samples = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
         # A farm that runs anyway takes every upcoming case: an entry's built mark covers its
         # samples, and a case of the entry may still meet a binary they did not (a prefill where
         # they were decodes).  On a warm cache (nothing unbuilt) no farm starts for them; a plan
         # without samples has no marks to tell a warm cache by, so its cases are built anyway.
-        warm = not samples and all(plan.samples for plan in plans)
-        self._tasks = ([] if warm else _upcoming_tasks(plans, copies)) + samples
+        warm = not self._samples and all(plan.samples for plan in plans)
+        self._tasks: list[tuple[int, int, int | str]] = []
         self._entries = sum(len(plan.entries) for plan in plans)
-        self.already_built = len(every) - len(samples)
+        self.already_built = len(every) - len(self._samples)
         self._processes = []
         self.started = time.monotonic()
         self.started_at = time.time()  # the wall clock, which farm processes stamp their tasks' ends with
         self.finished_at: float | None = None
         self._stopping = threading.Event()
         self._closed: dict | None = None
-        # per plan, its tasks not yet done (``FarmHandle.for_plan``); None once all are
-        self._open = {p: {t for t, task in enumerate(self._tasks) if task[0] == p} for p in range(len(plans))}
+        # per plan, its tasks not yet done (``FarmHandle.for_plan``); None once all are; no plan is
+        # done before its tasks are scheduled
+        self._open: dict[int, set[int] | None] = {}
         self._open_lock = threading.Lock()
-        self._note_plans_done()
-        if not self._tasks:  # a warm cache: nothing to start
-            self.finished_at = self.started
-            Path(self.folder, _FINISHED).touch()
-            self._monitor = None
+        expected = len(self._samples) + (0 if first_cases_later else len(_upcoming_tasks(plans)))
+        if warm or not (expected or first_cases_later):  # a warm cache: nothing to start
+            self._schedule_none()
             return
         self._context = fork_server_context()
-        for task in self._tasks:
-            self._marker(*task, "planned").touch()
         self._queue = self._context.Queue()
-        for task in range(len(self._tasks)):
-            self._queue.put(task)
-        count = max(1, min(processes, len(self._tasks)))
-        for _ in range(count):
-            self._queue.put(None)
+        count = max(1, processes if first_cases_later else min(processes, expected))
         # per farm process: the task it is on (-1: none) and since when (CLOCK_MONOTONIC)
         self._current = self._context.RawArray("l", [-1] * count)
         self._since = self._context.RawArray("d", count)
@@ -297,12 +293,42 @@ class Farm:
         self._turns = [self._context.Event() for _ in range(count)]  # kept: a child unpickles them later
         for slot in range(count):
             process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
-                slot, plans, self._tasks, self._queue, self._current, self._since, self.folder, self._marks, after,
+                slot, self._plans, self._queue, self._current, self._since, self.folder, self._marks, after,
                 self._turns, device_wait))
             process.start()
             self._processes.append(process)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
+        if not first_cases_later:
+            self.schedule({})
         self._monitor.start()
+
+    def schedule(self, first_cases: dict[int, tuple[Case, ...]]) -> None:
+        """Send out the tasks: the upcoming cases of each plan (``first_cases`` by plan number, else
+        the plan's own ``upcoming``) in the order the campaigns meet them, then the samples."""
+        if self._open or not self._processes:  # scheduled already, or a warm cache
+            return
+        self._plans = [replace(plan, upcoming=first_cases.get(p, plan.upcoming)) for p, plan in enumerate(self._plans)]
+        copies = UPCOMING_COPIES if self._per_binary else 1  # without claims a second copy would only wait
+        self._tasks = _upcoming_tasks(self._plans, copies) + self._samples
+        for task in self._tasks:
+            self._marker(*task, "planned").touch()
+        for t, (p, e, sample) in enumerate(self._tasks):
+            case = self._plans[p].upcoming[_upcoming_number(sample)] if isinstance(sample, str) else None
+            self._queue.put((t, (p, e, sample), case))
+        for _ in self._processes:
+            self._queue.put(None)
+        with self._open_lock:
+            self._open = {p: {t for t, task in enumerate(self._tasks) if task[0] == p} for p in range(len(self._plans))}
+        self._note_plans_done()
+
+    def _schedule_none(self) -> None:
+        """No process, no task: the farm is done as it starts."""
+        self._open = {p: None for p in range(len(self._plans))}
+        for p in range(len(self._plans)):
+            Path(self.folder, f"{_FINISHED}.{p}").touch()
+        self.finished_at = self.started
+        Path(self.folder, _FINISHED).touch()
+        self._monitor = None
 
     def _marker(self, plan: int, entry: int, sample: int | str, state: str) -> Path:
         return _marker(self.folder, self._plans[plan].spec.kernel, self._plans[plan].entries[entry], sample, state)
@@ -438,7 +464,7 @@ def default_processes() -> int:
 
 # -- a farm process ------------------------------------------------------------------
 
-def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None, turns=None,
+def _serve(slot, plans, queue, current, since, folder, marks, after=None, turns=None,
            device_wait: float = DEVICE_WAIT) -> None:
     isolate()  # a kernel's host code runs here too: a session of its own, and death with its parent
     try:
@@ -453,12 +479,25 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None,
     from nanfuzz.harness.launch.backend import host_threads
 
     shared_compiles.install(skip_claimed=True)  # another process's binary: on to the next launch
-
+    # the first plan's kernel is loaded while the campaign's process may still draw the first cases and
+    # while the device turns come round; but a spec pinned to a device opens it as it loads: after the turn
+    pinned = plans[0].spec.device == "cuda" and plans[0].spec.cuda_index is not None
+    kernel = None if pinned else _preload(plans[0])
     if plans[0].spec.device == "cuda" and turns is not None:
         _open_device_in_turn(slot, turns, after, device_wait)
         after = None
+    if pinned:
+        kernel = _preload(plans[0])
     with host_threads(plans[0].spec.device, own_process=True):  # sixteen of these share the cores
-        _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after, device_wait)
+        _compile_tasks(plans, queue, current, since, folder, slot, marks, after, device_wait, kernel)
+
+
+def _preload(plan: Plan):
+    """The plan's kernel, or None where loading it fails (its first task meets that again and reports it)."""
+    try:
+        return plan.spec.load()
+    except BaseException:
+        return None
 
 
 def _open_device_in_turn(slot: int, turns: list, after=None, device_wait: float = DEVICE_WAIT) -> None:
@@ -481,25 +520,27 @@ def _open_device_in_turn(slot: int, turns: list, after=None, device_wait: float 
         turns[slot].set()
 
 
-def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after=None,
-                   device_wait: float = DEVICE_WAIT) -> None:
-    kernels: dict = {}
+def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None,
+                   device_wait: float = DEVICE_WAIT, preloaded=None) -> None:
+    """Take tasks until the farm's end: each ``(number, (plan, entry, sample), its case)``, where an
+    upcoming case (``sample`` ``u<n>``) comes with the task; ``preloaded``: the first plan's kernel."""
+    kernels: dict = {} if preloaded is None else {0: preloaded}
     samples: dict = {}
     waited = after is None
     while True:
-        task = queue.get()
-        if task is None:
+        item = queue.get()
+        if item is None:
             return
+        task, (plan_index, entry_index, sample), upcoming = item
         since[slot] = time.monotonic()
         current[slot] = task
-        plan_index, entry_index, sample = tasks[task]
         plan = plans[plan_index]
         entry = plan.entries[entry_index]
         started = time.perf_counter()
         try:
             kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, plan.spec.load())
             if isinstance(sample, str):  # an upcoming case of the campaign: its binaries, no mark
-                cases, number = plan.upcoming, _upcoming_number(sample)
+                cases, number = [upcoming], 0
             else:
                 cases, number = samples.get((plan_index, entry_index)), sample
                 if cases is None:
