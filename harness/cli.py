@@ -371,7 +371,6 @@ def _focus(args):
 
 def _fuzz(args, settings) -> int:
     from nanfuzz.harness.campaign.example_db import parse
-    from nanfuzz.harness.campaign.compile_ahead import compile_ahead
     from nanfuzz.harness.campaign.profiles import get_profile
     from nanfuzz.harness.launch.import_probe import load_kernel
     from nanfuzz.harness.registry import builtin_kernels
@@ -386,8 +385,12 @@ def _fuzz(args, settings) -> int:
     rows = [("kernel", "expect", "verdict", "examples", "first failure", "shrink", "time", "result")]
     # The self-check's kernels are known up front: one farm compiles what their campaigns meet
     # first, in the order they run, while the first campaign starts.
-    ahead = (compile_ahead([(k, _self_check_settings(k, settings, profile)) for k in kernels], settings,
-                           _self_check_first_cases, SELF_CHECK_SAMPLES) if self_check else None)
+    ahead = None
+    if self_check:
+        from nanfuzz.harness.campaign.compile_ahead import compile_ahead
+
+        ahead = compile_ahead([(k, _self_check_settings(k, settings, profile)) for k in kernels], settings,
+                              _self_check_first_cases, SELF_CHECK_SAMPLES)
     try:
         return _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead)
     finally:
