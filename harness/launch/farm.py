@@ -17,14 +17,17 @@ that also loads the binary and builds its launcher: nothing runs on the
 device, and the binaries (and launchers) land in Triton's on-disk cache,
 where the campaign's worker (and every job of a ``--jobs`` run) loads them
 in milliseconds.  A campaign's own first cases, drawn ahead of its search
-(``harness.campaign.upcoming``), go out first, in the order the search meets them,
+(``harness.campaign.upcoming``) while the farm's processes start (``Farm.schedule``),
+go out first, in the order the search meets them,
 each to two processes at once: a farm process skips a binary another
 process is compiling (``shared_compiles.install(skip_claimed=True)``) and
 goes on to the case's next launch, so a mixed batch's decode and prefill
 kernels compile side by side rather than one after the other.  Then the
 samples go out sample by sample: every entry's first case before any
 entry's second, so no entry's binaries queue behind one another while
-processes are free.
+processes are free.  A plan may ask for fewer samples (``Plan.samples``), and a
+campaign that shares the farm with others waits for its own plan alone
+(``FarmHandle.for_plan``).
 
 A task the farm did once is marked as built beside Triton's cache
 (``BuiltMarks``), with the source hash of every Triton function it launched.
