@@ -4,10 +4,11 @@
         [--kernel paged_decode@masked] [--size small] [--self-check] [--detect vllm:rocm_attn]
         [--detect-seeds 10] [--device cuda] [--json FILE] [-- EXTRA BENCH OPTIONS]
 
-Each of ``--a`` and ``--b`` is a git revision of this repository, installed (not editable,
-as a user installs it) into a virtual environment of its own over this interpreter's
-packages (torch, Triton and Hypothesis stay the same), or ``python:PATH``, an interpreter
-that has nanfuzz installed already.  The measurements alternate A, B, B, A, ... so that drift
+Each of ``--a`` and ``--b`` is a git revision of this repository or ``tree:DIR``, a folder
+holding one (``git archive REV | tar -x -C DIR``, where the machine has no git history),
+installed (not editable, as a user installs it) into a virtual environment of its own over
+this interpreter's packages (torch, Triton and Hypothesis stay the same); or
+``python:PATH``, an interpreter that has nanfuzz installed already.  The measurements alternate A, B, B, A, ... so that drift
 of the machine hits both alike, and the table gives each figure of A and of B (medians over
 the rounds) and their ratio A/B:
 
@@ -87,7 +88,11 @@ def _install(revision: str, workdir: Path, label: str) -> Install:
         python = revision.partition(":")[2]
     else:
         tree, venv = workdir / f"{label}-tree", workdir / f"{label}-venv"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), revision], check=True)
+        if revision.startswith("tree:"):
+            tree = Path(revision.partition(":")[2]).resolve()
+        else:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), revision],
+                           check=True)
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
         python = str(venv / "bin" / "python")
         site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -191,8 +196,8 @@ def table(a_side: Install, b_side: Install) -> list[tuple[str, str, str, str]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--a", default="HEAD", help="a git revision, or python:PATH (default HEAD)")
-    p.add_argument("--b", required=True, help="a git revision, or python:PATH")
+    p.add_argument("--a", default="HEAD", help="a git revision, tree:DIR or python:PATH (default HEAD)")
+    p.add_argument("--b", required=True, help="a git revision, tree:DIR or python:PATH")
     p.add_argument("--rounds", type=int, default=2, help="measurements of each side, alternating (default 2)")
     p.add_argument("--kernel", default="paged_decode@masked")
     p.add_argument("--jobs", type=int, default=14)
