@@ -47,6 +47,7 @@ def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(mon
 
     class _Farm:  # what the farm was given, and when: its plans at its start, their first cases after
         handle = FarmHandle("a folder")
+        awaits_first_cases = True
 
         def __init__(self, plans):
             planned.append(plans)
@@ -91,8 +92,9 @@ def test_a_farm_starts_its_processes_before_it_is_given_the_first_cases(tmp_path
     first = tuple(c for e in reversed(plan.entries[:2]) for c in _samples(plan, e, 1))
     with Farm([plan], processes=2, marks=BuiltMarks(tmp_path), first_cases_later=True) as farm:
         assert len(farm._processes) == 2 and farm._tasks == []  # started, nothing sent yet
-        assert farm.handle.running() and farm.handle.for_plan(0).running()
+        assert farm.handle.running() and farm.handle.for_plan(0).running() and farm.awaits_first_cases
         farm.schedule({0: first})
+        assert not farm.awaits_first_cases
         farm.schedule({0: ()})  # once only
         tasks = list(farm._tasks)
         assert farm.wait(timeout=300)
@@ -130,6 +132,11 @@ def test_a_plan_built_before_holds_its_campaign_for_nothing(tmp_path):
         assert not farm.handle.for_plan(0).running() and farm.handle.for_plan(1).running()
         held.set()
         assert farm.wait(timeout=300)
+    for entry in other.entries:
+        marks.mark(other, entry, [], sample=0)
+    with Farm([built, other], processes=1, marks=marks, first_cases_later=True) as farm:
+        # a warm cache: no process, nothing to draw first cases for, nobody held
+        assert not farm._processes and not farm.awaits_first_cases and not farm.handle.running()
 
 
 def _samples(plan: Plan, entry, count: int):

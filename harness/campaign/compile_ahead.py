@@ -69,6 +69,6 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings, first
             planners.append((runner, first_cases(kernel) if alone else 0))
     # the farm's processes start while the first cases are drawn here
     ahead.farm = start_farm(plans, settings, first_cases_later=True)
-    if ahead.farm is not None:
+    if ahead.farm is not None and ahead.farm.awaits_first_cases:
         ahead.farm.schedule({p: runner.first_cases(count) for p, (runner, count) in enumerate(planners)})
     return ahead

@@ -182,7 +182,7 @@ class CampaignRunner:
             self._own_farm = start_farm([plan], settings, after=device_opened, first_cases_later=True)
             self.farm = self._own_farm.handle if self._own_farm else None
             self.campaign.startup["farm_started"] = time.time()
-            if self._own_farm is not None:
+            if self._own_farm is not None and self._own_farm.awaits_first_cases:
                 self._own_farm.schedule({0: self.first_cases()})
         self.waiting = _FarmWait(self.farm, self.kernel)
 

@@ -305,6 +305,11 @@ class Farm:
             self.schedule({})
         self._monitor.start()
 
+    @property
+    def awaits_first_cases(self) -> bool:
+        """Whether its processes wait for ``schedule`` (a warm cache started none: no case is worth drawing)."""
+        return bool(self._processes) and not self._open
+
     def schedule(self, first_cases: dict[int, tuple[Case, ...]]) -> None:
         """Send out the tasks: the upcoming cases of each plan (``first_cases`` by plan number, else
         the plan's own ``upcoming``) in the order the campaigns meet them, then the samples."""
