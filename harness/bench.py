@@ -57,6 +57,9 @@ class Throughput:
     farm: dict | None = None  # what the compile farm did (harness.launch.farm.Farm.summary)
     cpu_seconds: float = 0.0          # the campaigns' own processes
     judging_cpu_seconds: float = 0.0  # judging the examples, wherever it ran (the workers)
+    # seconds from the start to each step of it (Campaign.startup): the first worker loaded and ready,
+    # the farm started; with the farm's first task built (farm's summary), where the first example waits
+    startup: dict[str, float] | None = None
 
     def add(self, campaign, campaigns: int = 1) -> None:
         """Count ``campaign`` in; time outside its measured phases is generation."""
@@ -73,6 +76,8 @@ class Throughput:
             self.busy_seconds = (self.busy_seconds or 0.0) + busy
         if self.first_example_s is None:
             self.first_example_s = campaign.time_to_first_example
+        if self.startup is None:
+            self.startup = campaign.startup_seconds()
         if campaign.farm is not None and self.farm is None:
             self.farm = campaign.farm
 
@@ -91,6 +96,7 @@ class Throughput:
             "busy_seconds": self.busy_seconds,
             "specialisations_after_warmup": self.specialisations,
             "time_to_first_example_s": self.first_example_s,
+            "startup_s": self.startup,
             "compile_farm": self.farm,
             # CPU per example: far below the phases' seconds, the processes wait (device, scheduler)
             "cpu_seconds_per_example": {"campaign": self.cpu_seconds / n, "judging": self.judging_cpu_seconds / n},
@@ -158,7 +164,7 @@ def measure_throughput(kernel: Kernel, settings: Settings, examples: int, warmup
     if jobs > 1:
         return _parallel_throughput(kernel, settings, examples, warmup, jobs)
     total = Throughput()
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     with fresh_state(settings) as run:
         farm = start_farm([compile_plan(kernel, run, _POOL_SEED)], run)
         subject = make_subject(kernel, run)  # one worker for the warm-up and every measured campaign
@@ -182,6 +188,9 @@ def measure_throughput(kernel: Kernel, settings: Settings, examples: int, warmup
                     break
             after = subject.specialisations
             total.specialisations = None if before is None or after is None else after - before
+            ready = getattr(subject, "ready_times", None)  # this bench's worker, started before any campaign
+            total.startup = {} if not ready else {"worker_loaded_s": round(ready["loaded"] - started_at, 3),
+                                                  "worker_ready_s": round(ready["ready"] - started_at, 3)}
         finally:
             subject.close()
             if farm is not None:
@@ -234,6 +243,7 @@ def measure_detection(kernel: Kernel, settings: Settings, seeds: int, max_exampl
             "compiles": campaign.compiles,
             "deferred": campaign.deferred,
             "farm": campaign.farm,
+            "startup_s": campaign.startup_seconds(),
             "early_examples": campaign.early_examples,
         })
         if progress is not None:

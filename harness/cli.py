@@ -20,6 +20,12 @@ TIERS = ("small", "production", "mixed")
 DEFAULT_REPRO_DIR = ".nanfuzz/repros"
 # Examples the self-check gives a kernel whose campaigns draw production sizes only.
 SELF_CHECK_PRODUCTION_EXAMPLES = 24
+# How many of its first cases the self-check's farm builds for a campaign of an old variant, which fails
+# within its first dozen examples (1 to 10 in the interpreter's self-check) and then shrinks, and of a
+# fixed one, which runs all its examples (32 cases meet most of a 16-entry pool); after every campaign's
+# first cases, one case of each pool entry: its simplest, where a shrink heads.
+SELF_CHECK_FIRST_CASES = {"caught": 16, "pass": 32}
+SELF_CHECK_SAMPLES = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -370,7 +376,6 @@ def _focus(args):
 
 def _fuzz(args, settings) -> int:
     from nanfuzz.harness.campaign.example_db import parse
-    from nanfuzz.harness.campaign.scope import compile_plan, start_farm
     from nanfuzz.harness.campaign.profiles import get_profile
     from nanfuzz.harness.launch.import_probe import load_kernel
     from nanfuzz.harness.registry import builtin_kernels
@@ -383,15 +388,24 @@ def _fuzz(args, settings) -> int:
     shared = f", example database {parse(settings.example_db).shown}" if settings.example_db else ""
     print(f"nanfuzz fuzz: {len(kernels)} kernel(s), profile {profile.name}, {mode}, {isolation}{shared}", flush=True)
     rows = [("kernel", "expect", "verdict", "examples", "first failure", "shrink", "time", "result")]
-    # The self-check's kernels are known up front: one farm compiles all their pools,
-    # in the order the campaigns run, while the first campaign starts.
-    farm = (start_farm([compile_plan(k, _self_check_settings(k, settings, profile)) for k in kernels], settings)
-            if self_check else None)
+    # The self-check's kernels are known up front: one farm compiles what their campaigns meet
+    # first, in the order they run, while the first campaign starts.
+    ahead = None
+    if self_check:
+        from nanfuzz.harness.campaign.compile_ahead import compile_ahead
+
+        ahead = compile_ahead([(k, _self_check_settings(k, settings, profile)) for k in kernels], settings,
+                              _self_check_first_cases, SELF_CHECK_SAMPLES)
     try:
-        return _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm)
+        return _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead)
     finally:
-        if farm is not None:
-            farm.close()
+        if ahead is not None:
+            ahead.close()
+
+
+def _self_check_first_cases(kernel) -> int:
+    """How many of a self-check campaign's first cases its farm builds ahead (``SELF_CHECK_FIRST_CASES``)."""
+    return SELF_CHECK_FIRST_CASES["caught" if kernel.expect == "caught" else "pass"]
 
 
 def _self_check_settings(kernel, settings, profile):
@@ -409,8 +423,9 @@ def _self_check_settings(kernel, settings, profile):
     return settings.replace(size="small")
 
 
-def _campaign(kernel, kernel_settings, profile, handle):
-    """One kernel's campaign: over ``--jobs`` processes, or here with a progress line."""
+def _campaign(kernel, kernel_settings, profile, handle, search_seed=None):
+    """One kernel's campaign: over ``--jobs`` processes, or here with a progress line (``search_seed``:
+    the one its first cases were drawn ahead with)."""
     from nanfuzz.harness.campaign.runner import Hooks, fuzz
     from nanfuzz.harness.campaign.jobs import fuzz_parallel
     from nanfuzz.harness.campaign.stop_signals import stop_requested
@@ -426,7 +441,8 @@ def _campaign(kernel, kernel_settings, profile, handle):
         progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
 
     try:
-        return fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show, interrupted=stop_requested), farm=handle)
+        return fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show, interrupted=stop_requested), farm=handle,
+                    search_seed=search_seed)
     finally:
         progress.finish()
 
@@ -476,8 +492,8 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
             "early_examples": campaign.early_examples}
 
 
-def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> int:
-    """Each kernel's campaign in turn (``farm``: the self-check's compile farm); the table and the exit status."""
+def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> int:
+    """Each kernel's campaign in turn (``ahead``: the self-check's compile farm); the table and the exit status."""
     from nanfuzz.harness.report.failures import report_failure
 
     summary = []
@@ -485,11 +501,14 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     any_failure = False
     any_incomplete = False
     interrupted = False
-    handle = farm.handle if farm is not None else None
-    for kernel in kernels:
+    farm = ahead.farm if ahead is not None else None
+    for index, kernel in enumerate(kernels):
         kernel_settings = _self_check_settings(kernel, settings, profile) if self_check else settings
         try:
-            campaign = _campaign(kernel, kernel_settings, profile, handle)
+            if ahead is not None:
+                campaign = _campaign(kernel, kernel_settings, profile, ahead.handle(index), ahead.seeds[index])
+            else:
+                campaign = _campaign(kernel, kernel_settings, profile, None)
         except NanfuzzError as exc:
             if not any_failure:
                 raise

@@ -102,14 +102,14 @@ def _pick(bits: torch.Tensor, choices: tuple[int, ...]) -> torch.Tensor:
 
 def finite_codes(bits: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:
     """uint8 finite garbage codes from random int64 ``bits``: any code but NaN and Inf."""
-    code = bits & 0xFF
+    code = (bits & 0xFF).to(torch.uint8)  # the low byte; the rest in bytes, in place
     if kv_cache_dtype == "fp8_e4m3fn":
-        code = torch.where((code & 0x7F) == 0x7F, code ^ 0x01, code)      # NaN -> +-448
+        code ^= ((code & 0x7F) == 0x7F).to(torch.uint8)             # NaN -> +-448
     elif kv_cache_dtype == "fp8_e4m3fnuz":
-        code = torch.where(code == 0x80, torch.zeros_like(code), code)    # NaN -> 0
+        code.masked_fill_(code == 0x80, 0)                          # NaN -> 0
     elif kv_cache_dtype == "fp8_e5m2":
-        code = torch.where((code & 0x7C) == 0x7C, code ^ 0x04, code)      # Inf, NaN -> finite
-    return code.to(torch.uint8)
+        code ^= ((code & 0x7C) == 0x7C).to(torch.uint8) << 2        # Inf, NaN -> finite
+    return code
 
 
 def hostile_codes(kind: str, bits: torch.Tensor, uniform: torch.Tensor, kv_cache_dtype: str) -> torch.Tensor:

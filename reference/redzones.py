@@ -121,15 +121,24 @@ _STAGING_LIMIT = 256 << 20  # bytes: a bigger batch is copied from ordinary memo
 
 
 def move_together(allocations: dict[str, Allocation], device: torch.device) -> dict[str, Allocation]:
-    """Copies of host ``allocations`` on ``device``, all in one buffer (on a GPU: moved in one copy)."""
+    """Copies of host ``allocations`` on ``device``, all in one buffer (on a GPU: moved in one copy).
+    Allocations that are already one host buffer laid out so (``materialize.build_on_host``'s)
+    are copied whole."""
     bases = {name: a.base for name, a in allocations.items()}
     offsets, total = _layout(bases)
     staged = device.type != "cpu" and total <= _STAGING_LIMIT
     if staged and not _staging:
         _staging.append(_Staging())
-    host = _staging[0].take(total) if staged else torch.zeros(total, dtype=torch.uint8)
-    for name, base in bases.items():
-        host[offsets[name]: offsets[name] + base.numel() * base.element_size()] = _as_bytes(base)
+    packed = _packed(allocations, offsets, total)
+    if packed is not None and not staged:
+        host = packed.clone() if device.type == "cpu" else packed
+    else:
+        host = _staging[0].take(total) if staged else torch.zeros(total, dtype=torch.uint8)
+        if packed is not None:
+            host.copy_(packed)
+        else:
+            for name, base in bases.items():
+                host[offsets[name]: offsets[name] + base.numel() * base.element_size()] = _as_bytes(base)
     buffer = host
     if device.type != "cpu":
         buffer = torch.empty(total, dtype=torch.uint8, device=device)
@@ -138,6 +147,17 @@ def move_together(allocations: dict[str, Allocation], device: torch.device) -> d
             _staging[0].sent(device)
     moved = _views(buffer, bases, offsets)
     return {name: Allocation(moved[name], a.index) for name, a in allocations.items()}
+
+
+def _packed(allocations: dict[str, Allocation], offsets: dict[str, int], total: int) -> torch.Tensor | None:
+    """The one host buffer ``allocations`` are views into, where its layout is ``_layout``'s, else None."""
+    buffer = shared_buffer(allocations)
+    if buffer is None or buffer.device.type != "cpu" or buffer.numel() != total:
+        return None
+    for name, a in allocations.items():
+        if a.base.storage_offset() * a.base.element_size() != offsets[name] or not a.base.is_contiguous():
+            return None
+    return buffer
 
 
 def pack_together(allocations: dict[str, Allocation], device: torch.device) -> dict[str, Allocation]:
@@ -177,8 +197,8 @@ def clone_together(allocations: dict[str, Allocation]) -> dict[str, Allocation]:
 def surround(tensor: torch.Tensor, before: int, after: int, fill) -> Allocation:
     """``tensor`` copied into an allocation with ``before``/``after`` rows of ``fill`` around it."""
     base = torch.empty((tensor.shape[0] + before + after, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-    _fill_rows(base, slice(0, before), fill)
-    _fill_rows(base, slice(before + tensor.shape[0], base.shape[0]), fill)
+    _fill_rows(base, slice(before + tensor.shape[0], base.shape[0]), fill)  # the longer margin first, for
+    _fill_rows(base, slice(0, before), fill)                               # a fill that reuses its values
     base[before: before + tensor.shape[0]] = tensor
     return Allocation(base, (slice(before, before + tensor.shape[0]),))
 

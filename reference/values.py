@@ -112,5 +112,9 @@ def uniform(seed: int, stream: str, index: torch.Tensor) -> torch.Tensor:
     if index.device.type != "cpu":
         top53 = _shift_right(_bits_tensor(seed, stream, index), 11).to(torch.float64)
         return top53 * (2.0 ** -52) - 1.0
-    top53 = (_bits(seed, stream, index) >> np.uint64(11)).astype(np.float64)
-    return torch.from_numpy(top53 * (2.0 ** -52) - 1.0)
+    bits = _bits(seed, stream, index)
+    bits >>= np.uint64(11)
+    u = bits.astype(np.float64)  # the top 53 bits, exactly; then scaled and shifted in place
+    u *= 2.0 ** -52
+    u -= 1.0
+    return torch.from_numpy(u)

@@ -4,6 +4,7 @@ tells whether a kernel wrote anywhere, and the regions it wrote are still named.
 import torch
 
 from nanfuzz.harness.judge.writes import any_written as _any_written, written_regions as _written_regions
+from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import KVCache, Poison
 from nanfuzz.reference.materialize import build_on_host
 from nanfuzz.reference.redzones import shared_buffer
@@ -19,19 +20,31 @@ def _batches():
         kv_cache=KVCache("fp8_e4m3fn", "token-head"), poison=Poison("nan", "kv")))
 
 
+def _apart(batch: PagedBatch) -> PagedBatch:
+    """The batch with every allocation in a buffer of its own."""
+    return PagedBatch.from_allocations(batch.case, {name: a.clone() for name, a in batch.allocations.items()})
+
+
 def test_every_allocation_keeps_its_bits_shape_and_view_and_starts_256_byte_aligned():
-    for host in _batches():
-        packed = host.in_one_buffer("cpu")
-        buffer = shared_buffer(packed.allocations)
-        assert buffer is not None and shared_buffer(host.allocations) is None
-        for name, allocation in host.allocations.items():
-            moved = packed.allocations[name]
-            assert moved.base.dtype == allocation.base.dtype and moved.base.shape == allocation.base.shape
-            assert torch.equal(moved.base.view(torch.uint8), allocation.base.view(torch.uint8))
-            assert (moved.base.data_ptr() - buffer.data_ptr()) % 256 == 0
-            assert moved.index == allocation.index
-        for name, tensor in host.inputs().items():
-            assert torch.equal(getattr(packed, name).view(torch.uint8), tensor.view(torch.uint8)), name
+    for built in _batches():
+        assert shared_buffer(built.allocations) is not None  # built in one host buffer already
+        for host in (built, _apart(built)):
+            _moved_whole(host)
+
+
+def _moved_whole(host: PagedBatch) -> None:
+    packed = host.in_one_buffer("cpu")
+    buffer = shared_buffer(packed.allocations)
+    before = shared_buffer(host.allocations)
+    assert buffer is not None and (before is None or before.data_ptr() != buffer.data_ptr())
+    for name, allocation in host.allocations.items():
+        moved = packed.allocations[name]
+        assert moved.base.dtype == allocation.base.dtype and moved.base.shape == allocation.base.shape
+        assert torch.equal(moved.base.view(torch.uint8), allocation.base.view(torch.uint8))
+        assert (moved.base.data_ptr() - buffer.data_ptr()) % 256 == 0
+        assert moved.index == allocation.index
+    for name, tensor in host.inputs().items():
+        assert torch.equal(getattr(packed, name).view(torch.uint8), tensor.view(torch.uint8)), name
 
 
 def test_a_clone_is_one_independent_buffer_and_a_write_anywhere_is_seen_and_named():

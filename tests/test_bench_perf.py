@@ -75,6 +75,10 @@ def test_bench_with_jobs_measures_campaigns_side_by_side(tmp_path):
     assert t["cpu_seconds_per_example"]["judging"] > 0  # the jobs' workers', summed over the jobs
     assert sum(t["share"].values()) == pytest.approx(1.0, rel=1e-6)
     assert by_name["torch@correct"]["detection"]["caught"] == 0  # --detect: measured, and nothing to find
+    start = t["startup_s"]  # the first job's worker, from the run's start
+    assert 0 < start["worker_loaded_s"] <= start["worker_ready_s"]
+    seed_run = by_name["torch@mask-multiply"]["detection"]["runs"][0]  # a campaign that started its own worker
+    assert 0 < seed_run["startup_s"]["worker_loaded_s"] <= seed_run["startup_s"]["worker_ready_s"]
     assert by_name["torch@mask-multiply"]["detection"]["caught"] == 1
 
 
@@ -122,6 +126,9 @@ def test_bench_measures_over_seconds_or_only_time_to_detect(tmp_path, nanfuzz_de
     t = json.loads(timed.read_text())["kernels"][0]["throughput"]
     assert t["examples"] >= 1 and t["seconds"] >= 3 and t["campaigns"] == 1  # one campaign bounded by time
     assert 0 < t["time_to_first_example_s"] <= t["seconds"] + 5
+    # where the first example's time went: its worker loaded the kernel, then was ready, before it
+    start = t["startup_s"]
+    assert 0 < start["worker_loaded_s"] <= start["worker_ready_s"] <= t["time_to_first_example_s"]
     assert main(["bench", "--device", nanfuzz_device, "--kernel", "paged_decode@unmasked", "--examples", "0",
                  "--seeds", "1", "--detect-examples", "50", "--json", str(detect)]) == 0
     only = json.loads(detect.read_text())["kernels"][0]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nanfuzz.reference.case import KVCache, Poison, PoisonSite
-from nanfuzz.reference.materialize import materialize
+from nanfuzz.reference.materialize import materialize, refill_dead_slots
 from tests.cases import consecutive_case
 
 MIXED = ((1, 9), (5, 21), (0, 7), (3, 3))   # (query_len, seq_len): decode, chunked prefill, no query, prefill
@@ -98,3 +98,11 @@ def test_materialised_bits_are_pinned(name):
     poisoned, clean = EXPECTED[name]
     assert batch_digest(materialize(case)) == poisoned
     assert batch_digest(materialize(case, garbage_seed=1, poisoned=False)) == clean
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_finite_garbage_run_refilled_from_the_poisoned_batch_has_the_same_bits(name):
+    """The check builds the LEAK run's batch from the poisoned one (``refill_dead_slots``): its
+    redzones and dead slots must hold what a fresh build with that garbage holds, bit for bit."""
+    case = CASES[name].validate()
+    assert batch_digest(refill_dead_slots(materialize(case), garbage_seed=1)) == EXPECTED[name][1]

@@ -21,6 +21,18 @@ def test_examples_are_split_over_jobs():
     assert sum(split(1000, 7)) == 1000
 
 
+def test_each_job_says_it_shares_the_device_and_draws_no_huge_cache():
+    from nanfuzz.harness.campaign.jobs import job_settings
+    from nanfuzz.harness.campaign.scope import campaign_production_size
+    from nanfuzz.harness.campaign.settings import Settings
+
+    run = Settings(device="cuda", jobs=14)
+    job = job_settings(run, 10, 3, resolve("tests.torch_kernels:correct"))
+    assert (job.jobs, job.max_examples, job.seed, job.campaigns_per_device) == (1, 10, 3, 14)
+    assert campaign_production_size(job).huge_cache_bytes == 0
+    assert campaign_production_size(run.replace(jobs=1)).huge_cache_bytes > 0  # a campaign alone on the device
+
+
 def test_two_jobs_share_a_passing_campaign_and_its_database(tmp_path):
     campaign = fuzz_parallel(resolve("tests.torch_kernels:correct"), jobs=2, device="cpu", max_examples=30, seed=5)
     assert not campaign.failed

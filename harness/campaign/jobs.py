@@ -105,7 +105,7 @@ def _run_job(orders: JobOrders, links: JobLinks) -> None:
     links.listening[index] = 1
     interpret_if_cpu(settings.device)  # before the kernel's module is imported
     try:
-        from nanfuzz.harness.campaign.runner import Hooks, fuzz
+        from nanfuzz.harness.campaign.runner import Hooks, fuzz, note_worker_start
         from nanfuzz.harness.launch.subjects import make_subject
         from nanfuzz.harness.registry import resolve
 
@@ -137,6 +137,7 @@ def _run_job(orders: JobOrders, links: JobLinks) -> None:
             finally:
                 campaigning[0] = False
             campaign.compiles = subject.specialisations
+            note_worker_start(campaign, subject)
         finally:
             subject.close()
     except NanfuzzError as exc:
@@ -206,7 +207,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
 
 def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
     from nanfuzz.harness.campaign.result import Campaign
-    from nanfuzz.harness.registry import import_path, kernel_sources
+    from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.launch.processes import fork_server_context
 
     # Not fork: a forked child of a process that used CUDA cannot use it.  Jobs come from the
@@ -222,10 +223,8 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
     try:
         for i, examples in enumerate(split(spread.max_examples, spread.jobs)):
             job_seed = None if spread.seed is None else spread.seed + i
-            job_settings = settings.replace(jobs=1, max_examples=examples, seed=job_seed,
-                                            **kernel_sources(kernel, settings.sources))
-            orders = JobOrders(i, import_path(kernel), job_settings, spread.pool_seed, spread.warmup,
-                               kernel.stands_in_for)
+            orders = JobOrders(i, import_path(kernel), job_settings(settings, examples, job_seed, kernel),
+                               spread.pool_seed, spread.warmup, kernel.stands_in_for)
             processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}",
                                              args=(orders, links)))
             start_process(processes[-1])  # a stop meanwhile waits until the job runs, then stops it too
@@ -253,6 +252,7 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
         raise NanfuzzError(errors[0])
     measured_from = min((span[0] for _, span in finished), default=spread.start) if spread.warmup else spread.start
     merged = _merge(kernel.name, settings.device, finished, measured_from)
+    merged.startup["started"] = spread.start  # its steps from the run's start, warm-ups included
     merged.notes = notes + merged.notes + [f"{kernel.name}: a job stopped: {error}" for error in dict.fromkeys(errors)]
     merged.note_declines()  # over every job's draws, in place of each job's own
     merged.note_reads()
@@ -266,6 +266,17 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
         require_a_judged_case(merged)
     merged.elapsed = max((span[1] for _, span in finished), default=time.time()) - measured_from
     return merged
+
+
+def job_settings(settings: Settings, examples: int, seed: int | None, kernel: Kernel) -> Settings:
+    """One job's settings: a campaign of its own (``jobs=1``) among ``settings.jobs`` on the device,
+    which it says (``campaigns_per_device``), so that it draws no case a campaign alone on the device
+    may draw (a huge cache: ``scope.campaign_production_size``)."""
+    from nanfuzz.harness.registry import kernel_sources
+
+    return settings.replace(jobs=1, max_examples=examples, seed=seed,
+                            campaigns_per_device=settings.campaigns_per_device * settings.jobs,
+                            **kernel_sources(kernel, settings.sources))
 
 
 def _interrupt(processes, listening) -> None:
@@ -326,6 +337,9 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
                 # the earliest job's first examples, timed from the run's start
                 merged.early_examples = [{**e, "at_s": round(started - start + e["at_s"], 3)}
                                          for e in campaign.early_examples]
+        for step, at in campaign.startup.items():  # each step as soon as the first job took it
+            if step != "started":
+                merged.startup[step] = min(at, merged.startup.get(step, at))
         merged.statistics.merge(campaign.statistics)
         merged.accuracy.merge(campaign.accuracy)
         for verdict, n in campaign.verdicts.items():

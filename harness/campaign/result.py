@@ -60,10 +60,20 @@ class Campaign:
     # judging of its examples wherever it ran; against elapsed time they show a busy or a waiting host
     cpu_seconds: float = 0.0
     judging_cpu_seconds: float = 0.0
+    # wall-clock times of the steps of its start that it saw: started, worker_loaded and worker_ready
+    # (its worker had imported the kernel; had opened its device too), farm_started (its own farm)
+    startup: dict[str, float] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
         return self.failure is not None
+
+    def startup_seconds(self, since: float | None = None) -> dict[str, float]:
+        """Seconds from ``since`` (a wall-clock time; by default its own start) to each step of its start."""
+        since = self.startup.get("started") if since is None else since
+        if since is None:
+            return {}
+        return {f"{step}_s": round(at - since, 3) for step, at in self.startup.items() if step != "started"}
 
     def note_early(self, outcome: Outcome, started: float, seconds: float) -> None:
         """One of the campaign's first examples: when its check started (seconds from the campaign's

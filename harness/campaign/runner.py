@@ -37,7 +37,7 @@ from nanfuzz.harness.judge import reads
 from nanfuzz.harness.judge.check import Verdict
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.launch.farm import FarmHandle
+from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, FarmHandle, Plan
 from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import subject_for, worker_spec
 from nanfuzz.harness.launch.worker import Declined
@@ -87,6 +87,13 @@ def require_a_judged_case(campaign: Campaign) -> None:
                            "for memory, so nothing was judged; see the note above, or run where the device has room")
 
 
+def note_worker_start(campaign: Campaign, subject) -> None:
+    """When ``subject``'s first worker had loaded the kernel and was ready, in the campaign's start steps."""
+    ready = getattr(subject, "ready_times", None)
+    if ready:
+        campaign.startup.update(worker_loaded=ready["loaded"], worker_ready=ready["ready"])
+
+
 def note_paths(campaign: Campaign, state_dir) -> None:
     """The kernel paths earlier campaigns reached and this one did not, kept on the campaign and noted."""
     if not campaign.examples or campaign.interrupted:
@@ -98,24 +105,26 @@ def note_paths(campaign: Campaign, state_dir) -> None:
 
 
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | None = None, subject=None,
-         farm: FarmHandle | None = None, **overrides) -> Campaign:
+         farm: FarmHandle | None = None, search_seed: int | None = None, **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
 
     ``settings`` fields may be overridden by keyword (``device=``, ``max_examples=``, ...).
     ``subject``: a worker the caller keeps between campaigns (jobs, bench); ``farm``: the compile
     farm of a caller that started one for this campaign (jobs, the self-check); otherwise a GPU
-    campaign with a pool starts its own.
+    campaign with a pool starts its own.  ``search_seed``: the seed of its search, where the caller
+    picked it to draw the first cases ahead (``CampaignRunner.first_cases``).
     """
     settings = settings or Settings()
     if overrides:
         settings = settings.replace(**overrides)
-    return CampaignRunner(kernel, settings, hooks or Hooks(), subject, farm).run()
+    return CampaignRunner(kernel, settings, hooks or Hooks(), subject, farm, search_seed).run()
 
 
 class CampaignRunner:
     """One campaign against one kernel: what it is, once, and its stages as methods."""
 
-    def __init__(self, kernel: Kernel, settings: Settings, hooks: Hooks, subject=None, farm: FarmHandle | None = None):
+    def __init__(self, kernel: Kernel, settings: Settings, hooks: Hooks, subject=None, farm: FarmHandle | None = None,
+                 seed: int | None = None):
         self.kernel, self.settings, self.hooks = kernel, settings, hooks
         self.profile = settings.profile if isinstance(settings.profile, Profile) else get_profile(settings.profile)
         self.caps, skipped = campaign_capabilities(kernel, settings)
@@ -123,7 +132,7 @@ class CampaignRunner:
         self.pool, self.pool_seed = campaign_pool_of(self.caps, settings, tier=self.tier)
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
-        self.search_seed = search_seed(settings, self.profile)
+        self.search_seed = search_seed(settings, self.profile) if seed is None else seed
         # a failure's checks (shrinking, replays) wait for memory as long as shrinking may last
         self.finding_patience = max(settings.memory.search_wait, settings.shrink_budget)
         self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed,
@@ -131,6 +140,7 @@ class CampaignRunner:
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
         self._check_read_tracing()
         self.start, self._cpu_start = time.perf_counter(), time.process_time()
+        self.campaign.startup["started"] = time.time()
         self.subject, self._own_subject = subject, subject is None
         self.farm, self._own_farm = farm, None
         self.waiting: _FarmWait | None = None
@@ -177,13 +187,31 @@ class CampaignRunner:
         if self._own_subject:
             self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
         if plan is not None:
-            upcoming = upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
-                                      chunk_seed(self.search_seed, 0),
-                                      first_chunk(self.max_examples, self.time_budget, settings.device), UPCOMING_CASES,
-                                      declines=self.kernel.declines)
-            self._own_farm = start_farm([replace(plan, upcoming=upcoming)], settings, after=device_opened)
+            # its processes start while this one draws the search's first cases, which they build first
+            self._own_farm = start_farm([plan], settings, after=device_opened, first_cases_later=True)
             self.farm = self._own_farm.handle if self._own_farm else None
+            self.campaign.startup["farm_started"] = time.time()
+            if self._own_farm is not None and self._own_farm.awaits_first_cases:
+                self._own_farm.schedule({0: self.first_cases()})
         self.waiting = _FarmWait(self.farm, self.kernel)
+
+    def farm_plan(self, spec, samples: int = SAMPLES_PER_ENTRY) -> Plan | None:
+        """What a compile farm builds ahead of this campaign, but its first cases (``first_cases``):
+        ``samples`` cases of each pool entry; None where nothing compiles per case.  For a caller
+        that starts one farm for several campaigns (the self-check), which runs this one with
+        ``search_seed=self.search_seed``."""
+        plan = plan_for(spec, self.caps, self.pool, self.settings, self.tier)
+        return None if plan is None else replace(plan, samples=samples)
+
+    def first_cases(self, count: int = UPCOMING_CASES) -> tuple[Case, ...]:
+        """The first ``count`` cases this campaign's search meets, in order (``harness.campaign.upcoming``)."""
+        if not count:
+            return ()
+        settings = self.settings
+        return upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
+                              chunk_seed(self.search_seed, 0),
+                              first_chunk(self.max_examples, self.time_budget, settings.device), count,
+                              declines=self.kernel.declines)
 
     def recover_leftovers(self) -> Campaign | None:
         """The failure a case left by a dead campaign gives again, if any (notes for the others)."""
@@ -289,6 +317,7 @@ class CampaignRunner:
         """The worker and the farm this campaign started, stopped, with what they counted."""
         campaign = self.campaign
         if self._own_subject and self.subject is not None:
+            note_worker_start(campaign, self.subject)
             campaign.worker_restarts = getattr(self.subject, "restarts", 0)
             campaign.compiles = getattr(self.subject, "specialisations", None)
             self.subject.close()

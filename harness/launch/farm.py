@@ -17,14 +17,17 @@ that also loads the binary and builds its launcher: nothing runs on the
 device, and the binaries (and launchers) land in Triton's on-disk cache,
 where the campaign's worker (and every job of a ``--jobs`` run) loads them
 in milliseconds.  A campaign's own first cases, drawn ahead of its search
-(``harness.campaign.upcoming``), go out first, in the order the search meets them,
+(``harness.campaign.upcoming``) while the farm's processes start (``Farm.schedule``),
+go out first, in the order the search meets them,
 each to two processes at once: a farm process skips a binary another
 process is compiling (``shared_compiles.install(skip_claimed=True)``) and
 goes on to the case's next launch, so a mixed batch's decode and prefill
 kernels compile side by side rather than one after the other.  Then the
 samples go out sample by sample: every entry's first case before any
 entry's second, so no entry's binaries queue behind one another while
-processes are free.
+processes are free.  A plan may ask for fewer samples (``Plan.samples``), and a
+campaign that shares the farm with others waits for its own plan alone
+(``FarmHandle.for_plan``).
 
 A task the farm did once is marked as built beside Triton's cache
 (``BuiltMarks``), with the source hash of every Triton function it launched.
@@ -95,6 +98,7 @@ class Plan:
     entries: tuple[Specialisation, ...]
     upcoming: tuple[Case, ...] = ()  # the campaign's first cases, in order (``harness.campaign.upcoming``)
     tier: str = "small"              # the campaign's size tier: with production cases, each entry gets one
+    samples: int = SAMPLES_PER_ENTRY  # sample cases built per entry after the upcoming ones (0: none)
 
 
 def entry_of(case: Case) -> Specialisation:
@@ -196,15 +200,25 @@ def _current_key(module: str, name: str) -> str | None:
 @dataclass(frozen=True)
 class FarmHandle:
     """What a campaign (in any process) needs to wait for the farm's entries: its folder.
-    ``per_binary``: the workers wait for each binary they need instead (``harness.launch.shared_compiles``)."""
+    ``per_binary``: the workers wait for each binary they need instead (``harness.launch.shared_compiles``).
+    ``plan``: the campaign's own plan of several (``for_plan``), whose tasks alone it waits for."""
 
     folder: str
     per_binary: bool = False
+    plan: int | None = None
+
+    def for_plan(self, plan: int) -> "FarmHandle":
+        """The handle of one plan's campaign: running while that plan has tasks left, so that once
+        they are done its worker compiles what else it meets instead of waiting for other plans."""
+        return replace(self, plan=plan)
 
     def running(self) -> bool:
-        """Is the farm still compiling (some task not done, and it has not been closed)?"""
+        """Is the farm still compiling (some task, of ``plan`` where given, not done, and it has not
+        been closed)?"""
         folder = Path(self.folder)
-        return folder.exists() and not (folder / _FINISHED).exists()
+        if not folder.exists() or (folder / _FINISHED).exists():
+            return False
+        return self.plan is None or not (folder / f"{_FINISHED}.{self.plan}").exists()
 
     def wait_for(self, kernel: str, case: Case, limit: float = TASK_TIMEOUT + 60.0) -> float:
         """Wait while the farm still holds a task of ``case``'s entry; the seconds waited (0 when it does not)."""
@@ -234,46 +248,49 @@ class Farm:
     """
 
     def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT,
-                 marks: BuiltMarks | None = None, after=None, device_wait: float = DEVICE_WAIT):
+                 marks: BuiltMarks | None = None, after=None, device_wait: float = DEVICE_WAIT,
+                 first_cases_later: bool = False):
         """``after``: an event (of the fork server's context) the farm processes wait for, up to
-        ``device_wait`` seconds, before their first device work: a worker's opened GPU context."""
+        ``device_wait`` seconds, before their first device work: a worker's opened GPU context.
+        ``first_cases_later``: the processes start now, and the plans' upcoming cases come with
+        ``schedule`` (drawing them takes the campaign's process a while, which the processes spend
+        starting, loading the kernel and opening their devices); no task goes out before."""
         from nanfuzz.harness.launch.processes import fork_server_context
 
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
-        per_binary = plans[0].spec.device == "cuda" and shared_compiles.available()
-        self.handle = FarmHandle(self.folder, per_binary)
-        self._plans = plans
+        self._per_binary = plans[0].spec.device == "cuda" and shared_compiles.available()
+        self.handle = FarmHandle(self.folder, self._per_binary)
+        self._plans = list(plans)
         self.task_timeout = task_timeout
         self._marks = marks or BuiltMarks()
-        every = [(p, e, i) for p, plan in enumerate(plans) for i in range(SAMPLES_PER_ENTRY)
+        every = [(p, e, i) for p, plan in enumerate(plans) for i in range(plan.samples)
                  for e in range(len(plan.entries))]
-        samples = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
-        copies = UPCOMING_COPIES if per_binary else 1  # without claims a second copy would only wait
+        self._samples = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
         # A farm that runs anyway takes every upcoming case: an entry's built mark covers its
         # samples, and a case of the entry may still meet a binary they did not (a prefill where
-        # they were decodes).  On a warm cache (nothing unbuilt) no farm starts for them.
-        self._tasks = (_upcoming_tasks(plans, copies) if samples else []) + samples
+        # they were decodes).  On a warm cache (nothing unbuilt) no farm starts for them; a plan
+        # without samples has no marks to tell a warm cache by, so its cases are built anyway.
+        warm = not self._samples and all(plan.samples for plan in plans)
+        self._tasks: list[tuple[int, int, int | str]] = []
         self._entries = sum(len(plan.entries) for plan in plans)
-        self.already_built = len(every) - len(samples)
+        self.already_built = len(every) - len(self._samples)
         self._processes = []
         self.started = time.monotonic()
+        self.started_at = time.time()  # the wall clock, which farm processes stamp their tasks' ends with
         self.finished_at: float | None = None
         self._stopping = threading.Event()
         self._closed: dict | None = None
-        if not self._tasks:  # a warm cache: nothing to start
-            self.finished_at = self.started
-            Path(self.folder, _FINISHED).touch()
-            self._monitor = None
+        # per plan, its tasks not yet done (``FarmHandle.for_plan``); None once all are; no plan is
+        # done before its tasks are scheduled
+        self._open: dict[int, set[int] | None] = {}
+        self._open_lock = threading.Lock()
+        expected = len(self._samples) + (0 if first_cases_later else len(_upcoming_tasks(plans)))
+        if warm or not (expected or first_cases_later):  # a warm cache: nothing to start
+            self._schedule_none()
             return
         self._context = fork_server_context()
-        for task in self._tasks:
-            self._marker(*task, "planned").touch()
         self._queue = self._context.Queue()
-        for task in range(len(self._tasks)):
-            self._queue.put(task)
-        count = max(1, min(processes, len(self._tasks)))
-        for _ in range(count):
-            self._queue.put(None)
+        count = max(1, processes if first_cases_later else min(processes, expected))
         # per farm process: the task it is on (-1: none) and since when (CLOCK_MONOTONIC)
         self._current = self._context.RawArray("l", [-1] * count)
         self._since = self._context.RawArray("d", count)
@@ -281,12 +298,47 @@ class Farm:
         self._turns = [self._context.Event() for _ in range(count)]  # kept: a child unpickles them later
         for slot in range(count):
             process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
-                slot, plans, self._tasks, self._queue, self._current, self._since, self.folder, self._marks, after,
+                slot, self._plans, self._queue, self._current, self._since, self.folder, self._marks, after,
                 self._turns, device_wait))
             process.start()
             self._processes.append(process)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
+        if not first_cases_later:
+            self.schedule({})
         self._monitor.start()
+
+    @property
+    def awaits_first_cases(self) -> bool:
+        """Whether its processes wait for ``schedule`` (a warm cache started none: no case is worth drawing)."""
+        return bool(self._processes) and not self._open
+
+    def schedule(self, first_cases: dict[int, tuple[Case, ...]]) -> None:
+        """Send out the tasks: the upcoming cases of each plan (``first_cases`` by plan number, else
+        the plan's own ``upcoming``) in the order the campaigns meet them, then the samples."""
+        if self._open or not self._processes:  # scheduled already, or a warm cache
+            return
+        self._plans = [replace(plan, upcoming=first_cases.get(p, plan.upcoming)) for p, plan in enumerate(self._plans)]
+        copies = UPCOMING_COPIES if self._per_binary else 1  # without claims a second copy would only wait
+        self._tasks = _upcoming_tasks(self._plans, copies) + self._samples
+        for task in self._tasks:
+            self._marker(*task, "planned").touch()
+        for t, (p, e, sample) in enumerate(self._tasks):
+            case = self._plans[p].upcoming[_upcoming_number(sample)] if isinstance(sample, str) else None
+            self._queue.put((t, (p, e, sample), case))
+        for _ in self._processes:
+            self._queue.put(None)
+        with self._open_lock:
+            self._open = {p: {t for t, task in enumerate(self._tasks) if task[0] == p} for p in range(len(self._plans))}
+        self._note_plans_done()
+
+    def _schedule_none(self) -> None:
+        """No process, no task: the farm is done as it starts."""
+        self._open = {p: None for p in range(len(self._plans))}
+        for p in range(len(self._plans)):
+            Path(self.folder, f"{_FINISHED}.{p}").touch()
+        self.finished_at = self.started
+        Path(self.folder, _FINISHED).touch()
+        self._monitor = None
 
     def _marker(self, plan: int, entry: int, sample: int | str, state: str) -> Path:
         return _marker(self.folder, self._plans[plan].spec.kernel, self._plans[plan].entries[entry], sample, state)
@@ -295,6 +347,20 @@ class Farm:
         done = self._marker(*self._tasks[task], "done")
         if not done.exists():
             done.write_text(json.dumps({"ok": False, "error": why, "seconds": None}))
+
+    def _note_plans_done(self) -> None:
+        """Mark each plan whose tasks are all done (built or given up) as finished."""
+        with self._open_lock:
+            for plan, open_tasks in self._open.items():
+                if open_tasks is None:
+                    continue
+                open_tasks -= {t for t in open_tasks if self._marker(*self._tasks[t], "done").exists()}
+                if not open_tasks:
+                    try:
+                        Path(self.folder, f"{_FINISHED}.{plan}").touch()
+                    except OSError:  # the farm was closed meanwhile: its folder is gone, and every wait with it
+                        pass
+                    self._open[plan] = None
 
     def _watch(self) -> None:
         """Give up the task of a farm process that died or overran its task; mark the end."""
@@ -311,6 +377,7 @@ class Farm:
                 elif task >= 0:
                     self._give_up(task, f"the compile process died (exit status {process.exitcode})")
                     self._current[slot] = -1
+            self._note_plans_done()
             if not alive:
                 break
             time.sleep(0.1)
@@ -348,6 +415,9 @@ class Farm:
                 "processes": len(self._processes), "compile_seconds": round(seconds, 3),
                 "slowest_task_seconds": round(max((r["seconds"] or 0.0 for r in results), default=0.0), 3),
                 "wall_seconds": None if self.finished_at is None else round(self.finished_at - self.started, 3),
+                # from the farm's start to its first task built: processes started, devices opened, a compile
+                "first_built_seconds": min((round(r["at"] - self.started_at, 3) for r in results
+                                            if r["ok"] and "at" in r), default=None),
                 "first_error": failed[0] if failed else None}
 
     def close(self) -> None:
@@ -404,7 +474,7 @@ def default_processes() -> int:
 
 # -- a farm process ------------------------------------------------------------------
 
-def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None, turns=None,
+def _serve(slot, plans, queue, current, since, folder, marks, after=None, turns=None,
            device_wait: float = DEVICE_WAIT) -> None:
     isolate()  # a kernel's host code runs here too: a session of its own, and death with its parent
     try:
@@ -419,12 +489,25 @@ def _serve(slot, plans, tasks, queue, current, since, folder, marks, after=None,
     from nanfuzz.harness.launch.backend import host_threads
 
     shared_compiles.install(skip_claimed=True)  # another process's binary: on to the next launch
-
+    # the first plan's kernel is loaded while the campaign's process may still draw the first cases and
+    # while the device turns come round; but a spec pinned to a device opens it as it loads: after the turn
+    pinned = plans[0].spec.device == "cuda" and plans[0].spec.cuda_index is not None
+    kernel = None if pinned else _preload(plans[0])
     if plans[0].spec.device == "cuda" and turns is not None:
         _open_device_in_turn(slot, turns, after, device_wait)
         after = None
+    if pinned:
+        kernel = _preload(plans[0])
     with host_threads(plans[0].spec.device, own_process=True):  # sixteen of these share the cores
-        _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after, device_wait)
+        _compile_tasks(plans, queue, current, since, folder, slot, marks, after, device_wait, kernel)
+
+
+def _preload(plan: Plan):
+    """The plan's kernel, or None where loading it fails (its first task meets that again and reports it)."""
+    try:
+        return plan.spec.load()
+    except BaseException:
+        return None
 
 
 def _open_device_in_turn(slot: int, turns: list, after=None, device_wait: float = DEVICE_WAIT) -> None:
@@ -447,25 +530,27 @@ def _open_device_in_turn(slot: int, turns: list, after=None, device_wait: float 
         turns[slot].set()
 
 
-def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, after=None,
-                   device_wait: float = DEVICE_WAIT) -> None:
-    kernels: dict = {}
+def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None,
+                   device_wait: float = DEVICE_WAIT, preloaded=None) -> None:
+    """Take tasks until the farm's end: each ``(number, (plan, entry, sample), its case)``, where an
+    upcoming case (``sample`` ``u<n>``) comes with the task; ``preloaded``: the first plan's kernel."""
+    kernels: dict = {} if preloaded is None else {0: preloaded}
     samples: dict = {}
     waited = after is None
     while True:
-        task = queue.get()
-        if task is None:
+        item = queue.get()
+        if item is None:
             return
+        task, (plan_index, entry_index, sample), upcoming = item
         since[slot] = time.monotonic()
         current[slot] = task
-        plan_index, entry_index, sample = tasks[task]
         plan = plans[plan_index]
         entry = plan.entries[entry_index]
         started = time.perf_counter()
         try:
             kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, plan.spec.load())
             if isinstance(sample, str):  # an upcoming case of the campaign: its binaries, no mark
-                cases, number = plan.upcoming, _upcoming_number(sample)
+                cases, number = [upcoming], 0
             else:
                 cases, number = samples.get((plan_index, entry_index)), sample
                 if cases is None:
@@ -485,6 +570,7 @@ def _compile_tasks(plans, tasks, queue, current, since, folder, slot, marks, aft
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         shared_compiles.release_claims()  # a compile that raised leaves its claim
         result["seconds"] = time.perf_counter() - started
+        result["at"] = time.time()
         done = _marker(folder, plan.spec.kernel, entry, sample, "done")
         done.with_suffix(".tmp").write_text(json.dumps(result))
         os.replace(done.with_suffix(".tmp"), done)  # whole, or not there

@@ -220,6 +220,8 @@ class Supervised:
         self._ready = False
         self.defers = spec.device == "cuda"  # only there do workers share compiles (and can skip one)
         self.specialisations: int | None = 0  # kernel specialisations launched (GPU: compiles), all workers
+        # when its first worker had loaded the kernel and was ready (its device opened), by the wall clock
+        self.ready_times: dict[str, float] | None = None
         self._counted = 0
         try:
             self._start()
@@ -273,6 +275,8 @@ class Supervised:
             return self._await_ready()
         assert kind == "ready", kind
         self._ready = True
+        if self.ready_times is None and isinstance(payload, dict):
+            self.ready_times = payload
 
     def _restart(self) -> None:
         self._counted = self.specialisations or 0
@@ -423,6 +427,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
         from nanfuzz.harness.judge.memory import TooLargeForDevice
 
         kernel = spec.load()
+        loaded = time.time()
     except NanfuzzError as exc:
         conn.send(("error", str(exc)))
         return
@@ -442,7 +447,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
         warm_oracle(kernel, "cuda")  # beside the first check's launch, not inside its oracle
     if device_opened is not None:
         device_opened.set()
-    conn.send(("ready", None))
+    conn.send(("ready", {"loaded": loaded, "ready": time.time()}))  # when (``Supervised.ready_times``)
     from nanfuzz.harness.launch.compiles import count_specialisations
 
     idle = _idle_look(spec)

@@ -1,0 +1,74 @@
+"""One compile farm for campaigns run one after another, building what each meets first, in order.
+
+A run of several campaigns (the self-check: every built-in kernel in turn)
+has one farm for all of them.  Each campaign's search seed is picked before
+the farm starts, so that its first cases can be drawn ahead
+(``CampaignRunner.first_cases``); the farm builds every campaign's first cases
+in the order the campaigns meet them, then a few sample cases of each pool
+entry, and nothing else: the specialisations a campaign meets later compile
+in its own worker when it meets them.  Each campaign waits only for its own
+plan (``FarmHandle.for_plan``): once that is built it compiles what else it
+meets rather than putting it off until the farm is done with the campaigns
+after it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks
+from nanfuzz.harness.campaign.scope import start_farm
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.launch.farm import Farm, FarmHandle
+from nanfuzz.harness.launch.subjects import worker_spec
+from nanfuzz.reference.errors import NanfuzzError
+
+
+@dataclass
+class Ahead:
+    """The farm (None: nothing compiles ahead) and, per campaign, its search seed and its plan's number."""
+
+    farm: Farm | None
+    seeds: list[int | None] = field(default_factory=list)
+    plans: list[int | None] = field(default_factory=list)
+
+    def handle(self, campaign: int) -> FarmHandle | None:
+        """What campaign ``campaign`` waits for: its own plan of the farm."""
+        if self.farm is None or self.plans[campaign] is None:
+            return None
+        return self.farm.handle.for_plan(self.plans[campaign])
+
+    def close(self) -> None:
+        if self.farm is not None:
+            self.farm.close()
+
+
+def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings, first_cases: Callable[[Kernel], int],
+                  samples: int) -> Ahead:
+    """A farm for ``runs`` (kernel, its campaign's settings), run in this order: ``first_cases(kernel)``
+    of each campaign's first cases, then ``samples`` cases of each pool entry.  A campaign of several
+    jobs picks its seeds in its jobs: the farm builds its samples alone."""
+    plans, planners, ahead = [], [], Ahead(None)
+    if settings.device == "cpu" or settings.compile_jobs == 0:  # nothing compiles ahead (``scope.plan_for``)
+        return Ahead(None, [None] * len(runs), [None] * len(runs))
+    for kernel, run in runs:
+        alone = run.jobs <= 1
+        try:
+            runner = CampaignRunner(kernel, run, Hooks())
+        except NanfuzzError:  # the campaign itself says why, when it runs
+            ahead.seeds.append(None)
+            ahead.plans.append(None)
+            continue
+        spec = worker_spec(kernel, run) if runner.pool else None
+        plan = runner.farm_plan(spec, samples) if spec is not None else None
+        ahead.seeds.append(runner.search_seed if alone else None)
+        ahead.plans.append(len(plans) if plan is not None else None)
+        if plan is not None:
+            plans.append(plan)
+            planners.append((runner, first_cases(kernel) if alone else 0))
+    # the farm's processes start while the first cases are drawn here
+    ahead.farm = start_farm(plans, settings, first_cases_later=True)
+    if ahead.farm is not None and ahead.farm.awaits_first_cases:
+        ahead.farm.schedule({p: runner.first_cases(count) for p, (runner, count) in enumerate(planners)})
+    return ahead

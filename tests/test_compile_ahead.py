@@ -1,0 +1,145 @@
+"""One compile farm for campaigns run in turn (harness.campaign.compile_ahead): each campaign's
+first cases drawn ahead with the search seed it then runs with, built in campaign order, a few
+samples per entry after them, and each campaign waiting for its own plan alone."""
+from __future__ import annotations
+
+import dataclasses
+
+from nanfuzz.harness.campaign import compile_ahead as ahead_module
+from nanfuzz.harness.campaign.compile_ahead import compile_ahead
+from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks, fuzz
+from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.launch.farm import BuiltMarks, Farm, FarmHandle, Plan, entry_of
+from nanfuzz.harness.launch.processes import fork_server_context
+from nanfuzz.harness.launch.subjects import worker_spec
+from nanfuzz.harness.registry import resolve
+from tests.test_upcoming import _Recording
+from tests.torch_kernels import torch_kernel
+
+POOL_SIZE, POOL_SEED = 4, 5
+
+
+def _plan(spec: str, **fields) -> Plan:
+    kernel = resolve(spec)
+    settings = Settings(device="cpu", pool_size=POOL_SIZE)
+    caps, _ = campaign_capabilities(kernel, settings)
+    pool, _ = campaign_pool_of(caps, settings, POOL_SEED)
+    return dataclasses.replace(Plan(worker_spec(kernel, settings), caps, None, pool), **fields)
+
+
+def test_a_campaign_run_with_the_seed_its_cases_were_drawn_with_meets_them_first():
+    kernel = torch_kernel()
+    settings = Settings(device="cpu", max_examples=12, use_database=False, pool_size=POOL_SIZE, pool_seed=POOL_SEED)
+    planner = CampaignRunner(kernel, settings, Hooks())  # unseeded: it picks a seed of its own
+    first = planner.first_cases(6)
+    assert len(first) == 6 and planner.first_cases(0) == ()
+    recording = _Recording(kernel)
+    campaign = fuzz(kernel, settings, subject=recording, search_seed=planner.search_seed)
+    assert not campaign.failed and campaign.seed == planner.search_seed
+    assert tuple(recording.cases[:6]) == first
+    other = CampaignRunner(kernel, settings, Hooks())  # another campaign's own seed draws other cases
+    assert other.first_cases(6) != first
+
+
+def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(monkeypatch):
+    planned, scheduled = [], []
+
+    class _Farm:  # what the farm was given, and when: its plans at its start, their first cases after
+        handle = FarmHandle("a folder")
+        awaits_first_cases = True
+
+        def __init__(self, plans):
+            planned.append(plans)
+
+        def schedule(self, first_cases):
+            scheduled.append(first_cases)
+
+    monkeypatch.setattr(ahead_module, "start_farm",
+                        lambda plans, settings, first_cases_later: _Farm(plans) if first_cases_later else None)
+    base = Settings(device="cuda", pool_size=3, max_examples=20, use_database=False)
+    slow, raises = resolve("tests.farm_subjects:slow"), resolve("tests.farm_subjects:raises")
+    runs = [(slow, base), (torch_kernel(), base.replace(pool_size=0)), (raises, base.replace(jobs=2))]
+    first = {slow.name: 5, raises.name: 7}
+    ahead = compile_ahead(runs, base, lambda kernel: first.get(kernel.name, 64), samples=1)
+    (plans,), (first_cases,) = planned, scheduled
+    assert ahead.plans == [0, None, 1]  # a kernel that draws freely compiles nothing ahead
+    assert [p.spec.kernel for p in plans] == ["tests.farm_subjects:slow", "tests.farm_subjects:raises"]
+    assert all(p.samples == 1 and p.upcoming == () for p in plans)
+    assert len(first_cases[0]) == 5 and {entry_of(case) for case in first_cases[0]} <= set(plans[0].entries)
+    # a campaign of several jobs draws its seeds in its jobs: no first cases, no seed picked here
+    assert first_cases[1] == () and ahead.seeds[2] is None and isinstance(ahead.seeds[0], int)
+    assert ahead.handle(0).plan == 0 and ahead.handle(1) is None and ahead.handle(2).plan == 1
+    cpu = compile_ahead(runs, base.replace(device="cpu"), lambda kernel: 8, samples=1)
+    assert cpu.farm is None and cpu.plans == [None] * 3 and len(planned) == 1  # nothing compiles ahead on a CPU
+
+
+def test_a_plan_without_samples_builds_its_first_cases_alone(tmp_path):
+    plan = _plan("tests.farm_subjects:slow", samples=0)
+    upcoming = tuple(c for e in plan.entries[:2] for c in _samples(plan, e, 1))
+    plan = dataclasses.replace(plan, upcoming=upcoming)
+    sampled = _plan("tests.farm_subjects:slow", samples=1)
+    with Farm([plan, sampled], processes=1, marks=BuiltMarks(tmp_path)) as farm:
+        tasks = list(farm._tasks)
+        assert farm.wait(timeout=300)
+        summary = farm.summary()
+    assert tasks == [(0, 0, "u0"), (0, 1, "u1")] + [(1, e, 0) for e in range(len(sampled.entries))]
+    assert summary["compiled"] == len(tasks) and summary["given_up"] == 0
+
+
+def test_a_farm_starts_its_processes_before_it_is_given_the_first_cases(tmp_path):
+    plan = _plan("tests.farm_subjects:slow", samples=1)
+    first = tuple(c for e in reversed(plan.entries[:2]) for c in _samples(plan, e, 1))
+    with Farm([plan], processes=2, marks=BuiltMarks(tmp_path), first_cases_later=True) as farm:
+        assert len(farm._processes) == 2 and farm._tasks == []  # started, nothing sent yet
+        assert farm.handle.running() and farm.handle.for_plan(0).running() and farm.awaits_first_cases
+        farm.schedule({0: first})
+        assert not farm.awaits_first_cases
+        farm.schedule({0: ()})  # once only
+        tasks = list(farm._tasks)
+        assert farm.wait(timeout=300)
+        summary = farm.summary()
+    assert tasks == [(0, 1, "u0"), (0, 0, "u1")] + [(0, e, 0) for e in range(len(plan.entries))]
+    assert summary["compiled"] == len(tasks) and summary["upcoming"] == 2
+    assert summary["first_built_seconds"] is not None and summary["first_built_seconds"] >= 0
+
+
+def test_each_plan_s_campaign_waits_for_its_own_plan_alone(tmp_path):
+    first, second = _plan("tests.farm_subjects:slow", samples=1), _plan("tests.farm_subjects:slow", samples=2)
+    held = fork_server_context().Event()  # the farm process waits for it before its first task
+    with Farm([first, second], processes=1, marks=BuiltMarks(tmp_path), after=held, device_wait=3600.0) as farm:
+        handle = farm.handle
+        assert handle.running() and handle.for_plan(0).running() and handle.for_plan(1).running()
+        for task, (plan, _, _) in enumerate(farm._tasks):  # the first plan's tasks done (as a process marks them)
+            if plan == 0:
+                farm._marker(*farm._tasks[task], "done").write_text('{"ok": true, "error": null, "seconds": 0}')
+        farm._note_plans_done()
+        assert not handle.for_plan(0).running()
+        assert handle.for_plan(1).running() and handle.running()  # the rest still held
+        held.set()
+        assert farm.wait(timeout=300)
+        assert not handle.for_plan(1).running() and not handle.running()
+    assert not handle.for_plan(0).running()  # a closed farm holds nobody
+
+
+def test_a_plan_built_before_holds_its_campaign_for_nothing(tmp_path):
+    marks = BuiltMarks(tmp_path)
+    built, other = _plan("tests.farm_subjects:slow", samples=1), _plan("tests.farm_subjects:raises", samples=1)
+    for entry in built.entries:
+        marks.mark(built, entry, [], sample=0)
+    held = fork_server_context().Event()
+    with Farm([built, other], processes=1, marks=marks, after=held, device_wait=3600.0) as farm:
+        assert not farm.handle.for_plan(0).running() and farm.handle.for_plan(1).running()
+        held.set()
+        assert farm.wait(timeout=300)
+    for entry in other.entries:
+        marks.mark(other, entry, [], sample=0)
+    with Farm([built, other], processes=1, marks=marks, first_cases_later=True) as farm:
+        # a warm cache: no process, nothing to draw first cases for, nobody held
+        assert not farm._processes and not farm.awaits_first_cases and not farm.handle.running()
+
+
+def _samples(plan: Plan, entry, count: int):
+    from nanfuzz.harness.launch.farm import sample_cases
+
+    return sample_cases(plan, entry, count)
