@@ -137,7 +137,7 @@ def test_time_budget_is_kept_within_a_few_examples(monkeypatch):
 
     # the campaign's clock, moved by hand: each example takes 0.1 s of it, whatever the machine does
     now = [0.0]
-    clock = types.SimpleNamespace(perf_counter=lambda: now[0], process_time=time_module.process_time,
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0], process_time=time_module.process_time, time=time_module.time,
                                   sleep=time_module.sleep)
     monkeypatch.setattr(runner, "time", clock)
     monkeypatch.setattr(search, "time", clock)
@@ -163,7 +163,7 @@ def test_time_budget_holds_when_examples_slow_down_after_the_first(monkeypatch):
         seen[0] += 1
         now[0] += 0.01 if seen[0] <= 2 else 1.0
 
-    clock = types.SimpleNamespace(perf_counter=lambda: now[0], process_time=time_module.process_time,
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0], process_time=time_module.process_time, time=time_module.time,
                                   sleep=time_module.sleep)
     monkeypatch.setattr(runner, "time", clock)
     monkeypatch.setattr(search, "time", clock)
