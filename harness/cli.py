@@ -471,6 +471,7 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
 
 def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> int:
     """Each kernel's campaign in turn (``farm``: the self-check's compile farm); the table and the exit status."""
+    from nanfuzz.harness.campaign.scope import with_next_pool_round
     from nanfuzz.harness.report.failures import report_failure
 
     summary = []
@@ -480,7 +481,10 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, farm) -> i
     interrupted = False
     handle = farm.handle if farm is not None else None
     for kernel in kernels:
-        kernel_settings = _self_check_settings(kernel, settings, profile) if self_check else settings
+        # the self-check fuzzes the pools its farm compiles; a campaign of a kernel named meets the
+        # next round of its pool (no --seed: a few shapes the last run did not have)
+        kernel_settings = _self_check_settings(kernel, settings, profile) if self_check else \
+            with_next_pool_round(kernel, settings)
         campaign = _campaign(kernel, kernel_settings, profile, handle)
         _print_coverage(args, kernel, campaign)
         # stopped before its examples or time were spent, a campaign without a failure is no pass

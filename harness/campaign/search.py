@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings, target
 from hypothesis.errors import HypothesisException, Unsatisfiable
 
+from nanfuzz.harness.campaign import reach
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.campaign.profiles import Profile
-from nanfuzz.harness.campaign.scope import campaign_strategy
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.check import Outcome, Verdict
@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 # time left, so they shrink geometrically toward the deadline and the last
 # overshoots it by about one example.
 _CHUNK = 250
+# Examples per Hypothesis run while production targets are unmet, whatever bounds the campaign:
+# each run aims at what the ones before it left (``harness.campaign.reach``).
+_AIMED_CHUNK = 32
 _FIRST_CHUNK = {"cpu": 2, "cuda": 32}
 _CHUNK_SHARE = 0.5
 # How often the end of a Hypothesis run looks whether the binaries of the cases it put off have landed.
@@ -82,11 +85,12 @@ _FAILURE_TYPES = {v: type(f"Kernel{v.value.title()}", (KernelFailed,), {}) for v
 def database_label(kernel_name: str, device: str, focus_label: str, caps, pool, pool_seed: int,
                    tier: str = "small") -> str:
     """What a stored choice sequence means a case under; Hypothesis hashes it into the database key,
-    so entries of another kernel, device, focus, strategy version, capabilities, pool or size tier
-    never replay."""
+    so entries of another kernel, device, focus, strategy version, capabilities, pool (its round and
+    growth included) or size tier never replay."""
     caps_id = hashlib.sha256(repr(caps).encode()).hexdigest()[:12]
+    pool_id = hashlib.sha256(repr(pool).encode()).hexdigest()[:12] if pool else ""
     return (f"nanfuzz:{kernel_name}:{device}:{focus_label}:strategies-v{STRATEGY_VERSION}:caps-{caps_id}"
-            + (f":pool{len(pool)}/{pool_seed}" if pool else "") + ("" if tier == "small" else f":{tier}"))
+            + (f":pool{len(pool)}/{pool_seed}/{pool_id}" if pool else "") + ("" if tier == "small" else f":{tier}"))
 
 
 def search_seed(settings: Settings, profile: Profile) -> int:
@@ -102,9 +106,15 @@ def chunk_seed(search_seed: int, chunk_index: int) -> int:
     return search_seed * 1_000_003 + chunk_index
 
 
-def first_chunk(max_examples: int, time_budget: float | None, device: str) -> int:
-    """How many examples the campaign's first Hypothesis run may draw (later ones fit the time left)."""
-    return max_examples if time_budget is None else max(1, min(max_examples, _CHUNK, _FIRST_CHUNK[device]))
+def first_chunk(max_examples: int, time_budget: float | None, device: str, aiming: bool = False,
+                pool_entries: int = 0) -> int:
+    """How many examples the campaign's first Hypothesis run may draw (later ones fit the time left);
+    ``aiming``: at production targets still unmet, at most ``_AIMED_CHUNK``; with a pool of
+    ``pool_entries``, no more than it takes to grow (``harness.campaign.reach``)."""
+    first = max_examples if time_budget is None else max(1, min(max_examples, _CHUNK, _FIRST_CHUNK[device]))
+    if pool_entries:
+        first = min(first, reach.EXAMPLES_PER_ENTRY * pool_entries)
+    return min(first, _AIMED_CHUNK) if aiming else first
 
 
 class Search:
@@ -120,7 +130,7 @@ class Search:
         self.judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
         self.replay: Replay | None = None      # the replay under way, if any
         self.calls, self.drawn_ahead = 0, False  # see _target
-        self.strategy = campaign_strategy(run.caps, run.settings, run.pool, run.tier)
+        self.strategy = None  # each Hypothesis run's own (``CampaignRunner.strategy``)
         self.phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + (
             [Phase.shrink] if run.settings.shrink else [])
 
@@ -148,17 +158,27 @@ class Search:
         elapsed = time.perf_counter() - run.start
         if run.time_budget is not None and elapsed >= run.time_budget and campaign.examples:
             return None  # at least one example, however late: a campaign that tried nothing is no pass
+        aiming, entries = run.aiming, len(run.pool or ())
         if not campaign.examples:
-            return first_chunk(remaining, run.time_budget, run.settings.device)
+            return first_chunk(remaining, run.time_budget, run.settings.device, aiming, entries)
+        # a run no longer than it takes to aim again at what is still unmet, or the pool to grow
+        most = remaining
+        if aiming:
+            most = min(most, _AIMED_CHUNK)
+        if entries:
+            most = min(most, reach.EXAMPLES_PER_ENTRY * entries)
         if run.time_budget is None:
-            return remaining
+            return most
         per_example = elapsed / campaign.examples  # a share of the time left, at the pace so far
-        return max(1, min(remaining, _CHUNK, int(_CHUNK_SHARE * (run.time_budget - elapsed) / max(per_example, 1e-6))))
+        return max(1, min(most, _CHUNK, int(_CHUNK_SHARE * (run.time_budget - elapsed) / max(per_example, 1e-6))))
 
     def _run_chunk(self, size: int, chunk_index: int) -> bool:
         """One Hypothesis run (drawn again up to a late failure); False when the search is over."""
         campaign, run = self.campaign, self.run
         self.judged.clear()
+        if chunk_index:
+            run.grow_pool()
+        self.strategy = run.strategy()
         try:
             while True:
                 # the run's calls, counted afresh each time it is drawn (again), for ``_target``
