@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
 from nanfuzz.strategies.aims import COMPILE_TIME, HUGE_OFFSETS, Aim, Aims
-from nanfuzz.strategies.batches import causal_flags, sequence_lengths, windows
+from nanfuzz.strategies.batches import Lengths, causal_flags, sequence_lengths, windows
 from nanfuzz.strategies.draws import BOOLEANS, integers, pick
 from nanfuzz.strategies.geometry import shapes
 from nanfuzz.strategies.poison import draw_poison
@@ -29,6 +29,24 @@ MIXED_WEIGHTS = (15, 1)
 
 
 @dataclass(frozen=True)
+class LongBatches:
+    """Now and then, a batch larger than the rest of its tier: ``min_sequences`` to
+    ``max_sequences`` sequences, the first one of ``min_keys`` to ``max_keys`` keys, one batch in
+    ``2 ** coins`` (each of ``coins`` drawn booleans comes up true: a fair coin each, which
+    Hypothesis generates at an even rate, where a one-in-eight integer comes up unevenly from one
+    run to the next).  A long batch is a usual one lengthened: the same choices, its first
+    sequence given more keys and more sequences after it, so that a failure the usual batch of the
+    same choices shows can shrink back to it, and one only a long batch shows shrinks toward
+    its fewest sequences and keys."""
+
+    min_sequences: int
+    max_sequences: int
+    min_keys: int
+    max_keys: int
+    coins: int
+
+
+@dataclass(frozen=True)
 class Size:
     """How large generated batches get."""
 
@@ -37,6 +55,7 @@ class Size:
     max_query_len: int = 48
     max_kv_heads: int = 4
     max_q_heads: int = 16
+    long: LongBatches | None = None
 
     def bound(self, caps: Capabilities) -> Capabilities:
         """``caps`` with its head counts held to this size."""
@@ -46,8 +65,15 @@ class Size:
 # Under the interpreter every program runs in Python, tens of microseconds
 # per operation: keep batches small.  Four sequences still mix decode,
 # prefill, chunked prefill and padding; eight query heads still give every
-# GQA group from 1 to 8 (5/1, 6/2 and 7/1 among them).
-INTERPRETER_SIZE = Size(max_sequences=4, max_blocks_per_sequence=5, max_query_len=16, max_kv_heads=2, max_q_heads=8)
+# GQA group from 1 to 8 (5/1, 6/2 and 7/1 among them).  One batch in eight has
+# five to eight sequences, the first of 1025 to 1280 keys: past the 1024-key
+# boundaries (partitions, segments, tiles of 2^n keys) and past four sequences,
+# so that a CPU campaign meets bugs only length or count shows.  Hypothesis
+# draws them in clumps: 2 to 21 of the 150 examples of nine seeded campaigns of
+# the built-in kernels, which took about half as much CPU again as without them.
+INTERPRETER_LONG = LongBatches(min_sequences=5, max_sequences=8, min_keys=1025, max_keys=1280, coins=3)
+INTERPRETER_SIZE = Size(max_sequences=4, max_blocks_per_sequence=5, max_query_len=16, max_kv_heads=2, max_q_heads=8,
+                        long=INTERPRETER_LONG)
 GPU_SIZE = Size()
 
 
@@ -196,9 +222,14 @@ def _small_cases(capabilities: Capabilities, interpreter: bool, size: Size | Non
     free_caches = None if pool else kv_caches(caps)
     poison_classes = tuple(poison_classes) if poison_classes is not None else None
     by_block_size = {bs: _lengths(caps, size, bs) for bs in caps.block_sizes}
+    long = _long_batches(caps, size)
+    if long is not None:
+        longer = _longer_lengths(caps, size, long)
 
     @st.composite
     def cases(draw) -> Case:
+        # first, so that Hypothesis's search of new choice prefixes tries both kinds of batch early
+        is_long = long is not None and all([draw(BOOLEANS) for _ in range(long.coins)])  # every coin drawn
         fixed = draw(fixed_parts) if pool else None
         shape = fixed.shape if fixed else draw(free_shapes)
         kv_cache = draw(kv_caches(caps, fixed.kv_cache) if fixed else free_caches)
@@ -208,11 +239,16 @@ def _small_cases(capabilities: Capabilities, interpreter: bool, size: Size | Non
         first = draw(first_lengths)
         others = _uniform_lengths(caps, size, bs, first.query_len) if caps.uniform_query_len else more_lengths
         lengths = [first] + draw(others)
+        # windows as wide as the usual lengths: a long batch's first sequence gets one far below it
+        longest = max(x.seq_len for x in lengths)
+        if long is not None:  # drawn whatever the coins say: the same choices either way
+            keys, more = draw(longer)
+            if is_long:
+                lengths = _lengthened(lengths, keys, more, long, caps)
         if fixed:
             causal, window, sinks = fixed.causal, fixed.window, fixed.sinks
         else:
             causal = draw(causal_flags(caps))
-            longest = max(x.seq_len for x in lengths)
             window = draw(windows(caps, longest, bs, causal))
             sinks = draw(BOOLEANS) if caps.sinks else False
 
@@ -255,6 +291,41 @@ def _longest(caps: Capabilities, size: Size, block_size: int) -> int:
 
 def _most_sequences(caps: Capabilities, size: Size) -> int:
     return size.max_sequences if caps.max_sequences is None else min(size.max_sequences, caps.max_sequences)
+
+
+def _long_batches(caps: Capabilities, size: Size) -> LongBatches | None:
+    """The size's long batches, where the kernel takes them (enough keys and sequences, and one query
+    length per batch not required)."""
+    long = size.long
+    if long is None or caps.uniform_query_len:
+        return None
+    if (caps.max_seq_len is not None and caps.max_seq_len < long.min_keys) or (
+            caps.max_sequences is not None and caps.max_sequences < long.min_sequences):
+        return None
+    return long
+
+
+@functools.lru_cache(maxsize=64)
+def _longer_lengths(caps: Capabilities, size: Size, long: LongBatches):
+    """What lengthens a batch: the first sequence's keys, and the sequences that follow the usual ones
+    (as the size's usual sequences in the smallest blocks, so that they cost little)."""
+    max_keys = long.max_keys if caps.max_seq_len is None else min(long.max_keys, caps.max_seq_len)
+    most = long.max_sequences if caps.max_sequences is None else min(long.max_sequences, caps.max_sequences)
+    more = st.lists(sequence_lengths(caps, _longest(caps, size, min(caps.block_sizes)), size.max_query_len),
+                    max_size=most - 2)
+    return st.tuples(integers(long.min_keys, max_keys), more)
+
+
+def _lengthened(lengths: list, keys: int, more: list, long: LongBatches, caps: Capabilities) -> list:
+    """A usual batch's lengths made long: its first sequence given ``keys`` keys (a prefill becomes a
+    chunked prefill of its new tokens), ``more`` sequences after the others, and decodes of one key
+    after those up to ``long.min_sequences``; never more than ``long.max_sequences``."""
+    first = lengths[0]
+    first = Lengths(1, keys) if first.query_len == 1 else Lengths(min(first.query_len, keys - 1), keys)
+    most = long.max_sequences if caps.max_sequences is None else min(long.max_sequences, caps.max_sequences)
+    out = ([first] + lengths[1:] + more)[:most]
+    fill = Lengths(1, 1) if caps.min_query_len <= 1 else Lengths(0, 0)
+    return out + [fill] * (long.min_sequences - len(out))
 
 
 def _lengths(caps: Capabilities, size: Size, block_size: int):
