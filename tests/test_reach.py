@@ -132,18 +132,28 @@ def _entry(case) -> Specialisation:
                           case.sliding_window, case.sinks, (case.kv_cache.dtype, case.kv_cache.token_head))
 
 
-def test_a_long_campaign_grows_its_pool_a_few_entries_at_a_time(tmp_path):
+def test_a_long_campaign_grows_its_pool_a_few_entries_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(reach, "GROWTH_SECONDS", 0.0)  # as soon as the examples allow: the clock is no test's
     caps = vllm.TRITON_ATTN_CAPABILITIES
     subject = DrawOnly()
-    fuzz(kernel_like("vllm:triton_attn", caps), device="cuda", size="small", max_examples=reach.EXAMPLES_PER_ENTRY * 6,
-         pool_size=2, seed=3, use_database=False, state_dir=tmp_path, subject=subject, check_leftovers=False)
+    campaign = fuzz(kernel_like("vllm:triton_attn", caps), device="cuda", size="small", time_budget=3.0,
+                    pool_size=2, seed=3, use_database=False, state_dir=tmp_path, subject=subject,
+                    check_leftovers=False)
     first = campaign_pool(caps, 2, 3)
-    grown = campaign_pool(caps, 2, 3, growth=1)
+    growths = int(next(n for n in campaign.notes if "pool grew" in n).split("grew ")[1].split(" time")[0])
+    grown = campaign_pool(caps, 2, 3, growth=growths)
+    assert growths >= 1 and len(grown) == len(first) + 4 * growths
     entries = [_entry(case) for case in subject.cases]
-    growth_at = reach.EXAMPLES_PER_ENTRY * len(first)
-    assert set(entries[:growth_at]) <= set(first)  # the pool's own entries, until it grows
-    assert set(entries) <= set(grown) and set(entries[growth_at:]) - set(first)
-    assert len(grown) == len(first) + 4
+    assert set(entries[:reach.EXAMPLES_PER_ENTRY * len(first)]) <= set(first)  # its own entries, until it grows
+    assert set(entries) <= set(grown) and set(entries) - set(first)
+
+
+def test_a_pool_does_not_grow_before_its_time():
+    assert not reach.pool_growth_due(10**6, reach.GROWTH_SECONDS - 1, 20, 0)
+    assert reach.pool_growth_due(200, reach.GROWTH_SECONDS, 20, 0)
+    assert not reach.pool_growth_due(199, reach.GROWTH_SECONDS, 20, 0)  # ten examples an entry
+    assert not reach.pool_growth_due(10**6, 3 * reach.GROWTH_SECONDS, 24, 2)  # four times as long, the third time
+    assert not reach.pool_growth_due(10**6, 10**6, 0, 0)  # no pool
 
 
 def test_each_run_takes_the_next_round_and_a_broken_state_file_starts_again(tmp_path):

@@ -5,8 +5,8 @@ situation in each kind of batch the kernel takes, out of reach where its capabil
 campaign's size or its pool rule it out.  Hypothesis runs in chunks; before each, ``aims`` looks at
 what the examples so far reached and aims the production draw (``strategies.aims``) at the targets
 met fewer than ``QUOTA`` times, most production cases going to them; once every target within
-reach is met that often, the draw still aims at them all at a steady share.  ``pool_growth`` says
-when a long campaign adds a few entries to its specialisation pool (``strategies.cases``).
+reach is met that often, the draw still aims at them all at a steady share.  ``pool_growth_due``
+says when a long campaign adds a few entries to its specialisation pool (``strategies.cases``).
 """
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from nanfuzz.strategies.targets import Targets
 
 # A campaign meets each target at least this often ("a few times") before it aims at it less.
 QUOTA = 3
-# A campaign grows its pool once its examples reach this many per entry since the last growth:
-# each entry has been drawn about this often, so a few new shapes (compiles) cost little beside
-# the examples already run.
+# A campaign grows its pool once it has drawn about this many examples per entry since the last
+# growth, and after GROWTH_SECONDS of it (twice as long before each later growth): four new shapes
+# compile in seconds on a GPU, a tenth or less of the time since, and a 15-minute gate grows its
+# pool about twice, a two-hour nightly campaign about six times, never by hundreds of entries.
 EXAMPLES_PER_ENTRY = 10
+GROWTH_SECONDS = 120.0
 
 
 def unmet(targets: Targets, statistics: Statistics) -> list[str]:
@@ -35,6 +37,7 @@ def aims(targets: Targets, statistics: Statistics) -> Aims:
     return Aims(targets.aims(targets.within_reach()), urgent=False)
 
 
-def pool_growth_due(examples_since: int, pool_entries: int) -> bool:
-    """Has the campaign run enough examples on its pool to grow it?"""
-    return pool_entries > 0 and examples_since >= EXAMPLES_PER_ENTRY * pool_entries
+def pool_growth_due(examples_since: int, seconds_since: float, pool_entries: int, growths: int) -> bool:
+    """Has the campaign drawn long enough from its pool (grown ``growths`` times) to grow it again?"""
+    return (pool_entries > 0 and examples_since >= EXAMPLES_PER_ENTRY * pool_entries
+            and seconds_since >= GROWTH_SECONDS * 2 ** growths)

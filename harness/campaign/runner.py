@@ -113,7 +113,8 @@ class CampaignRunner:
         self.caps, skipped = campaign_capabilities(kernel, settings)
         self.tier = campaign_tier(kernel, settings)
         self.pool, self.pool_seed = campaign_pool_of(self.caps, settings, tier=self.tier)
-        self.pool_growth, self._grown_at = 0, 0  # how often the pool grew, and the examples run when it last did
+        # how often the pool grew, and the examples run and the clock when it last did (or the campaign began)
+        self.pool_growth, self._grown_at, self._grown_when = 0, 0, time.perf_counter()
         self.targets = campaign_targets(self.caps, settings, self.pool, self.tier)
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
@@ -171,8 +172,7 @@ class CampaignRunner:
             self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
         if plan is not None:
             upcoming = upcoming_cases(self.strategy(), chunk_seed(self.search_seed, 0),
-                                      first_chunk(self.max_examples, self.time_budget, settings.device, self.aiming,
-                                                  len(self.pool or ())),
+                                      first_chunk(self.max_examples, self.time_budget, settings.device, self.aiming),
                                       UPCOMING_CASES, declines=self.kernel.declines)
             self._own_farm = start_farm([replace(plan, upcoming=upcoming)], settings, after=device_opened)
             self.farm = self._own_farm.handle if self._own_farm else None
@@ -258,6 +258,9 @@ class CampaignRunner:
         campaign.note_declines()
         campaign.note_reads()
         self.note_unreached()
+        if self.pool_growth:
+            campaign.notes.append(f"{self.kernel.name}: the specialisation pool grew {self.pool_growth} time"
+                                  f"{'s' if self.pool_growth > 1 else ''}, to {len(self.pool)} entries")
         if campaign.failure is not None and campaign.time_to_first_failure is not None:
             campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
         return campaign
@@ -278,10 +281,12 @@ class CampaignRunner:
     def grow_pool(self) -> None:
         """Between Hypothesis runs: a few entries more for a pool the campaign has drawn from long
         enough (``harness.campaign.reach.pool_growth_due``)."""
-        if not self.pool or not reach.pool_growth_due(self.campaign.examples - self._grown_at, len(self.pool)):
+        now = time.perf_counter()
+        if not self.pool or not reach.pool_growth_due(self.campaign.examples - self._grown_at, now - self._grown_when,
+                                                      len(self.pool), self.pool_growth):
             return
         self.pool_growth += 1
-        self._grown_at = self.campaign.examples
+        self._grown_at, self._grown_when = self.campaign.examples, now
         self.pool, _ = campaign_pool_of(self.caps, self.settings, self.pool_seed, self.tier, self.pool_growth)
 
     def note_unreached(self) -> None:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings, target
 from hypothesis.errors import HypothesisException, Unsatisfiable
 
-from nanfuzz.harness.campaign import reach
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.campaign.profiles import Profile
 from nanfuzz.harness.campaign.settings import Settings
@@ -106,14 +105,10 @@ def chunk_seed(search_seed: int, chunk_index: int) -> int:
     return search_seed * 1_000_003 + chunk_index
 
 
-def first_chunk(max_examples: int, time_budget: float | None, device: str, aiming: bool = False,
-                pool_entries: int = 0) -> int:
+def first_chunk(max_examples: int, time_budget: float | None, device: str, aiming: bool = False) -> int:
     """How many examples the campaign's first Hypothesis run may draw (later ones fit the time left);
-    ``aiming``: at production targets still unmet, at most ``_AIMED_CHUNK``; with a pool of
-    ``pool_entries``, no more than it takes to grow (``harness.campaign.reach``)."""
+    ``aiming``: at production targets still unmet, at most ``_AIMED_CHUNK``."""
     first = max_examples if time_budget is None else max(1, min(max_examples, _CHUNK, _FIRST_CHUNK[device]))
-    if pool_entries:
-        first = min(first, reach.EXAMPLES_PER_ENTRY * pool_entries)
     return min(first, _AIMED_CHUNK) if aiming else first
 
 
@@ -158,15 +153,10 @@ class Search:
         elapsed = time.perf_counter() - run.start
         if run.time_budget is not None and elapsed >= run.time_budget and campaign.examples:
             return None  # at least one example, however late: a campaign that tried nothing is no pass
-        aiming, entries = run.aiming, len(run.pool or ())
+        aiming = run.aiming
         if not campaign.examples:
-            return first_chunk(remaining, run.time_budget, run.settings.device, aiming, entries)
-        # a run no longer than it takes to aim again at what is still unmet, or the pool to grow
-        most = remaining
-        if aiming:
-            most = min(most, _AIMED_CHUNK)
-        if entries:
-            most = min(most, reach.EXAMPLES_PER_ENTRY * entries)
+            return first_chunk(remaining, run.time_budget, run.settings.device, aiming)
+        most = min(remaining, _AIMED_CHUNK) if aiming else remaining  # then aim again at what is still unmet
         if run.time_budget is None:
             return most
         per_example = elapsed / campaign.examples  # a share of the time left, at the pace so far
