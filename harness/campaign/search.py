@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings, target
 from hypothesis.errors import HypothesisException, Unsatisfiable
 
+from nanfuzz.harness.campaign import reach
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.campaign.profiles import Profile
 from nanfuzz.harness.campaign.settings import Settings
@@ -252,7 +253,9 @@ class Search:
 
     def _target(self, outcome: Outcome) -> None:
         """Tell Hypothesis what to climb toward (targeted property-based testing): more dead slots
-        addressed by the kernel's loads (under the interpreter), and an error closer to the bound.
+        addressed by the kernel's loads (under the interpreter), an error closer to the bound, and
+        more of the Triton kernels the campaign has launched rarely (at most ``reach.QUOTA`` times:
+        a 3D or v2 path, a reduction), so that it climbs toward the paths a kernel seldom takes.
 
         With a specialisation pool the first ``UPCOMING_CASES`` cases of the first run report nothing:
         Hypothesis keeps a mutation only if its targets do not fall, so reported targets would make
@@ -266,6 +269,10 @@ class Search:
         ratio, bound = outcome.evidence.get("max_error_ratio"), outcome.evidence.get("bound")
         if ratio is not None and bound and math.isfinite(ratio):
             target(ratio / bound, label="error over the bound")
+        if outcome.paths:
+            counts = self.campaign.statistics.counts
+            target(float(sum(counts[f"path:{name}"] <= reach.QUOTA for name in outcome.paths)),
+                   label="kernel paths launched rarely")
 
     def _judge(self, case: Case, defer: str | None) -> Outcome | None:
         """Check one case and count it; None when the worker put it off (``harness.campaign.deferrals``)."""
