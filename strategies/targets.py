@@ -87,11 +87,11 @@ def label(situation: str, caps: Capabilities) -> str:
 def production_targets(caps: Capabilities, size: ProductionSize, pool: tuple | None = None) -> Targets:
     """Every situation in every batch kind ``caps`` takes, with why each one out of reach is
     (the capabilities, the size, or a pool without an entry that has it)."""
-    caps = size.bound(caps)
+    own, caps = caps, size.bound(caps)
     table = []
     for kind in batch_kinds(caps):
         for situation in SITUATIONS:
-            why = _out_of_reach(caps, size, kind, situation)
+            why = _out_of_reach(caps, size, kind, situation, own)
             if why is None and pool and (situation in COMPILE_TIME or situation == HUGE_OFFSETS) and not any(
                     entry_provides(entry, situation, caps, size, kind) for entry in pool):
                 why = "pool: no entry of the specialisation pool can have it"
@@ -99,12 +99,14 @@ def production_targets(caps: Capabilities, size: ProductionSize, pool: tuple | N
     return Targets(tuple(table))
 
 
-def _out_of_reach(caps: Capabilities, size: ProductionSize, kind: str, situation: str) -> str | None:
-    """Why a case of ``kind`` can never reach ``situation`` under ``caps`` at ``size`` (None: it can)."""
+def _out_of_reach(caps: Capabilities, size: ProductionSize, kind: str, situation: str,
+                  own: Capabilities) -> str | None:
+    """Why a case of ``kind`` can never reach ``situation`` under ``caps`` (the kernel's ``own``
+    capabilities bound to ``size``) at ``size`` (None: it can)."""
     longest = size.max_seq_len if caps.max_seq_len is None else min(size.max_seq_len, caps.max_seq_len)
     most = size.max_sequences if caps.max_sequences is None else min(size.max_sequences, caps.max_sequences)
     if situation == WIDE_GROUP and widest_group(caps) <= 16:
-        return f"capabilities: at most {widest_group(caps)} query heads per KV head"
+        return _limit("at most", widest_group(caps), "query heads per KV head", widest_group(own) <= 16)
     if situation == LONG_SEQUENCE:
         if kind == "prefill" and query_limit(caps, size) < LONG_KEYS:
             return f"a prefill's keys are its new tokens, at most {query_limit(caps, size)} here"
@@ -117,7 +119,7 @@ def _out_of_reach(caps: Capabilities, size: ProductionSize, kind: str, situation
             return f"size: {MANY} prefills of {max(2, caps.min_query_len)} new tokens pass {size.max_tokens} tokens"
     if situation == HUGE_OFFSETS:
         if not size.huge_cache_bytes:
-            return "size: no cache past 2^31 elements (drawn only by a campaign alone on its GPU)"
+            return "size: no cache past 2^31 elements (only a GPU campaign alone on its device draws one)"
         if not any(huge_capable(Shape(d, kv, kv, h, b), size, caps) for d in caps.dtypes for h in caps.head_sizes
                    for b in caps.block_sizes for kv in range(1, caps.kv_head_limit(size.max_kv_heads) + 1)):
             return (f"capabilities: at most {caps.max_blocks} blocks" if caps.max_blocks is not None

@@ -79,6 +79,7 @@ def test_targets_are_every_situation_in_every_batch_kind_with_why_the_others_are
     interpreted = production_targets(WINDOWED, INTERPRETER_PRODUCTION_SIZE).out_of_reach()
     assert interpreted["decode:seq-len>=32768"] == "size: sequences of at most 4096 keys"
     assert interpreted["decode:sequences>=128"] == "size: at most 8 sequences"
+    assert interpreted["decode:gqa-group>16"] == "size: at most 8 query heads per KV head"  # the kernel takes 128
 
 
 def test_a_case_meets_the_targets_of_its_own_batch_kind_only():
