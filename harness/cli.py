@@ -494,6 +494,7 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
 
 def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> int:
     """Each kernel's campaign in turn (``ahead``: the self-check's compile farm); the table and the exit status."""
+    from nanfuzz.harness.campaign.scope import with_next_pool_round
     from nanfuzz.harness.report.failures import report_failure
 
     summary = []
@@ -503,7 +504,10 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> 
     interrupted = False
     farm = ahead.farm if ahead is not None else None
     for index, kernel in enumerate(kernels):
-        kernel_settings = _self_check_settings(kernel, settings, profile) if self_check else settings
+        # the self-check fuzzes the pools its farm compiles; a campaign of a kernel named meets the
+        # next round of its pool (no --seed: a few shapes the last run did not have)
+        kernel_settings = _self_check_settings(kernel, settings, profile) if self_check else \
+            with_next_pool_round(kernel, settings)
         try:
             if ahead is not None:
                 campaign = _campaign(kernel, kernel_settings, profile, ahead.handle(index), ahead.seeds[index])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nanfuzz.reference.case import NULL_BLOCK, PADDING, Case
+from nanfuzz.reference.case import CHUNKED_PREFILL, DECODE, NULL_BLOCK, PADDING, Case
 from nanfuzz.reference.semantics import Dead, live_key_range, liveness, reasons
 
 # The dead-slot classes a campaign can aim its poison at, by name; a case that
@@ -123,6 +123,8 @@ def case_features(case: Case) -> set[str]:
             first = min(live_logical)
             users.append(np.asarray(seq.block_table[first:first + len(live_logical)], dtype=np.int64))
     found |= kinds
+    if kinds - {PADDING}:
+        found.add("batch:" + batch_kind(case))
     if len(kinds - {PADDING}) > 1:
         found.add("mixed")
     if users:
@@ -137,7 +139,32 @@ def case_features(case: Case) -> set[str]:
 # Sizes where real kernels switch code paths (split-KV decode past a few thousand keys,
 # offsets past 2^31 elements), as features: a campaign's statistics say which it reached.
 SIZE_FEATURES = ("large", "seq-len>=1024", "seq-len>=32768", "sequences>=128", "query-len>=1024",
-                 "expired>=1024", "gqa-group>16", "q-heads>=64", "head-size>=192", "cache>=8GiB", "offsets>2^31")
+                 "expired>=1024", "far-window", "gqa-group>16", "q-heads>=64", "head-size>=192", "cache>=8GiB",
+                 "offsets>2^31")
+# A window far below seq_len: at most an eighth of a sequence of at least this many keys, so that
+# most of its tiles and partitions lie wholly outside the window (skipped, or loaded and masked).
+FAR_WINDOW_KEYS = 1024
+FAR_WINDOW_RATIO = 8
+
+# What a batch is, by the kinds of its sequences with a query: decode only, prefills without
+# context only, prefills with some context (chunked), or decode beside prefills.
+BATCH_KINDS = ("decode", "prefill", "chunked-prefill", "mixed")
+
+
+def batch_kind(case: Case) -> str:
+    """The case's kind of batch (``BATCH_KINDS``), of a case with at least one query."""
+    kinds = {s.kind for s in case.sequences if s.query_len}
+    assert kinds, "a batch without a query has no kind"
+    if kinds == {DECODE}:
+        return "decode"
+    if DECODE in kinds:
+        return "mixed"
+    return "chunked-prefill" if CHUNKED_PREFILL in kinds else "prefill"
+
+
+def far_window(window: int, seq_len: int) -> bool:
+    """Does a window of ``window`` keys lie far below a sequence of ``seq_len`` keys?"""
+    return 0 < window and seq_len >= FAR_WINDOW_KEYS and FAR_WINDOW_RATIO * window <= seq_len
 
 
 def size_features(case: Case) -> set[str]:
@@ -154,6 +181,8 @@ def size_features(case: Case) -> set[str]:
         found.add("query-len>=1024")
     if any(s.live_range(case.sliding_window)[0] >= 1024 for s in case.sequences if s.query_len):
         found.add("expired>=1024")
+    if any(far_window(case.sliding_window, s.seq_len) for s in case.sequences if s.query_len):
+        found.add("far-window")
     if g.queries_per_kv > 16:
         found.add("gqa-group>16")
     if g.num_q_heads >= 64:

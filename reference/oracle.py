@@ -33,8 +33,9 @@ from nanfuzz.reference.quantization import stored_values
 from nanfuzz.reference.rotation import rotate, rotation_norm, unrotate
 from nanfuzz.reference.semantics import allowed_mask, live_key_range
 
-# Gathered K plus V per chunk, in float64 elements (2 x 2**27 x 8 B = 2 GiB).
-_CHUNK_ELEMENTS = 1 << 27
+# What one chunk of sequences holds at once, in float64 elements (2**28 x 8 B = 2 GiB): its gathered
+# K and V, its queries padded to the longest query, and its allowed mask (a byte an entry).
+_CHUNK_ELEMENTS = 1 << 28
 # Scores per step of query rows, in elements (2**26 x 8 B = 512 MiB, twice: the scores and P):
 # a production prefill of 2048 queries over 64k keys and 32 heads takes many steps.
 _SCORE_ELEMENTS = 1 << 26
@@ -133,8 +134,7 @@ def _attend(batch: PagedBatch, arithmetics: Sequence[Arithmetic], lap, summands:
     if case.num_tokens == 0:
         return outs
     seq_of, _ = token_layout(case)
-    per_seq = max(1, case.max_seq_len) * g.num_kv_heads * max(g.head_size, g.v_head_size)
-    chunk = max(1, _CHUNK_ELEMENTS // per_seq)
+    chunk = chunk_sequences(case)
     starts = case.query_start_loc()
     for first in range(0, len(case.sequences), chunk):
         last = min(first + chunk, len(case.sequences))
@@ -150,6 +150,17 @@ def _attend(batch: PagedBatch, arithmetics: Sequence[Arithmetic], lap, summands:
             if lap is not None:
                 lap(i)
     return outs
+
+
+def chunk_sequences(case: Case) -> int:
+    """How many sequences the oracle gathers at once: as many as ``_CHUNK_ELEMENTS`` holds at the
+    case's longest sequence and longest query (a prefill's padded queries and allowed mask grow
+    with its new tokens, a decode's do not)."""
+    g = case.geometry
+    keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
+    per_seq = (keys * g.num_kv_heads * (g.head_size + g.v_head_size) + queries * g.num_q_heads * g.head_size
+               + -(-queries * keys // 8))
+    return max(1, _CHUNK_ELEMENTS // per_seq)
 
 
 @dataclass(frozen=True)

@@ -98,3 +98,30 @@ def specialisation_pool(caps: Capabilities, size: int, seed: int, *, interpreter
         cache = rng.choice(caches) if len(caches) > 1 else caches[0]
         pool[Specialisation(shape, causal, window, sinks, cache)] = None
     return tuple(sorted(pool, key=lambda s: s.complexity(caps)))
+
+
+def entry_traits(entry: Specialisation) -> set[str]:
+    """The compile-time traits of an entry a pool may lack: its dtype, head and block size, KV
+    heads, kind of GQA group, kind of window, mode, sinks and cache."""
+    s = entry.shape
+    group = s.num_q_heads // s.num_kv_heads
+    kind_of_group = "1" if group == 1 else ">16" if group > 16 else "2^n" if group & (group - 1) == 0 else "other"
+    kind_of_window = "none" if not entry.window else "1" if entry.window == 1 else (
+        "narrow" if entry.window < 64 else "wide")
+    return {f"dtype:{s.dtype}", f"head:{s.head_size}", f"block:{s.block_size}", f"kv-heads:{s.num_kv_heads}",
+            f"group:{kind_of_group}", f"window:{kind_of_window}", f"causal:{entry.causal}", f"sinks:{entry.sinks}",
+            f"kv:{entry.kv_cache}"}
+
+
+def most_novel(candidates, count: int, known) -> tuple[Specialisation, ...]:
+    """``count`` of ``candidates`` (not in ``known``), each in turn the one with the most traits
+    (``entry_traits``) that ``known`` and those chosen before it lack; ties go to the earlier candidate."""
+    seen = set().union(*(entry_traits(e) for e in known)) if known else set()
+    left = [c for c in dict.fromkeys(candidates) if c not in set(known)]
+    chosen: list[Specialisation] = []
+    while left and len(chosen) < count:
+        best = max(left, key=lambda c: len(entry_traits(c) - seen))
+        chosen.append(best)
+        left.remove(best)
+        seen |= entry_traits(best)
+    return tuple(chosen)

@@ -7,7 +7,9 @@ sequence at a time, all heads and queries at once.  Its bugs:
   in int32, which wraps past 2^31 elements (a cache of gigabytes): the key is
   read from far away, from the NaN around the blocks the case uses;
 - "drops-long-tail": a sequence longer than 1024 keys loses its keys past the
-  last multiple of 1024 (a split-KV reduction that forgets its last partition).
+  last multiple of 1024 (a split-KV reduction that forgets its last partition);
+- "late-sequences": a sequence at index 4 or later reads its keys through the
+  block table of sequence 3 (a per-sequence index kept in two bits).
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ def attention(batch, out, *, bug: str | None = None):
         if bug == "drops-long-tail" and length > 1024:
             length -= length % 1024
         keys = torch.arange(length, device=device)
-        blocks = batch.block_table[s].long()[keys // bs]
+        row = min(s, 3) if bug == "late-sequences" else s
+        blocks = batch.block_table[row].long()[keys // bs]
         if bug == "int32-offsets":
             offsets = (blocks.to(torch.int32) * (bs * hkv * d) + (keys % bs).to(torch.int32) * (hkv * d))
             slots = torch.div(offsets.to(torch.int64), hkv * d, rounding_mode="floor")
@@ -76,3 +79,4 @@ def _make(bug: str | None) -> Kernel:
 correct = _make(None)
 int32_offsets = _make("int32-offsets")
 drops_long_tail = _make("drops-long-tail")
+late_sequences = _make("late-sequences")

@@ -28,3 +28,28 @@ def test_one_gather_gives_each_arithmetic_its_own_bits(name, chunk, monkeypatch)
     assert _same(reverse[0], alone[1]) and _same(reverse[1], alone[0])
     chunks = laps.count(0)
     assert laps == [0, 1] * chunks and chunks >= 1
+
+
+def test_a_chunk_of_prefills_holds_its_padded_queries_within_the_budget(monkeypatch):
+    # forty short prefills behind one of 256 new tokens, a group of 32 query heads: padded to the
+    # longest query, each prefill's queries outweigh its keys many times
+    from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
+
+    seqs = [Sequence(256, 256, tuple(range(1, 17)))]
+    seqs += [Sequence(2, 2, (17 + i,) + (0,) * 15) for i in range(40)]
+    case = Case(Geometry(32, 1, 32, 16, 60, "float32"), tuple(seqs), poison=Poison("nan", "v", None)).validate()
+    batch = materialize(case)
+    whole = oracle(batch)
+    budget = 1 << 20
+    monkeypatch.setattr(oracle_module, "_CHUNK_ELEMENTS", budget)
+    held = []
+    gather = oracle_module._gather
+
+    def measured(*args):
+        live = gather(*args)
+        held.append(live.q.numel() + live.k.numel() + live.v.numel() + live.allowed.numel() // 8)
+        return live
+
+    monkeypatch.setattr(oracle_module, "_gather", measured)
+    assert _same(oracle(batch), whole)  # chunks change where the work is cut, never a bit of it
+    assert len(held) > 1 and max(held) <= budget, held

@@ -19,6 +19,7 @@ from nanfuzz.reference.device_build import background, build_on_device, written_
 from nanfuzz.reference.features import size_features
 from nanfuzz.reference.materialize import build_on_host
 from nanfuzz.strategies import paged_cases
+from nanfuzz.strategies.cases import INTERPRETER_LONG
 from nanfuzz.strategies.production import EDGE_GRANULARITIES, PRODUCTION_SIZE
 from tests import production_kernels
 from tests.torch_kernels import BUGS, torch_kernel
@@ -208,10 +209,12 @@ def test_a_bug_only_long_sequences_meet_is_caught_and_shrunk_to_one_short_produc
     assert 1024 < case.max_seq_len < 2048 and case.geometry.num_kv_heads == 1
 
 
-def test_the_same_bug_passes_a_campaign_of_small_cases(tmp_path):
-    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=40, seed=1, use_database=False,
+def test_the_interpreters_small_tier_meets_the_same_bug_only_in_its_long_batches(tmp_path):
+    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=100, seed=1, use_database=False,
                     state_dir=tmp_path, size="small")
-    assert not campaign.failed and campaign.statistics.share("seq-len>=1024") == 0
+    assert campaign.failed
+    case = campaign.failing_case  # the fewest sequences a long batch has, its first just past 1024 keys
+    assert len(case.sequences) == INTERPRETER_LONG.min_sequences and 1024 < case.max_seq_len < 1100
 
 
 def test_background_is_the_encodings_nan():

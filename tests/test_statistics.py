@@ -45,8 +45,11 @@ def test_to_dict_groups_situations_and_survives_json():
     data = json.loads(json.dumps(stats.to_dict()))
     assert data["examples"] == 3
     groups = data["groups"]
-    assert list(groups) == ["kinds of sequence", "masks and windows", "poisoned dead slots", "blocks", "heads",
-                            "sizes", "dtypes", "kv caches", "block sizes", "head sizes", "poison values"]
+    assert list(groups) == ["kinds of sequence", "kinds of batch", "masks and windows", "poisoned dead slots",
+                            "blocks", "heads", "sizes", "dtypes", "kv caches", "block sizes", "head sizes",
+                            "poison values"]
+    assert groups["kinds of batch"]["batch:decode"]["count"] == 2 and groups["kinds of batch"]["batch:mixed"][
+        "count"] == 0
     assert groups["sizes"]["seq-len>=32768"]["count"] == 0  # listed, never reached
     assert groups["kv caches"] == {"kv:auto": {"count": 3, "share": 1.0}}
     assert groups["kinds of sequence"]["decode"] == {"count": 2, "share": round(2 / 3, 6)}

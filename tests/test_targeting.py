@@ -32,6 +32,17 @@ def test_each_example_reports_its_dead_slots_and_its_error_over_the_bound(monkey
     assert {label for label, _ in seen} == {"error over the bound"}  # plain torch: no traced loads to count
 
 
+def test_each_triton_launch_reports_how_many_of_its_kernels_the_campaign_has_launched_rarely(monkeypatch):
+    from nanfuzz.harness.campaign import reach
+
+    seen = _spy(monkeypatch)
+    fuzz(read_subjects.zeroed, device="cpu", max_examples=reach.QUOTA + 2, seed=1, use_database=False,
+         isolation=False)
+    rare = [value for label, value in seen if label == "kernel paths launched rarely"]
+    # one Triton kernel a launch: rare for the first QUOTA examples, then no longer
+    assert rare == [1.0] * reach.QUOTA + [0.0] * 2
+
+
 def test_no_target_reports_nothing(monkeypatch):
     seen = _spy(monkeypatch)
     fuzz(read_subjects.zeroed, device="cpu", max_examples=2, seed=1, use_database=False, isolation=False,

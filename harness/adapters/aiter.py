@@ -64,6 +64,10 @@ DOT_BLOCK_SIZES = (16, 32, 64, 48)
 # Both of their kernels compile per head and block size, group size and (unified)
 # window, causality and sinks (tl.constexpr): a GPU campaign covers this many.
 POOL = 16
+# Every kernel here pads the head size to a power of two (triton.next_power_of_2) and masks the
+# rest; vLLM sends ROCM_AITER_UNIFIED_ATTN any head size from 32 (supports_head_size) and its
+# ROCm backends list 32 to 256: those (ROCM_ATTN's list in vLLM 0.33.0).
+HEAD_SIZES = (32, 64, 80, 96, 128, 160, 192, 224, 256)
 
 _COMPUTE_TYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
@@ -83,6 +87,7 @@ def _overrides(loaded, extra: dict | None = None) -> dict:
 # -- aiter:unified_attention -----------------------------------------------------
 
 UNIFIED_CAPABILITIES = Capabilities(
+    head_sizes=HEAD_SIZES,
     block_sizes=DOT_BLOCK_SIZES,
     causal=True,
     non_causal=False,      # unified_attention asserts causal
@@ -122,6 +127,7 @@ def prepare_unified(batch: PagedBatch, out: torch.Tensor, *, path: str | None = 
 # -- aiter:pa_decode -------------------------------------------------------------------
 
 PA_DECODE_CAPABILITIES = Capabilities(
+    head_sizes=HEAD_SIZES,
     block_sizes=DOT_BLOCK_SIZES,
     max_query_len=1,
     causal=True,
@@ -182,6 +188,7 @@ def prepare_pa_decode(batch: PagedBatch, out: torch.Tensor, *, path: str | None 
 # -- aiter:pa_prefill and aiter:chunked_pa_prefill --------------------------------------
 
 PA_PREFILL_CAPABILITIES = Capabilities(
+    head_sizes=HEAD_SIZES,
     block_sizes=DEFAULT_BLOCK_SIZES,   # the context loop indexes any block size
     causal=True,
     sliding_window=True,

@@ -113,10 +113,19 @@ POOL = 16
 SOFTMAX_SEGMENTS = 16
 
 
+# ROCM_ATTN's head sizes: RocmAttentionBackend.get_supported_head_sizes() in vLLM 0.33.0
+# (64 and 128 have a HIP decode kernel, the rest go to the Triton path fuzzed here).
+ROCM_ATTN_HEAD_SIZES = (32, 64, 80, 96, 128, 160, 192, 224, 256)
+# TRITON_ATTN takes any head size from 32 (TritonAttentionBackend.supports_head_size); the
+# kernels pad it to a power of two: ROCM_ATTN's sizes, and sizes between them that are no
+# multiple of 16 (72, 112) or of 32 (144, 208).
+TRITON_ATTN_HEAD_SIZES = (32, 64, 72, 80, 96, 112, 128, 144, 160, 192, 208, 224, 256)
+
 # What both backends' Triton kernels take: every mode, windows, sinks (only
 # ROCm's HIP decode kernel lacks them), fp16/bf16/fp32 (the default dtypes).
 # Their fp32 dots use TF32 on NVIDIA GPUs.
 BOTH_BACKENDS = Capabilities(
+    head_sizes=ROCM_ATTN_HEAD_SIZES,
     block_sizes=BLOCK_SIZES,
     causal=True,
     non_causal=True,
@@ -190,7 +199,7 @@ def run_rocm_attn(batch: PagedBatch, out: torch.Tensor, source: str | None = Non
 
 # -- vllm:triton_attn -------------------------------------------------------------
 
-TRITON_ATTN_CAPABILITIES = BOTH_BACKENDS
+TRITON_ATTN_CAPABILITIES = BOTH_BACKENDS.restrict(head_sizes=TRITON_ATTN_HEAD_SIZES)
 
 # vLLM's INT4 per-token-head cache: 4-bit codes two a byte, the even element in the low nibble
 # (pack_int4_nibbles), a zero point in the low 4 bits of a float32 scale word, rotated by vLLM's

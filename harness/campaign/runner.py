@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from nanfuzz.harness.campaign import known_failures, paths_seen
+from nanfuzz.harness.campaign import known_failures, paths_seen, reach
 from nanfuzz.harness.campaign.capability_hint import name_the_capability
 from nanfuzz.harness.campaign.hypothesis_home import hypothesis_files_in
 from nanfuzz.harness.campaign.journal import Journal
@@ -29,7 +29,7 @@ from nanfuzz.harness.campaign.leftovers import recover_leftovers
 from nanfuzz.harness.campaign.profiles import Profile, get_profile
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool_of, campaign_strategy,
-                                            campaign_tier, plan_for, start_farm)
+                                            campaign_targets, campaign_tier, plan_for, start_farm)
 from nanfuzz.harness.campaign.search import Search, chunk_seed, first_chunk, search_seed
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
@@ -130,13 +130,16 @@ class CampaignRunner:
         self.caps, skipped = campaign_capabilities(kernel, settings)
         self.tier = campaign_tier(kernel, settings)
         self.pool, self.pool_seed = campaign_pool_of(self.caps, settings, tier=self.tier)
+        # how often the pool grew, and the examples run and the clock when it last did (or the campaign began)
+        self.pool_growth, self._grown_at, self._grown_when = 0, 0, time.perf_counter()
+        self.targets = campaign_targets(self.caps, settings, self.pool, self.tier)
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
         self.search_seed = search_seed(settings, self.profile) if seed is None else seed
         # a failure's checks (shrinking, replays) wait for memory as long as shrinking may last
         self.finding_patience = max(settings.memory.search_wait, settings.shrink_budget)
         self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed,
-                                 statistics=Statistics.for_capabilities(self.caps))
+                                 statistics=Statistics.for_capabilities(self.caps, self.targets))
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
         self._check_read_tracing()
         self.start, self._cpu_start = time.perf_counter(), time.process_time()
@@ -208,9 +211,8 @@ class CampaignRunner:
         if not count:
             return ()
         settings = self.settings
-        return upcoming_cases(campaign_strategy(self.caps, settings, self.pool, self.tier),
-                              chunk_seed(self.search_seed, 0),
-                              first_chunk(self.max_examples, self.time_budget, settings.device), count,
+        return upcoming_cases(self.strategy(), chunk_seed(self.search_seed, 0),
+                              first_chunk(self.max_examples, self.time_budget, settings.device, self.aiming), count,
                               declines=self.kernel.declines)
 
     def recover_leftovers(self) -> Campaign | None:
@@ -331,9 +333,43 @@ class CampaignRunner:
         campaign.cpu_seconds = time.process_time() - self._cpu_start
         campaign.note_declines()
         campaign.note_reads()
+        self.note_unreached()
+        if self.pool_growth:
+            campaign.notes.append(f"{self.kernel.name}: the specialisation pool grew {self.pool_growth} time"
+                                  f"{'s' if self.pool_growth > 1 else ''}, to {len(self.pool)} entries")
         if campaign.failure is not None and campaign.time_to_first_failure is not None:
             campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
         return campaign
+
+    # -- what the search draws from ------------------------------------------------------
+    def strategy(self):
+        """What the next Hypothesis run draws from: the pool as it stands, its production cases aimed
+        at the targets the examples so far have not met (``harness.campaign.reach``)."""
+        return campaign_strategy(self.caps, self.settings, self.pool, self.tier,
+                                 reach.aims(self.targets, self.campaign.statistics) if self.targets else None)
+
+    @property
+    def aiming(self) -> bool:
+        """Are targets within reach still unmet?  Then Hypothesis runs stay short, so that each one
+        aims at what the ones before it left."""
+        return bool(self.targets) and bool(reach.unmet(self.targets, self.campaign.statistics))
+
+    def grow_pool(self) -> None:
+        """Between Hypothesis runs: a few entries more for a pool the campaign has drawn from long
+        enough (``harness.campaign.reach.pool_growth_due``)."""
+        now = time.perf_counter()
+        if not self.pool or not reach.pool_growth_due(self.campaign.examples - self._grown_at, now - self._grown_when,
+                                                      len(self.pool), self.pool_growth):
+            return
+        self.pool_growth += 1
+        self._grown_at, self._grown_when = self.campaign.examples, now
+        self.pool, _ = campaign_pool_of(self.caps, self.settings, self.pool_seed, self.tier, self.pool_growth)
+
+    def note_unreached(self) -> None:
+        """A passing campaign's note naming each production target it did not reach, and why."""
+        line = self.campaign.statistics.unreached_line() if self.targets else None
+        if line and not self.campaign.failed and not self.campaign.interrupted and self.campaign.examples:
+            self.campaign.notes.append(f"{self.kernel.name}: {line}")
 
     # -- helpers -------------------------------------------------------------------------
     def _judged_something(self) -> None:

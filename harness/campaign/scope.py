@@ -19,8 +19,10 @@ from nanfuzz.harness.launch.worker import WorkerSpec
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.strategies import paged_cases
+from nanfuzz.strategies.aims import Aims
 from nanfuzz.strategies.cases import TIERS, campaign_pool, default_tier
 from nanfuzz.strategies.production import production_size
+from nanfuzz.strategies.targets import Targets, production_targets
 
 
 def campaign_capabilities(kernel: Kernel, settings: Settings) -> tuple[Capabilities, list[str]]:
@@ -54,9 +56,10 @@ def campaign_production_size(settings: Settings):
 
 
 def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | None = None,
-                     tier: str = "small") -> tuple[tuple | None, int]:
+                     tier: str = "small", growth: int = 0) -> tuple[tuple | None, int]:
     """The campaign's specialisation pool (None: free draws) and the seed that picked it
-    (``pool_seed``, else ``settings.pool_seed``, else the campaign's seed, else 0)."""
+    (``pool_seed``, else ``settings.pool_seed``, else the campaign's seed, else 0), in the
+    round ``settings.pool_round``, grown ``growth`` times (``strategies.cases.campaign_pool``)."""
     interpreter = settings.device == "cpu"
     pool_size = settings.pool_size
     if pool_size is None:
@@ -66,14 +69,36 @@ def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | No
         pool_size = 0 if interpreter else (DEFAULT_POOL if declared is None else declared)
     if pool_seed is None:
         pool_seed = settings.pool_seed if settings.pool_seed is not None else (settings.seed or 0)
-    pool = campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter, tier=tier) if pool_size else None
+    if not pool_size:
+        return None, pool_seed
+    pool = campaign_pool(caps, pool_size, pool_seed, interpreter=interpreter, tier=tier,
+                         pool_round=settings.pool_round, growth=growth)
     return pool, pool_seed
 
 
-def campaign_strategy(caps: Capabilities, settings: Settings, pool, tier: str = "small"):
-    """What the campaign's search draws its cases from (and ``harness.campaign.upcoming`` draws ahead)."""
+def with_next_pool_round(kernel: Kernel, settings: Settings) -> Settings:
+    """``settings`` in the next round of ``kernel``'s pool (``harness.campaign.pool_rounds``) for a
+    run that pins nothing (no seed) and has a pool (on a GPU, or asked for); else as they are."""
+    from nanfuzz.harness.campaign import pool_rounds
+
+    has_pool = settings.pool_size != 0 and (settings.device != "cpu" or settings.pool_size)
+    if settings.seed is not None or not has_pool:
+        return settings
+    return settings.replace(pool_round=pool_rounds.take(settings.state_dir, kernel.name))
+
+
+def campaign_targets(caps: Capabilities, settings: Settings, pool, tier: str = "small") -> Targets:
+    """The production targets the campaign declares (``strategies.targets``): none for the small tier."""
+    if tier == "small":
+        return Targets()
+    return production_targets(caps, campaign_production_size(settings), pool)
+
+
+def campaign_strategy(caps: Capabilities, settings: Settings, pool, tier: str = "small", aims: Aims | None = None):
+    """What the campaign's search draws its cases from (and ``harness.campaign.upcoming`` draws ahead);
+    ``aims``: what its production cases aim at (by default every target within reach)."""
     return paged_cases(caps, interpreter=settings.device == "cpu", poison_classes=settings.focus.poison_classes,
-                       pool=pool, tier=tier, production=campaign_production_size(settings))
+                       pool=pool, tier=tier, production=campaign_production_size(settings), aims=aims)
 
 
 def compile_plan(kernel: Kernel, settings: Settings, pool_seed: int | None = None) -> Plan | None:

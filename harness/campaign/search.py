@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings, target
 from hypothesis.errors import HypothesisException, Unsatisfiable
 
+from nanfuzz.harness.campaign import reach
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.campaign.profiles import Profile
-from nanfuzz.harness.campaign.scope import campaign_strategy
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.check import Outcome, Verdict
@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 # time left, so they shrink geometrically toward the deadline and the last
 # overshoots it by about one example.
 _CHUNK = 250
+# Examples per Hypothesis run while production targets are unmet, whatever bounds the campaign:
+# each run aims at what the ones before it left (``harness.campaign.reach``).
+_AIMED_CHUNK = 32
 _FIRST_CHUNK = {"cpu": 2, "cuda": 32}
 _CHUNK_SHARE = 0.5
 # How often the end of a Hypothesis run looks whether the binaries of the cases it put off have landed.
@@ -82,11 +85,12 @@ _FAILURE_TYPES = {v: type(f"Kernel{v.value.title()}", (KernelFailed,), {}) for v
 def database_label(kernel_name: str, device: str, focus_label: str, caps, pool, pool_seed: int,
                    tier: str = "small") -> str:
     """What a stored choice sequence means a case under; Hypothesis hashes it into the database key,
-    so entries of another kernel, device, focus, strategy version, capabilities, pool or size tier
-    never replay."""
+    so entries of another kernel, device, focus, strategy version, capabilities, pool (its round and
+    growth included) or size tier never replay."""
     caps_id = hashlib.sha256(repr(caps).encode()).hexdigest()[:12]
+    pool_id = hashlib.sha256(repr(pool).encode()).hexdigest()[:12] if pool else ""
     return (f"nanfuzz:{kernel_name}:{device}:{focus_label}:strategies-v{STRATEGY_VERSION}:caps-{caps_id}"
-            + (f":pool{len(pool)}/{pool_seed}" if pool else "") + ("" if tier == "small" else f":{tier}"))
+            + (f":pool{len(pool)}/{pool_seed}/{pool_id}" if pool else "") + ("" if tier == "small" else f":{tier}"))
 
 
 def search_seed(settings: Settings, profile: Profile) -> int:
@@ -102,9 +106,11 @@ def chunk_seed(search_seed: int, chunk_index: int) -> int:
     return search_seed * 1_000_003 + chunk_index
 
 
-def first_chunk(max_examples: int, time_budget: float | None, device: str) -> int:
-    """How many examples the campaign's first Hypothesis run may draw (later ones fit the time left)."""
-    return max_examples if time_budget is None else max(1, min(max_examples, _CHUNK, _FIRST_CHUNK[device]))
+def first_chunk(max_examples: int, time_budget: float | None, device: str, aiming: bool = False) -> int:
+    """How many examples the campaign's first Hypothesis run may draw (later ones fit the time left);
+    ``aiming``: at production targets still unmet, at most ``_AIMED_CHUNK``."""
+    first = max_examples if time_budget is None else max(1, min(max_examples, _CHUNK, _FIRST_CHUNK[device]))
+    return min(first, _AIMED_CHUNK) if aiming else first
 
 
 class Search:
@@ -120,7 +126,7 @@ class Search:
         self.judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
         self.replay: Replay | None = None      # the replay under way, if any
         self.calls, self.drawn_ahead = 0, False  # see _target
-        self.strategy = campaign_strategy(run.caps, run.settings, run.pool, run.tier)
+        self.strategy = None  # each Hypothesis run's own (``CampaignRunner.strategy``)
         self.phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + (
             [Phase.shrink] if run.settings.shrink else [])
 
@@ -148,17 +154,22 @@ class Search:
         elapsed = time.perf_counter() - run.start
         if run.time_budget is not None and elapsed >= run.time_budget and campaign.examples:
             return None  # at least one example, however late: a campaign that tried nothing is no pass
+        aiming = run.aiming
         if not campaign.examples:
-            return first_chunk(remaining, run.time_budget, run.settings.device)
+            return first_chunk(remaining, run.time_budget, run.settings.device, aiming)
+        most = min(remaining, _AIMED_CHUNK) if aiming else remaining  # then aim again at what is still unmet
         if run.time_budget is None:
-            return remaining
+            return most
         per_example = elapsed / campaign.examples  # a share of the time left, at the pace so far
-        return max(1, min(remaining, _CHUNK, int(_CHUNK_SHARE * (run.time_budget - elapsed) / max(per_example, 1e-6))))
+        return max(1, min(most, _CHUNK, int(_CHUNK_SHARE * (run.time_budget - elapsed) / max(per_example, 1e-6))))
 
     def _run_chunk(self, size: int, chunk_index: int) -> bool:
         """One Hypothesis run (drawn again up to a late failure); False when the search is over."""
         campaign, run = self.campaign, self.run
         self.judged.clear()
+        if chunk_index:
+            run.grow_pool()
+        self.strategy = run.strategy()
         try:
             while True:
                 # the run's calls, counted afresh each time it is drawn (again), for ``_target``
@@ -247,7 +258,9 @@ class Search:
 
     def _target(self, outcome: Outcome) -> None:
         """Tell Hypothesis what to climb toward (targeted property-based testing): more dead slots
-        addressed by the kernel's loads (under the interpreter), and an error closer to the bound.
+        addressed by the kernel's loads (under the interpreter), an error closer to the bound, and
+        more of the Triton kernels the campaign has launched rarely (at most ``reach.QUOTA`` times:
+        a 3D or v2 path, a reduction), so that it climbs toward the paths a kernel seldom takes.
 
         With a specialisation pool the first ``UPCOMING_CASES`` cases of the first run report nothing:
         Hypothesis keeps a mutation only if its targets do not fall, so reported targets would make
@@ -261,6 +274,10 @@ class Search:
         ratio, bound = outcome.evidence.get("max_error_ratio"), outcome.evidence.get("bound")
         if ratio is not None and bound and math.isfinite(ratio):
             target(ratio / bound, label="error over the bound")
+        if outcome.paths:
+            counts = self.campaign.statistics.counts
+            target(float(sum(counts[f"path:{name}"] <= reach.QUOTA for name in outcome.paths)),
+                   label="kernel paths launched rarely")
 
     def _judge(self, case: Case, defer: str | None) -> Outcome | None:
         """Check one case and count it; None when the worker put it off (``harness.campaign.deferrals``)

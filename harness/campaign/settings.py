@@ -48,6 +48,7 @@ class Settings:
                                              # own, else mixed on a GPU and small under the interpreter)
     pool_size: int | None = None             # None: the kernel's own pool on a GPU
     pool_seed: int | None = None             # picks the pool; None: the seed, else 0 (--jobs share one)
+    pool_round: int = 0                      # the pool's round: a few entries of its own (harness.campaign.pool_rounds)
     compile_jobs: int | None = None          # compile-farm processes on a GPU; None: one per core, 0: no farm
                                              # (NANFUZZ_COMPILE_JOBS; the gate gives each GPU worker its share)
     jobs: int = 1
@@ -124,7 +125,7 @@ class Settings:
 # a launch timeout of 0 s (or NaN) would switch the watchdog off, a budget of 0 s would run no example.
 _LEAST = {"launch_timeout": (0.0, False), "time_budget": (0.0, False), "shrink_budget": (0.0, False),
           "max_examples": (1, True), "jobs": (1, True), "campaigns_per_device": (1, True), "pool_size": (0, True), "compile_jobs": (0, True),
-          "replays": (0, True)}
+          "pool_round": (0, True), "replays": (0, True)}
 
 
 def check_number(label: str, value, least: int | float, allowed: bool) -> None:

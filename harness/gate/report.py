@@ -232,8 +232,11 @@ def markdown(result: GateResult, plan: Plan, *, workers: str, budget: float, wal
 
 def reach_lines(result: GateResult) -> list[str]:
     """Per kernel, what its shards together reached: the Triton kernels launched (with each switch
-    that took both values), the production sizes drawn, and the kernels earlier runs launched and
-    this one did not (``GateResult.paths_missed``)."""
+    that took both values), the production sizes drawn, the production targets not reached and why
+    (``Statistics.unreached``), and the kernels earlier runs launched and this one did not
+    (``GateResult.paths_missed``)."""
+    from nanfuzz.harness.report.statistics import Statistics
+
     lines = []
     for kernel, stats in kernel_statistics(result).items():
         groups = stats["groups"]
@@ -246,6 +249,9 @@ def reach_lines(result: GateResult) -> list[str]:
         if switches:
             parts.append(f"switches: {', '.join(switches)}")
         parts.append(f"sizes reached: {', '.join(sizes) or 'small only'}")
+        unreached = Statistics.from_dict(stats).unreached_line()
+        if unreached:
+            parts.append(f"**{unreached}**")
         if missed:
             parts.append(f"**never launched this run, launched by earlier runs**: {', '.join(f'`{m}`' for m in missed)}")
         lines.append(f"- `{kernel}`: " + "; ".join(parts))

@@ -11,7 +11,9 @@ slot's own folder (the gate gathers them).
 
 No explicit seed: each worker process draws its own random seed, so the
 shards differ; and each slot of each runner fuzzes its own specialisation
-pool (``Plan.pool_seed``).  The example database replays known failures
+pool (``Plan.pool_seed``), in the next round the slot's state folder holds
+(``harness.campaign.pool_rounds``), so that CI runs after one another meet
+shapes the ones before did not.  The example database replays known failures
 first, whatever the pool.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
     from nanfuzz.harness.registry import resolve
     from nanfuzz.harness.report.failures import report_failure
     from nanfuzz.harness.report.repro import environment
+    from nanfuzz.harness.campaign.scope import with_next_pool_round
     from nanfuzz.harness.campaign.settings import Settings
 
     # the gate sets this worker's NANFUZZ_STATE_DIR (its slot's folder); read once, here
@@ -38,6 +41,7 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
                                          repro_dir=plan.shard_repro_dir(slot), example_db=plan.example_db,
                                          examples_dir=plan.examples_dir, focus=Focus(window_only=plan.window_only))
     kernel = resolve(kernel_name, **settings.sources)
+    settings = with_next_pool_round(kernel, settings)  # the slot's state folder travels between CI runs
     record = ShardRecord(kernel=kernel_name, slot=slot, kernel_name=kernel.name,
                          worker=os.environ.get("PYTEST_XDIST_WORKER", "main"), pid=os.getpid(),
                          examples_db=str(settings.examples_path.resolve()),

@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 
 from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, POISON_TENSORS, POISON_VALUES, Case
-from nanfuzz.reference.features import POISON_CLASS_NAMES, SIZE_FEATURES, case_features
+from nanfuzz.reference.features import BATCH_KINDS, POISON_CLASS_NAMES, SIZE_FEATURES, case_features
+from nanfuzz.strategies.targets import PREFIX as TARGET, Targets
 
 READS_GROUP = "dead slots addressed (traced loads)"
 # (title, situations always listed, prefixes of situations listed when seen)
 GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("kinds of sequence", ("decode", "prefill", "chunked-prefill", "padding-sequence", "mixed",
                            "multi-sequence", "partial-last-block"), ()),
+    ("kinds of batch", tuple(f"batch:{kind}" for kind in BATCH_KINDS), ()),
     ("masks and windows", ("causal", "non-causal", "window", "window:1", "non-causal+window",
                            "straddling-window"), ()),
     ("poisoned dead slots", ("poison:tail", "poison:out-of-window", "poison:null-block", "poison:padding",
@@ -43,6 +45,10 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     # poisoned classes, so ``table`` leaves it out
     (READS_GROUP, (), coverage.PREFIXES),
 )
+# The production targets a campaign declares (``strategies.targets``), those within reach each with
+# its count; the campaign meets each one at least this often before it aims at it less.
+TARGETS_GROUP = "production targets"
+
 # Listed, every class, for a kernel whose adapter made index buffers (``reference.layouts``): the
 # classes their entries point at are what such a layout can reach, and the others it cannot.
 LAYOUT_GROUP = ("dead slots its index buffers point at",
@@ -89,6 +95,12 @@ def excluded_by(caps) -> frozenset[str]:
         out.add("window:1")
     if not caps.sinks:
         out.add("sinks")
+    if caps.max_query_len == 1:
+        out |= {"batch:prefill", "batch:chunked-prefill", "batch:mixed"}
+    if caps.min_query_len > 1:
+        out |= {"batch:decode", "batch:mixed"}
+    if caps.uniform_query_len:
+        out.add("batch:mixed")
     return frozenset(out)
 
 
@@ -105,17 +117,21 @@ class Statistics:
     specialisations: Counter = field(default_factory=Counter)
     excluded: frozenset = frozenset()
     declined: Counter = field(default_factory=Counter)  # drawn cases the kernel's supports() declined, by reason
+    targets: Targets = Targets()  # the production targets the campaign declares (``strategies.targets``)
 
     @classmethod
-    def for_capabilities(cls, caps) -> "Statistics":
-        return cls(excluded=excluded_by(caps))
+    def for_capabilities(cls, caps, targets: Targets = Targets()) -> "Statistics":
+        return cls(excluded=excluded_by(caps), targets=targets)
 
     def add(self, case: Case, paths: dict | None = None, observed: set[str] = frozenset()) -> None:
         """Tally one example: its case's situations, the Triton kernels it launched (``paths``) and
         ``observed``, what its check saw the kernel do (``harness.report.coverage``: the dead slots
         its loads addressed)."""
         start = time.perf_counter()
-        self.counts.update(features(case) | observed)
+        found = features(case)
+        self.counts.update(found | observed)
+        if self.targets:
+            self.counts.update(TARGET + name for name in self.targets.met(found, case.geometry.head_size))
         if paths:
             self.counts.update(f"path:{name}" for name in paths)
             self.specialisations.update(spec for specs in paths.values() for spec in specs)
@@ -137,7 +153,33 @@ class Statistics:
         self.seconds += other.seconds
         self.specialisations.update(other.specialisations)
         self.declined.update(other.declined)
+        self.targets = self.targets.merge(other.targets)
         return self
+
+    def target_count(self, name: str) -> int:
+        return self.counts[TARGET + name]
+
+    def unreached(self) -> list[tuple[str, str]]:
+        """Every declared target no example reached, with why: the reason it is out of reach, or
+        the budget (the examples the campaign had) for one within reach."""
+        found = []
+        for name, why in self.targets.table:
+            if why is not None:
+                found.append((name, why))
+            elif not self.counts[TARGET + name]:
+                found.append((name, f"budget: not met in {self.examples} example{'s' if self.examples != 1 else ''}"))
+        return found
+
+    def unreached_line(self) -> str | None:
+        """One line naming each declared target no example reached and why; None when none."""
+        missed = self.unreached()
+        if not missed:
+            return None
+        by_reason: dict[str, list[str]] = {}
+        for name, why in missed:
+            by_reason.setdefault(why, []).append(name)
+        return "production targets not reached: " + "; ".join(
+            f"{', '.join(names)} ({why})" for why, names in by_reason.items())
 
     def share(self, name: str) -> float:
         """The fraction of examples in situation ``name`` (0.0 before any example)."""
@@ -165,6 +207,10 @@ class Statistics:
         if self.counts[names[0]]:
             out.append((title, [(n, self.counts[n]) for n in names]))
         placed.update(names)
+        if self.targets:
+            reachable = self.targets.within_reach()
+            out.append((TARGETS_GROUP, [(name, self.counts[TARGET + name]) for name in reachable]))
+            placed.update(TARGET + name for name in reachable)
         switches = self.switches()
         if switches:
             out.append(("kernel switches", sorted(switches.items())))
@@ -196,17 +242,23 @@ class Statistics:
                        for title, rows in self.groups()},
             "specialisations": dict(self.specialisations.most_common()),
             "declined": dict(self.declined.most_common()),
+            "targets": [{"target": name, "count": self.counts[TARGET + name], "out_of_reach": why}
+                        for name, why in self.targets.table],
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "Statistics":
         """The inverse of ``to_dict`` (situations with a count of 0 are dropped)."""
-        counts = Counter({name: entry["count"] for title, rows in data["groups"].items() if title != "kernel switches"
+        counts = Counter({name: entry["count"] for title, rows in data["groups"].items()
+                          if title not in ("kernel switches", TARGETS_GROUP)
                           for name, entry in rows.items() if entry["count"]})
+        targets = data.get("targets", [])
+        counts.update({TARGET + entry["target"]: entry["count"] for entry in targets if entry["count"]})
         return cls(examples=data["examples"], counts=counts, seconds=data.get("seconds", 0.0),
                    specialisations=Counter(data.get("specialisations", {})),
                    excluded=frozenset(data.get("excluded", ())),
-                   declined=Counter(data.get("declined", {})))
+                   declined=Counter(data.get("declined", {})),
+                   targets=Targets(tuple((entry["target"], entry["out_of_reach"]) for entry in targets)))
 
     def table(self) -> str:
         """An aligned text table: group, situation, examples, share."""
@@ -226,4 +278,6 @@ class Statistics:
         if self.specialisations:
             lines.append(f"  {len(self.specialisations)} distinct kernel specialisations launched "
                          "(each with its examples in --summary-json)")
+        for name, why in self.unreached():
+            lines.append(f"  not reached: {name} ({why})")
         return "\n".join(lines)

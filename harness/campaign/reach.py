@@ -1,0 +1,43 @@
+"""Steering a campaign toward the production targets it has not met.
+
+A campaign with production cases declares its targets (``strategies.targets``): each production
+situation in each kind of batch the kernel takes, out of reach where its capabilities, the
+campaign's size or its pool rule it out.  Hypothesis runs in chunks; before each, ``aims`` looks at
+what the examples so far reached and aims the production draw (``strategies.aims``) at the targets
+met fewer than ``QUOTA`` times, most production cases going to them; once every target within
+reach is met that often, the draw still aims at them all at a steady share.  ``pool_growth_due``
+says when a long campaign adds a few entries to its specialisation pool (``strategies.cases``).
+"""
+from __future__ import annotations
+
+from nanfuzz.harness.report.statistics import Statistics
+from nanfuzz.strategies.aims import Aims
+from nanfuzz.strategies.targets import Targets
+
+# A campaign meets each target at least this often ("a few times") before it aims at it less.
+QUOTA = 3
+# A campaign grows its pool once it has drawn about this many examples per entry since the last
+# growth, and after GROWTH_SECONDS of it (twice as long before each later growth): four new shapes
+# compile in seconds on a GPU, a tenth or less of the time since, and a 15-minute gate grows its
+# pool about twice, a two-hour nightly campaign about six times, never by hundreds of entries.
+EXAMPLES_PER_ENTRY = 10
+GROWTH_SECONDS = 120.0
+
+
+def unmet(targets: Targets, statistics: Statistics) -> list[str]:
+    """The targets within reach that fewer than ``QUOTA`` examples reached."""
+    return [name for name in targets.within_reach() if statistics.target_count(name) < QUOTA]
+
+
+def aims(targets: Targets, statistics: Statistics) -> Aims:
+    """What the next chunk's production draw aims at: the unmet targets, urgently; else all of them."""
+    left = unmet(targets, statistics)
+    if left:
+        return Aims(targets.aims(left), urgent=True)
+    return Aims(targets.aims(targets.within_reach()), urgent=False)
+
+
+def pool_growth_due(examples_since: int, seconds_since: float, pool_entries: int, growths: int) -> bool:
+    """Has the campaign drawn long enough from its pool (grown ``growths`` times) to grow it again?"""
+    return (pool_entries > 0 and examples_since >= EXAMPLES_PER_ENTRY * pool_entries
+            and seconds_since >= GROWTH_SECONDS * 2 ** growths)
