@@ -1,23 +1,50 @@
 """The released adapters with the geometry of a finding on file left out, for campaigns "past the findings".
 
 ``NANFUZZ_VLLM_SRC=DIR nanfuzz fuzz --kernel tests.past_findings:triton_attn_int4_without_windows`` from
-the repository root: vLLM 0.33.0's INT4 per-token-head attention multiplies P by the V scales of keys
-below its sliding window (tests/regressions/vllm_triton_attn_int4-nan-v-scale-below-window.json);
-without windows every other dead slot is still poisoned.  The vLLM tree comes from
-``$NANFUZZ_VLLM_SRC`` (None: the installed vllm), which a user module reads itself.
+the repository root.  Each library's tree comes from its environment variable (``NANFUZZ_VLLM_SRC``,
+``NANFUZZ_AITER_SRC``, ``NANFUZZ_FA_SRC``; None: the installed package), which a user module reads itself.
+What each leaves out, and the repro on file that is why:
+
+- ``triton_attn_int4_without_windows``: vLLM 0.33.0's INT4 per-token-head attention multiplies P by the
+  V scales of keys below its window (vllm_triton_attn_int4-nan-v-scale-below-window.json);
+- ``rocm_segmented_attn_without_windows``: ROCM_SEGMENTED_ATTN loads a window's first tile whole
+  (vllm_rocm_segmented_attn-window-first-tile-loads-expired-v.json);
+- ``triton_mla_two_heads``: TRITON_MLA's per-head stage 1 sums q.k in bf16/fp16 where a rank has one
+  query head (vllm_triton_mla-per-head-stage-1-sums-qk-in-bf16.json): cases of one query head declined;
+- ``pa_decode_float16``: AITER's pa_decode crashes (v1) and misreads padding lanes (v2) at 48-slot blocks
+  and scales a bfloat16 query before rounding it (aiter_pa_decode-*.json): float16, no 48-slot blocks;
+- ``fa_contiguous_one_tile``: FlashAttention's AMD decode ignores the window and masks later tiles from
+  the tile's start (fa_amd_kvcache-contiguous-*.json): no window, sequences of one 64-key tile.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 
-from nanfuzz.harness.adapters import vllm
+from nanfuzz.harness.adapters import aiter, fa_amd, vllm
 
 
-def _without_windows(name: str):
-    kernel = vllm.kernel(name, os.environ.get("NANFUZZ_VLLM_SRC") or None)
-    return dataclasses.replace(kernel, name=f"{name} without windows", spec="",
-                               capabilities=kernel.capabilities.restrict(sliding_window=False))
+def _past(kernel, what: str, supports=None, **capabilities):
+    return dataclasses.replace(kernel, name=f"{kernel.name} {what}", spec="", supports=supports or kernel.supports,
+                               capabilities=kernel.capabilities.restrict(**capabilities))
 
 
-triton_attn_int4_without_windows = _without_windows(vllm.INT4_NAME)
+def _vllm(name: str):
+    return vllm.kernel(name, os.environ.get("NANFUZZ_VLLM_SRC") or None)
+
+
+def _one_head(case):
+    return "one query head: the per-head stage 1 on file" if case.geometry.num_q_heads == 1 else None
+
+
+triton_attn_int4_without_windows = _past(_vllm(vllm.INT4_NAME), "without windows", sliding_window=False)
+rocm_segmented_attn_without_windows = _past(_vllm("vllm:rocm_segmented_attn"), "without windows",
+                                            sliding_window=False)
+triton_mla_two_heads = _past(_vllm("vllm:triton_mla"), "with two query heads or more", supports=_one_head)
+
+_pa_decode = aiter.kernel("aiter:pa_decode", os.environ.get("NANFUZZ_AITER_SRC") or None)
+pa_decode_float16 = _past(_pa_decode, "in float16 without 48-slot blocks", dtypes=("float16",),
+                          interpreter_dtypes=("float16",),
+                          block_sizes=tuple(b for b in _pa_decode.capabilities.block_sizes if b != 48))
+fa_contiguous_one_tile = _past(fa_amd.kernel("fa_amd:kvcache@contiguous", os.environ.get("NANFUZZ_FA_SRC") or None),
+                               "without windows, sequences of one 64-key tile", sliding_window=False, max_seq_len=64)
