@@ -4,11 +4,18 @@ from pathlib import Path
 
 import pytest
 
+from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.judge import encodings
 from nanfuzz.harness.judge.check import check
+from nanfuzz.harness.judge.runs import case_bytes
+from nanfuzz.harness.launch.subjects import make_subject
+from nanfuzz.harness.launch.worker import judged
 from nanfuzz.harness.registry import builtin_kernels, library_of, resolve, source_key
 from nanfuzz.harness.report.repro import load_repro
 from nanfuzz.reference.errors import UnsupportedHere
+from nanfuzz.reference.features import size_features
+from nanfuzz.strategies.aims import HUGE_OFFSETS
+from nanfuzz.strategies.production import production_size
 
 REPROS = sorted((Path(__file__).parent / "regressions").glob("*.json"))
 
@@ -33,7 +40,7 @@ def test_regression_keeps_its_verdict(path, nanfuzz_device, request):
     why = _cache_not_here(kernel, record["case"], nanfuzz_device)
     if why:
         pytest.skip(why)
-    outcome = check(kernel, record["case"], nanfuzz_device)
+    outcome = _judge(kernel, record, nanfuzz_device)
     assert outcome.verdict.value == record["verdict"], outcome.summary
     sibling = _fixed_sibling(record["kernel"])
     if sibling:
@@ -41,10 +48,29 @@ def test_regression_keeps_its_verdict(path, nanfuzz_device, request):
         assert not fixed.failed, f"{sibling}: {fixed.summary}"
 
 
+def _judge(kernel, record: dict, device: str):
+    """The repro's outcome here.  A CRASH on a GPU is judged in a worker process, as a campaign
+    judges it: a kernel that faults its device (an illegal address) leaves the context of the
+    process it ran in unusable, and this one runs every test after it."""
+    if device != "cuda" or record["verdict"] != "CRASH":
+        return check(kernel, record["case"], device)
+    subject = make_subject(kernel, Settings(device=device))
+    try:
+        return judged(subject.check(record["case"]))
+    finally:
+        subject.close()
+
+
 def _cache_not_here(kernel, case, device: str) -> str | None:
-    """Why a repro cannot run here: a bfloat16 repro under the interpreter (which has no bfloat16
-    arithmetic: such repros come from GPU campaigns and run on GPU runners), the device lacks its
-    fp8 type, or (vLLM's kernels) the platform's fp8 is another one."""
+    """Why a repro cannot run here: a huge cache under the interpreter (block offsets past 2^31
+    elements, which a CPU campaign never draws), a bfloat16 repro under the interpreter (which has
+    no bfloat16 arithmetic): such repros come from GPU campaigns and run on GPU runners; the device
+    lacks its fp8 type, or (vLLM's kernels) the platform's fp8 is another one."""
+    huge_here = production_size(interpreter=True).huge_cache_bytes
+    if device == "cpu" and HUGE_OFFSETS in size_features(case) and case_bytes(case) > huge_here:
+        return (f"{kernel.name}: caches of {case_bytes(case) / (1 << 30):.1f} GiB whose block offsets pass 2^31 "
+                "elements, which the interpreter never draws (a check holds them at least twice in host memory): "
+                "it runs on GPU runners")
     reason = kernel.capabilities.unsupported(case, interpreter=device == "cpu")
     if device == "cpu" and reason and "under the interpreter" in reason:
         return f"{kernel.name}: {reason}"
