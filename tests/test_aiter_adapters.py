@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +20,14 @@ import triton.language as tl
 
 from nanfuzz.harness.adapters import aiter as aiter_adapters
 from nanfuzz.harness.adapters import aiter_loader, launches
+from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.cli import main
 from nanfuzz.harness.kernels._common import INTERPRETED
+from nanfuzz.harness.launch.subjects import make_subject
+from nanfuzz.harness.launch.worker import judged
 from nanfuzz.harness.registry import resolve
+from nanfuzz.harness.report.repro import load_repro
 from nanfuzz.reference.case import Poison
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import materialize
@@ -31,6 +36,11 @@ from tests.launch_spy import LaunchSpy
 
 DEVICE = "cpu" if INTERPRETED else "cuda"
 SOURCE: list = []  # the fetched kernel tree, for the helpers below
+REGRESSIONS = Path(__file__).parent / "regressions"
+KERNELS = "aiter/ops/triton/_triton_kernels/pa_decode.py"
+# Every pa_decode kernel's block offset: the block number (int32, from the int32 table) times the
+# block stride (an int32 argument below 2^31), which Triton multiplies in int32.
+BLOCK_OFFSET = "kv_blk_nums * stride_k_b + kv_offs"
 
 
 @pytest.fixture(autouse=True)
@@ -221,6 +231,35 @@ def test_aiter_kernels_run_on_this_gpu():
         assert bool(wrapped) != launches.compiles_for_amd(), name
         case = consecutive_case(seqs=[(1, 32), (1, 16)])  # full blocks: no tail for the kernels that load it
         assert check(kernel(name), case, DEVICE).verdict.value == "PASS", name
+
+
+def in_a_worker(resolved, case):
+    """``resolved``'s outcome on ``case`` from a worker process: an illegal address ends its context, not this one's."""
+    subject = make_subject(resolved, Settings(device="cuda"))
+    try:
+        return judged(subject.check(case))
+    finally:
+        subject.close()
+
+
+@pytest.mark.gpu
+def test_pa_decode_s_block_offset_in_int64_passes_the_crash_on_file(tmp_path):
+    """The CRASH on file: physical block 419431 of a 160-wide head on 32-slot blocks starts at element
+    419431 * 5120 = 2,147,486,720, past 2^31.  AITER sends the case to v1 (one partition) and its GQA
+    kernel (3 query heads a KV head), whose ``kv_blk_nums * stride_k_b`` (_triton_kernels/pa_decode.py:222)
+    is an int32 product: it wraps to -2,147,480,576, 4 GiB below the cache.  With the block number in
+    int64 in every kernel, the same case passes."""
+    record = load_repro(REGRESSIONS / "aiter_pa_decode-v1-block-offset-past-2-31-crash.json")
+    released = in_a_worker(kernel(record["kernel"]), record["case"])
+    assert released.verdict.value == "CRASH", released.summary
+    shutil.copytree(SOURCE[0], tmp_path / "tree")
+    path = tmp_path / "tree" / KERNELS
+    text = path.read_text()
+    assert text.count(BLOCK_OFFSET) == 8  # v1 and v2, with and without tl.dot, and their per-token copies
+    path.write_text(text.replace(BLOCK_OFFSET, "kv_blk_nums.to(tl.int64) * stride_k_b + kv_offs"))
+    fixed = in_a_worker(resolve(record["kernel"], aiter_src=str(tmp_path / "tree")), record["case"])
+    assert fixed.verdict.value == "PASS", fixed.summary
+    assert sorted(fixed.paths) == ["_paged_attn_decode_v1_w_dot_kernel"]
 
 
 # -- the command line --------------------------------------------------------------
