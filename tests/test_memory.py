@@ -216,3 +216,49 @@ def test_a_worker_waiting_for_memory_is_no_hang(tmp_path, holders, monkeypatch):
         assert outcome.memory_waited > 5.0
     finally:
         subject.close()
+
+
+def test_a_helper_process_opens_its_context_only_while_room_for_cases_stays(tmp_path):
+    from nanfuzz.harness.judge.device_memory import CONTEXT_BYTES, DeviceMemory
+    from nanfuzz.harness.judge.ledger import Ledger
+    from nanfuzz.harness.judge.memory import Governor
+
+    class Gpu(DeviceMemory):
+        """A 16 GiB device whose report of free memory follows the contexts opened."""
+        key, where = "gpu-test", "GPU"
+        opened = []
+
+        def __init__(self):
+            self.mine = False
+
+        def total(self):
+            return 16 * GiB
+
+        def free(self):
+            return 16 * GiB - len(Gpu.opened) * CONTEXT_BYTES
+
+        def held(self):
+            return CONTEXT_BYTES if self.mine else 0
+
+        def margin(self):
+            return 0
+
+    admitted = 0
+    for _ in range(16):
+        device = Gpu()
+        share = Governor(device, Ledger.open(tmp_path, device.key))
+        if not share.open_context(room=8 * GiB):
+            break
+        device.mine = True
+        Gpu.opened.append(device)
+        admitted += 1
+    assert admitted == 8  # eight contexts, and the half of the device left for cases stays free
+    assert not Governor(Gpu(), Ledger.open(tmp_path, "gpu-test")).open_context(room=8 * GiB)
+
+
+def test_a_device_runtime_error_that_is_out_of_memory_is_ours_and_others_are_not():
+    from nanfuzz.harness.judge.memory import out_of_memory
+
+    assert out_of_memory(RuntimeError("CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'"))
+    assert out_of_memory(RuntimeError("HIP error: out of memory"))
+    assert not out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))

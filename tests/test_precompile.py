@@ -266,10 +266,11 @@ def test_farm_processes_open_their_devices_one_after_another_and_a_failure_passe
         time.sleep(0.05)
 
     monkeypatch.setattr(torch, "zeros", zeros)
+    monkeypatch.setattr(precompile, "_room_for_a_context", lambda memory: True)
     turns = [threading.Event() for _ in range(3)]
     worker_device = threading.Event()
     # each waits an hour for its turn at most: only the order of the turns lets them through
-    threads = [threading.Thread(target=precompile._open_device_in_turn, args=(slot, turns, worker_device, 3600.0),
+    threads = [threading.Thread(target=precompile._open_device_in_turn, args=(slot, turns, None, worker_device, 3600.0),
                                 name=f"slot{slot}") for slot in (2, 1, 0)]
     for thread in threads:
         thread.start()

@@ -10,6 +10,13 @@ GiB = 1 << 30
 # look (a fresh worker, a farm process) takes about half a GiB, and the caching allocator rounds
 # every block up (2 MiB pages for large ones) and fragments.
 DEVICE_MARGIN = 1 * GiB
+# What a process's own GPU context holds beside its allocations, which no allocator counts: CUDA's
+# context, its modules and cuBLAS's workspaces, about half a GiB each on an H200 with torch 2.11.
+# Counted in every process's entry once it has opened the device, so that many processes on one
+# device (a campaign's worker and compile farm, several campaigns) cannot open more contexts than
+# the device holds beside the cases they reserved: eleven campaigns of sixteen farm processes each
+# ran one H200 out of memory while their ledger entries summed to a fraction of it.
+CONTEXT_BYTES = 1 * GiB
 
 
 @dataclass(frozen=True)
@@ -62,23 +69,34 @@ class GpuMemory(DeviceMemory):
         import torch
 
         self.index = index
-        self.key = "gpu-" + device_key(torch.cuda.get_device_properties(index), index)
+        properties = torch.cuda.get_device_properties(index)  # asks the driver: opens no context
+        self.key = "gpu-" + device_key(properties, index)
+        self.size = properties.total_memory
         self.where = "GPU"
+        self.opened = False   # has this process opened its context on the device (a look at free memory does)
 
     def total(self) -> int:
-        import torch
-
-        return torch.cuda.mem_get_info(self.index)[1]
+        return self.size
 
     def free(self) -> int:
+        """What the device reports free; 0 where even this process's context cannot open (the
+        device is full: the look itself needs a context)."""
         import torch
 
-        return torch.cuda.mem_get_info(self.index)[0]
+        try:
+            free = torch.cuda.mem_get_info(self.index)[0]
+        except RuntimeError as exc:
+            if "out of memory" not in str(exc).lower():
+                raise
+            return 0
+        self.opened = True
+        return free
 
     def held(self) -> int:
         import torch
 
-        return torch.cuda.memory_reserved(self.index)
+        reserved = torch.cuda.memory_reserved(self.index)
+        return reserved + (CONTEXT_BYTES if self.opened or reserved else 0)
 
     def give_back(self) -> None:
         import torch

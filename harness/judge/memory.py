@@ -82,8 +82,12 @@ def out_of_memory(exc: BaseException) -> bool:
             return True
     except (ImportError, AttributeError):
         pass
-    # the host allocator's failure is a plain RuntimeError
-    return isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in str(exc)
+    # the host allocator's failure is a plain RuntimeError, and so is a device's where the runtime, not
+    # the caching allocator, fails ("CUDA error: out of memory" as torch.AcceleratorError: a context,
+    # a library's workspace, a kernel's own allocation)
+    message = str(exc)
+    return isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in message
+                                              or "error: out of memory" in message.lower())
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,19 @@ class Governor:
             if told:
                 self.waited += time.monotonic() - started
                 waiting(False)
+
+    def open_context(self, room: int) -> bool:
+        """May this process open its context on the device, leaving ``room`` bytes for cases?  Asked
+        by a process that helps (a compile farm's) rather than judges: never waited for.  Where it
+        may, its entry weighs the context from now on."""
+        from nanfuzz.harness.judge.device_memory import CONTEXT_BYTES
+
+        try:
+            self.reserve(CONTEXT_BYTES + room, patience=0.0)
+        except TooLargeForDevice:
+            return False
+        self.settle()
+        return True
 
     def _shortfall(self, entries: dict, need: int, total: int, started: float) -> str:
         """Why ``need`` does not fit now ("" when it does)."""

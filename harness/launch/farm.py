@@ -494,7 +494,8 @@ def _serve(slot, plans, queue, current, since, folder, marks, after=None, turns=
     pinned = plans[0].spec.device == "cuda" and plans[0].spec.cuda_index is not None
     kernel = None if pinned else _preload(plans[0])
     if plans[0].spec.device == "cuda" and turns is not None:
-        _open_device_in_turn(slot, turns, after, device_wait)
+        if not _open_device_in_turn(slot, turns, plans[0].spec.memory, after, device_wait):
+            return  # the device has no room for another context: the campaign compiles what is left
         after = None
     if pinned:
         kernel = _preload(plans[0])
@@ -510,12 +511,32 @@ def _preload(plan: Plan):
         return None
 
 
-def _open_device_in_turn(slot: int, turns: list, after=None, device_wait: float = DEVICE_WAIT) -> None:
+# What a compile process leaves the device for the cases of every campaign on it: it opens its
+# context only while a quarter of the device stays free beside it (a context is about half a GiB,
+# and sixteen processes a campaign, several campaigns a device, would otherwise fill it).
+FARM_ROOM_SHARE = 4
+
+
+def _room_for_a_context(memory) -> bool:
+    """Does the memory governor leave room on this process's GPU for another context (True where it
+    cannot tell: the device's own failure is for the task to meet)?"""
+    try:
+        import torch
+
+        from nanfuzz.harness.judge.memory import governor
+
+        share = governor(memory, torch.device("cuda", torch.cuda.current_device()))
+    except Exception:
+        return True
+    return share.open_context(share.device.total() // FARM_ROOM_SHARE)
+
+
+def _open_device_in_turn(slot: int, turns: list, memory, after=None, device_wait: float = DEVICE_WAIT) -> bool:
     """Open this process's GPU context before taking a task: once the worker has opened its own
     (``after``), and the farm process before this one has opened its.  Sixteen contexts opened at
     once took 2.3 to 2.8 s each on an H200 host; one after another, 0.2 s each, so the first tasks,
-    the campaign's first cases, start compiling at once.  A device that fails to open is left for
-    the task to meet."""
+    the campaign's first cases, start compiling at once.  False where the memory governor finds no
+    room for another context; a device that fails to open otherwise is left for the task to meet."""
     try:
         if after is not None:
             after.wait(device_wait)
@@ -523,11 +544,14 @@ def _open_device_in_turn(slot: int, turns: list, after=None, device_wait: float 
             turns[slot - 1].wait(device_wait)
         import torch
 
+        if not _room_for_a_context(memory):
+            return False
         torch.zeros(1, device="cuda")
     except Exception:
         pass
     finally:
         turns[slot].set()
+    return True
 
 
 def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None,
