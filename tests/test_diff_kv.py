@@ -124,7 +124,7 @@ def test_a_large_diff_kv_case_has_the_host_builds_bits_and_verdicts(bug, monkeyp
 def test_capabilities_draw_the_declared_pairs_and_other_kernels_refuse_them():
     seen = set()
 
-    @settings(max_examples=60, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
     @given(paged_cases(DIFF_KV_CAPS, interpreter=True))
     def drawn(case):

@@ -126,7 +126,8 @@ def _campaign(kernel, examples, seed=0, size=None):
 def test_an_exact_kernel_passes_in_every_dtype():
     campaign = _campaign(planted_errors.exact, 150)
     assert not campaign.failed, campaign.failure.summary
-    assert set(campaign.accuracy.tallies) == {"float16", "bfloat16", "float32/ieee"}
+    # each arithmetic, in the small tier at least (a long batch is tallied apart, as production size)
+    assert {name.split()[0] for name in campaign.accuracy.tallies} == {"float16", "bfloat16", "float32/ieee"}
     for tally in campaign.accuracy.tallies.values():
         assert 0 < tally.worst <= tally.bound
 
