@@ -12,7 +12,8 @@ What each leaves out, and the repro on file that is why:
 - ``triton_mla_two_heads``: TRITON_MLA's per-head stage 1 sums q.k in bf16/fp16 where a rank has one
   query head (vllm_triton_mla-per-head-stage-1-sums-qk-in-bf16.json): cases of one query head declined;
 - ``pa_decode_float16``: AITER's pa_decode crashes (v1) and misreads padding lanes (v2) at 48-slot blocks
-  and scales a bfloat16 query before rounding it (aiter_pa_decode-*.json): float16, no 48-slot blocks;
+  and computes a block's element offset in int32 (aiter_pa_decode-*.json): float16, no 48-slot blocks,
+  no cache whose block offsets pass 2^31 elements;
 - ``fa_contiguous_one_tile``: FlashAttention's AMD decode ignores the window and masks later tiles from
   the tile's start (fa_amd_kvcache-contiguous-*.json): no window, sequences of one 64-key tile.
 """
@@ -25,7 +26,10 @@ from nanfuzz.harness.adapters import aiter, fa_amd, vllm
 
 
 def _past(kernel, what: str, supports=None, **capabilities):
-    return dataclasses.replace(kernel, name=f"{kernel.name} {what}", spec="", supports=supports or kernel.supports,
+    def declines(case):
+        return (kernel.supports(case) if kernel.supports else None) or (supports(case) if supports else None)
+
+    return dataclasses.replace(kernel, name=f"{kernel.name} {what}", spec="", supports=declines,
                                capabilities=kernel.capabilities.restrict(**capabilities))
 
 
@@ -42,8 +46,16 @@ rocm_segmented_attn_without_windows = _past(_vllm("vllm:rocm_segmented_attn"), "
                                             sliding_window=False)
 triton_mla_two_heads = _past(_vllm("vllm:triton_mla"), "with two query heads or more", supports=_one_head)
 
+def _offsets_past_2_31(case):
+    g = case.geometry
+    if g.num_blocks * g.block_size * g.num_kv_heads * g.head_size >= 1 << 31:
+        return "block offsets past 2^31 elements: the int32 offset on file"
+    return None
+
+
 _pa_decode = aiter.kernel("aiter:pa_decode", os.environ.get("NANFUZZ_AITER_SRC") or None)
-pa_decode_float16 = _past(_pa_decode, "in float16 without 48-slot blocks", dtypes=("float16",),
+pa_decode_float16 = _past(_pa_decode, "in float16 without 48-slot blocks", supports=_offsets_past_2_31,
+                          dtypes=("float16",),
                           interpreter_dtypes=("float16",),
                           block_sizes=tuple(b for b in _pa_decode.capabilities.block_sizes if b != 48))
 fa_contiguous_one_tile = _past(fa_amd.kernel("fa_amd:kvcache@contiguous", os.environ.get("NANFUZZ_FA_SRC") or None),
