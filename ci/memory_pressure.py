@@ -69,6 +69,9 @@ def main() -> int:
     p.add_argument("--kernel", action="append", metavar='"KERNEL [fuzz flags]"',
                    help="a campaign (repeatable; default: nine built-in variants, fixed and old)")
     p.add_argument("--time-budget", type=float, default=600.0, help="seconds each campaign searches (default 600)")
+    p.add_argument("--grace", type=float, default=300.0,
+                   help="seconds past the budget a campaign may take (shrinking, replays, memory waits) before it "
+                        "is killed and counted a failure (default 300)")
     p.add_argument("--out", default="memory-pressure", help="where each campaign's folder goes")
     p.add_argument("--memory-dir", help="the ledger folder the campaigns share (NANFUZZ_MEMORY_DIR)")
     p.add_argument("--json", help="also write the rows as JSON")
@@ -84,8 +87,14 @@ def main() -> int:
     print(f"memory pressure: {len(campaigns)} production-size campaigns at once on one {args.device} device, "
           f"{args.time_budget:g} s each; logs in {out}/", flush=True)
     rows = []
+    deadline = started + args.time_budget + args.grace
     for run, folder, process, log in campaigns:
-        code = process.wait()
+        try:
+            code = process.wait(max(0.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:  # a campaign that never ends is a defect, not a wait
+            process.kill()
+            code = process.wait()
+            print(f"{run}: still running {args.grace:g} s past its budget; killed", flush=True)
         log.close()
         rows.append(_row(run, folder, code))
     head = ("campaign", "exit", "verdict", "examples", "waits", "wait s", "declined", "judging oom", "repro")

@@ -61,11 +61,15 @@ class _NoMemoryOnceFound(InProcess):
     """The kernel in this process, on a device that has no memory left for anything after the
     first failure: every shrink candidate and every replay is declined."""
 
+    found = False
+
     def check(self, case, *, patience=None, **options):
-        if patience is not None:  # only a failure's checks wait
-            return Declined("this case needs about 4.0 GiB of GPU memory and 0.0 GiB are free to it after 600 s "
+        if self.found:
+            return Declined("this case needs about 4.0 GiB of GPU memory and 0.0 GiB are free to it after 120 s "
                             "of waiting; declined")
-        return super().check(case, **options)
+        outcome = super().check(case, **options)
+        self.found = outcome.failed
+        return outcome
 
 
 def test_a_finding_whose_replays_cannot_get_memory_stands_unshrunk_with_its_repro(tmp_path):
@@ -80,3 +84,21 @@ def test_a_finding_whose_replays_cannot_get_memory_stands_unshrunk_with_its_repr
     assert campaign.examples == campaign.examples_to_first_failure  # nothing ran after it: unshrunk
     (path, *_) = report_failure(kernel, campaign, settings, stream=open(os.devnull, "w"))
     assert json.loads(Path(path).read_text())["verdict"] == "NONFINITE"
+
+
+class _RecordsPatience(InProcess):
+    patience: list = []
+
+    def check(self, case, *, patience=None, **options):
+        self.patience.append(patience)
+        return super().check(case, **options)
+
+
+def test_a_drawn_case_waits_for_memory_no_longer_than_the_time_budget_leaves():
+    kernel = torch_kernel(None)
+    subject = _RecordsPatience(kernel, "cpu")
+    fuzz(kernel, Settings(device="cpu", use_database=False, seed=1, max_examples=5, time_budget=20.0), subject=subject)
+    assert subject.patience and all(5.0 <= p <= 20.0 for p in subject.patience), subject.patience
+    subject.patience.clear()
+    fuzz(kernel, Settings(device="cpu", use_database=False, seed=1, max_examples=3), subject=subject)
+    assert set(subject.patience) == {Settings().memory.search_wait}  # no budget: the governor's whole wait

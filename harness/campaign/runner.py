@@ -79,6 +79,11 @@ class _FarmWait:
             campaign.phase_times["compile"] = campaign.phase_times.get("compile", 0.0) + waited
 
 
+# The shortest wait for memory a drawn case gets, however little of the budget is left: other
+# processes give back what they hold within a second of a want.
+_LEAST_WAIT = 5.0
+
+
 def require_a_judged_case(campaign: Campaign) -> None:
     """A campaign that judged nothing because its every case was declined for memory passes
     nothing: one line and exit 2, never a silent pass."""
@@ -136,8 +141,9 @@ class CampaignRunner:
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
         self.search_seed = search_seed(settings, self.profile) if seed is None else seed
-        # a failure's checks (shrinking, replays) wait for memory as long as shrinking may last
-        self.finding_patience = max(settings.memory.search_wait, settings.shrink_budget)
+        # a failure's checks (shrinking, replays) wait for memory as a drawn case does, however little
+        # of the time budget is left: each that gets none leaves the failure as found (never lost)
+        self.finding_patience = settings.memory.search_wait
         self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed,
                                  statistics=Statistics.for_capabilities(self.caps, self.targets))
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
@@ -340,6 +346,16 @@ class CampaignRunner:
         if campaign.failure is not None and campaign.time_to_first_failure is not None:
             campaign.shrink_time = campaign.elapsed - campaign.time_to_first_failure
         return campaign
+
+    def search_patience(self) -> float:
+        """How long a drawn case waits for device memory: the governor's wait, within what is left of
+        the time budget (a case that gets none is declined, and a campaign sharing its device ends
+        near its budget instead of a whole wait past it)."""
+        wait = self.settings.memory.search_wait
+        if self.time_budget is None:
+            return wait
+        left = self.time_budget - (time.perf_counter() - self.start)
+        return max(_LEAST_WAIT, min(wait, left))
 
     # -- what the search draws from ------------------------------------------------------
     def strategy(self):

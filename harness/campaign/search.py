@@ -286,7 +286,7 @@ class Search:
         run, campaign = self.run, self.campaign
         run.journal.record(case)
         checked = time.perf_counter()
-        patience = None if self.first is None else run.finding_patience
+        patience = run.finding_patience if self.first is not None else run.search_patience()
         try:
             outcome = (run.subject.check(case, defer=defer, patience=patience) if defer
                        else run.subject.check(case, patience=patience))
