@@ -2,6 +2,7 @@
 windowed cases, is slow (as a compile is), raises, or ends its process."""
 from __future__ import annotations
 
+import os
 import time
 
 from nanfuzz.harness.kernel import Kernel
@@ -26,3 +27,12 @@ class _Stamped:
 
 
 stamped = _Stamped()
+
+
+def _leave(batch, out):
+    os._exit(3)
+
+
+# ends its farm process at its first case, leaving every later task in the farm's queue
+leaves_at_once = Kernel(name="farm@leaves_at_once", run=_leave, capabilities=CAPS,
+                        spec="tests.farm_subjects:leaves_at_once")

@@ -3,7 +3,11 @@ waits for the entries the farm still holds, and a kernel that raises, dies or ha
 farm gives up its entry only (the campaign then meets it in its own worker)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -280,3 +284,25 @@ def test_farm_processes_open_their_devices_one_after_another_and_a_failure_passe
     for thread in threads:
         thread.join(600)
     assert opened == ["slot0", "slot1", "slot2"] and all(turn.is_set() for turn in turns)
+
+
+def test_a_farm_whose_processes_left_before_their_tasks_lets_its_process_exit(tmp_path):
+    # hundreds of tasks no process took fill the pipe under the farm's queue; the process that ran the
+    # farm (a campaign, which has printed its verdict) must still exit once the farm is closed
+    code = textwrap.dedent(f"""
+        from dataclasses import replace
+        from tests.test_precompile import _plan
+        from nanfuzz.harness.launch.farm import BuiltMarks, Farm, sample_cases
+        plan = _plan("tests.farm_subjects:leaves_at_once")
+        plan = replace(plan, upcoming=sample_cases(plan, plan.entries[0]) * 200)
+        with Farm([plan], processes=1, marks=BuiltMarks({str(tmp_path)!r})) as farm:
+            farm.wait(timeout=300)
+        print("closed, given up:", farm.summary()["given_up"])
+    """)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, capture_output=True,
+                              text=True, timeout=600)
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the farm's process never exited: {hung.stdout!r}")
+    assert proc.returncode == 0 and "closed, given up: " in proc.stdout, proc.stdout + proc.stderr
+    assert int(proc.stdout.split("given up: ")[1]) >= 1

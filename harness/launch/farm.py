@@ -431,6 +431,11 @@ class Farm:
                 process.kill()
         for process in self._processes:
             process.join(timeout=5)
+        if self._processes:
+            # tasks no process took may fill the queue's pipe; its feeder thread, joined at exit,
+            # would then hold the campaign's process alive after its verdict
+            self._queue.cancel_join_thread()
+            self._queue.close()
         if self._monitor is not None:
             self._monitor.join(timeout=5)
         if self.finished_at is None:

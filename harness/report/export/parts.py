@@ -43,12 +43,14 @@ JUDGING = (
     ("harness.report.export.reproduce", None, ()),
 )
 # What a user's adapter may import from nanfuzz, for the stand-in that takes nanfuzz's place where it is
-# not installed: the kernel contract and the layout and window helpers (``stand_in.GIVEN``).
+# not installed: the kernel contract, the device it stands in for, and the layout and window helpers
+# (``stand_in.GIVEN``).
 USER_PARTS = (
     ("reference.capabilities", None, ()),
     ("reference.layouts", ("KEYS", "Scheduled", "scheduled", "live_key_ranges", "TokenIndices", "token_indices",
                            "_pages", "req_to_token", "dead_pages", "_padded_length"), ()),
     ("reference.windows", None, ()),
+    ("harness.device", None, ()),
     ("harness.kernel", ("Kernel",), ()),
     ("harness.report.export.stand_in", None, ()),
 )

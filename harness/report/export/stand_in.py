@@ -1,7 +1,8 @@
 """What an exported repro hands a user's adapter as ``nanfuzz`` where nanfuzz is not installed.
 
 An adapter imports its ``Kernel`` and ``Capabilities`` from nanfuzz, and
-perhaps the helpers for other layouts and window conventions.  The script of
+perhaps the helpers for other layouts and window conventions and the device
+a run stands in for.  The script of
 such an adapter carries them, copied from nanfuzz with the rest of its code,
 and before it imports the adapter ``provide_nanfuzz`` puts a module named
 ``nanfuzz`` holding them (``GIVEN``) in ``sys.modules``, unless nanfuzz is
@@ -15,6 +16,7 @@ import importlib.util
 import sys
 import types
 
+from nanfuzz.harness.device import H200, MI355X, DeviceProperties, device_properties
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.capabilities import Capabilities
@@ -29,6 +31,8 @@ GIVEN = {
     "NanfuzzError": NanfuzzError, "Scheduled": Scheduled, "scheduled": scheduled, "live_key_ranges": live_key_ranges,
     "TokenIndices": TokenIndices, "token_indices": token_indices, "req_to_token": req_to_token,
     "sliding_window": sliding_window, "window_size": window_size, "window_left": window_left,
+    "DeviceProperties": DeviceProperties, "device_properties": device_properties,
+    "MI355X": MI355X, "H200": H200,
 }
 
 
