@@ -23,6 +23,7 @@ from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.features import size_features
+from nanfuzz.strategies.steady import steady_draws
 
 PHASES = ("materialize", "kernel", "oracle", "reference", "verdict")
 # Bucket bounds in live keys: each bucket holds [bound, next bound).
@@ -70,7 +71,8 @@ def drawn(strategy, count: int) -> list[Case]:
     def collect(case):
         found.append(case)
 
-    collect()
+    with steady_draws():
+        collect()
     return found
 
 

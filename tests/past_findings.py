@@ -10,7 +10,8 @@ What each leaves out, and the repro on file that is why:
 - ``rocm_segmented_attn_without_windows``: ROCM_SEGMENTED_ATTN loads a window's first tile whole
   (vllm_rocm_segmented_attn-window-first-tile-loads-expired-v.json);
 - ``triton_mla_two_heads``: TRITON_MLA's per-head stage 1 sums q.k in bf16/fp16 where a rank has one
-  query head (vllm_triton_mla-per-head-stage-1-sums-qk-in-bf16.json): cases of one query head declined;
+  query head (tests/near_bound/vllm_triton_mla-per-head-stage-1-sums-qk-in-bf16.json, within the error
+  model since): cases of one query head declined, so a campaign meets the grouped stage 1 alone;
 - ``pa_decode_float16``: AITER's pa_decode crashes (v1) and misreads padding lanes (v2) at 48-slot blocks
   and computes a block's element offset in int32 (aiter_pa_decode-*.json): float16, no 48-slot blocks,
   no cache whose block offsets pass 2^31 elements;

@@ -263,8 +263,6 @@ AITER_OUTSIDE = [
     # context_attention_fwd loads keys below the window; no window, nothing expires
     ("aiter_pa_prefill-window-expired-slots-of-a-live-block", ("sliding_window=1,", "sliding_window=0,")),
     ("aiter_chunked_pa_prefill-prefill-window-expired-slots", ("sliding_window=1,", "sliding_window=0,")),
-    # bf16 queries rounded after the scale: fp16 keeps the bits that bf16 loses
-    ("aiter_pa_decode-bf16-query-scaled-and-rounded-before-qk-mismatch", ("dtype='bfloat16'", "dtype='float16'")),
 ]
 
 

@@ -51,5 +51,9 @@ def test_a_chunk_of_prefills_holds_its_padded_queries_within_the_budget(monkeypa
         return live
 
     monkeypatch.setattr(oracle_module, "_gather", measured)
-    assert _same(oracle(batch), whole)  # chunks change where the work is cut, never a bit of it
+    chunked = oracle(batch)
+    # padded to another longest query, a chunk's float64 products may be blocked otherwise by the
+    # host's BLAS: the last bits of a sum, never a value
+    assert chunked.shape == whole.shape and torch.equal(chunked.isnan(), whole.isnan())
+    assert torch.allclose(chunked, whole, rtol=1e-12, atol=1e-15, equal_nan=True)
     assert len(held) > 1 and max(held) <= budget, held

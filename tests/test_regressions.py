@@ -89,5 +89,5 @@ def test_the_known_bugs_are_on_file():
     assert {"paged_decode@unmasked", "paged_decode@tail-masked", "prefix_prefill@unmasked",
             "unified@overshoot", "vllm:rocm_attn", "vllm:triton_attn", "aiter:unified_attention",
             "aiter:unified_attention@3d", "aiter:pa_decode@v1", "aiter:pa_decode@v2", "aiter:pa_prefill",
-            "aiter:chunked_pa_prefill", "fa_amd:kvcache", "fa_amd:kvcache@contiguous", "vllm:triton_mla",
+            "aiter:chunked_pa_prefill", "fa_amd:kvcache", "fa_amd:kvcache@contiguous",
             "vllm:rocm_segmented_attn", "lmdeploy:decode", "lmdeploy:prefill", "vllm:triton_attn_int4"} <= kernels
