@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--dtype", choices=DTYPES)
         p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES,
                        help="fuzz only this KV-cache dtype (auto: unquantized; fp8 with per-tensor or per-token-head "
-                            "scales; int8 with per-token-head scales); default: every one the kernel takes and the "
+                            "scales; int8 with per-token-head scales; uint8, uint4, uint3: unsigned codes with a scale "
+                            "and zero point per token and head); default: every one the kernel takes and the "
                             "device runs")
         p.add_argument("--kv-scales", choices=SCALE_MODES,
                        help="quantized caches with per-tensor scales only, or per-token-head scale caches only")
@@ -113,8 +114,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a case whose traced loads address a dead slot is a finding (DEAD_READ) even when its value "
                         "never reaches the output (Triton's interpreter only)")
     p.add_argument("--no-target", action="store_true",
-                   help="do not steer the search (Hypothesis's target()) toward more dead slots addressed and errors "
-                        "nearer the bound")
+                   help="report nothing to Hypothesis's target() (dead slots addressed, errors nearer the bound, "
+                        "rarely launched kernels); production cases still aim at their unmet targets")
     size_option(p)
     p.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON (with the statistics)")
     p.add_argument("--show-statistics", action="store_true",
