@@ -7,7 +7,6 @@ from pathlib import Path
 from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.import_path import find_import_root
 from nanfuzz.harness.launch.import_probe import load_kernel
-from nanfuzz.harness.launch.worker import judged
 from nanfuzz.harness.report.repro import environment, load_repro
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
@@ -64,18 +63,14 @@ def _resolve_recorded(name: str, record: dict, path: str, settings: Settings):
 
 def replay(path: str, *, kernel_name: str | None = None, settings: Settings | None = None,
            device: str | None = None) -> Replay:
-    from nanfuzz.harness.launch.subjects import make_subject
+    from nanfuzz.harness.launch.subjects import check_once
 
     settings = settings or Settings(device=device or "cpu")
     record = load_repro(path)
     if record.get("verdict") == Verdict.DEAD_READ.value:
         settings = settings.replace(strict_reads=True)  # the finding exists only under --strict-reads
     kernel, settings = _resolve_recorded(kernel_name or record["kernel"], record, path, settings)
-    subject = make_subject(kernel, settings)
-    try:
-        outcome = judged(subject.check(record["case"], digest=True, patience=settings.shrink_budget))
-    finally:
-        subject.close()
+    outcome = check_once(kernel, settings, record["case"], digest=True, patience=settings.shrink_budget)
     recorded_env = record.get("environment", {})
     now_env = environment(settings.device)
     same = all(recorded_env.get(k) == now_env.get(k) for k in ("device_name", "torch", "triton"))

@@ -3,10 +3,10 @@
 Hypothesis (6.131 on) now and then draws a constant it found in the source of a module
 imported from outside site-packages and the standard library: an editable nanfuzz, a user's
 adapter, a library's kernel files loaded from a folder, a test module.  Which of those a
-process has imported then changes what one seed draws, and a seed must draw the same cases in
-a campaign, in its compile processes, on every gate runner and in a replay.  While
-``steady_draws()`` is in force Hypothesis sees no such constants (its own list stays); a
-Hypothesis without them runs as it is.
+process has imported then changes what one seed draws.  While ``steady_draws()`` is in force
+Hypothesis sees no such constants (its own list stays), so a draw that must be the same on
+every run (``harness.scaling.drawn``) is; a Hypothesis without them runs as it is.  A
+campaign's own search still draws with them.
 """
 from __future__ import annotations
 
@@ -28,10 +28,6 @@ def _providers():
     return providers if all(hasattr(providers, name) for name in wanted) else None
 
 
-def _no_local_constants():
-    return _providers().Constants()
-
-
 def _forget_chosen_constants(providers) -> None:
     # the constants allowed per kind of choice are cached, local ones included
     cache = providers.CONSTANTS_CACHE
@@ -49,7 +45,7 @@ def steady_draws() -> Iterator[None]:
     with _lock:
         if _depth == 0:
             _original = providers._get_local_constants
-            providers._get_local_constants = _no_local_constants
+            providers._get_local_constants = providers.Constants  # an empty set of constants
             _forget_chosen_constants(providers)
         _depth += 1
     try:

@@ -24,8 +24,7 @@ from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.cli import main
 from nanfuzz.harness.kernels._common import INTERPRETED
-from nanfuzz.harness.launch.subjects import make_subject
-from nanfuzz.harness.launch.worker import judged
+from nanfuzz.harness.launch.subjects import check_once
 from nanfuzz.harness.registry import resolve
 from nanfuzz.harness.report.repro import load_repro
 from nanfuzz.reference.case import Poison
@@ -236,11 +235,7 @@ def test_aiter_kernels_run_on_this_gpu():
 
 def in_a_worker(resolved, case):
     """``resolved``'s outcome on ``case`` from a worker process: an illegal address ends its context, not this one's."""
-    subject = make_subject(resolved, Settings(device="cuda"))
-    try:
-        return judged(subject.check(case))
-    finally:
-        subject.close()
+    return check_once(resolved, Settings(device="cuda"), case)
 
 
 @pytest.mark.gpu

@@ -8,8 +8,7 @@ from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.judge import encodings
 from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.judge.runs import case_bytes
-from nanfuzz.harness.launch.subjects import make_subject
-from nanfuzz.harness.launch.worker import judged
+from nanfuzz.harness.launch.subjects import check_once
 from nanfuzz.harness.registry import builtin_kernels, library_of, resolve, source_key
 from nanfuzz.harness.report.repro import load_repro
 from nanfuzz.reference.errors import UnsupportedHere
@@ -54,11 +53,7 @@ def _judge(kernel, record: dict, device: str):
     process it ran in unusable, and this one runs every test after it."""
     if device != "cuda" or record["verdict"] != "CRASH":
         return check(kernel, record["case"], device)
-    subject = make_subject(kernel, Settings(device=device))
-    try:
-        return judged(subject.check(record["case"]))
-    finally:
-        subject.close()
+    return check_once(kernel, Settings(device=device), record["case"])
 
 
 def _cache_not_here(kernel, case, device: str) -> str | None:

@@ -19,6 +19,25 @@ DEVICE_MARGIN = 1 * GiB
 CONTEXT_BYTES = 1 * GiB
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Did ``exc`` come from an allocation that failed (device memory, or the host's)?"""
+    if isinstance(exc, MemoryError):
+        return True
+    try:
+        import torch
+
+        if isinstance(exc, torch.OutOfMemoryError):
+            return True
+    except (ImportError, AttributeError):
+        pass
+    # the host allocator's failure is a plain RuntimeError, and so is a device's where the runtime, not
+    # the caching allocator, fails ("CUDA error: out of memory" as torch.AcceleratorError: a context,
+    # a library's workspace, a kernel's own allocation)
+    message = str(exc)
+    return isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in message
+                                              or "error: out of memory" in message.lower())
+
+
 @dataclass(frozen=True)
 class SimulatedDevice:
     """A device of ``total_bytes`` whose every case needs ``case_bytes`` and whose processes hold
@@ -86,7 +105,7 @@ class GpuMemory(DeviceMemory):
         try:
             free = torch.cuda.mem_get_info(self.index)[0]
         except RuntimeError as exc:
-            if "out of memory" not in str(exc).lower():
+            if not out_of_memory(exc):
                 raise
             return 0
         self.opened = True

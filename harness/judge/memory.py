@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from nanfuzz.harness.judge.device_memory import (GiB, DeviceMemory, GpuMemory, HostMemory, SimulatedDevice,
-                                                 SimulatedMemory, device_key)
+                                                 SimulatedMemory, device_key, out_of_memory)
 from nanfuzz.harness.judge.ledger import Ledger
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -69,25 +69,6 @@ class JudgingOutOfMemory(TooLargeForDevice):
 class HarnessOutOfMemory(Exception):
     """nanfuzz's own allocation failed while it judged a case (materialising, the oracle, the
     verdict): retried once with memory granted again, else declined; never the kernel's verdict."""
-
-
-def out_of_memory(exc: BaseException) -> bool:
-    """Did ``exc`` come from an allocation that failed (device memory, or the host's)?"""
-    if isinstance(exc, MemoryError):
-        return True
-    try:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError):
-            return True
-    except (ImportError, AttributeError):
-        pass
-    # the host allocator's failure is a plain RuntimeError, and so is a device's where the runtime, not
-    # the caching allocator, fails ("CUDA error: out of memory" as torch.AcceleratorError: a context,
-    # a library's workspace, a kernel's own allocation)
-    message = str(exc)
-    return isinstance(exc, RuntimeError) and ("DefaultCPUAllocator: can't allocate memory" in message
-                                              or "error: out of memory" in message.lower())
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.launch.worker import InProcess, Supervised, WorkerSpec
+from nanfuzz.harness.launch.worker import InProcess, Supervised, WorkerSpec, judged
 from nanfuzz.reference.errors import NanfuzzError
 
 if TYPE_CHECKING:  # settings travel inward as an argument; nothing here reads them at import
@@ -20,6 +20,17 @@ def make_subject(kernel: Kernel, settings: Settings, prefer_fork: bool = False):
     """The kernel behind a supervised worker, or in this process with ``isolation=False``.
     ``prefer_fork``: see ``Supervised``."""
     return subject_for(kernel, settings, worker_spec(kernel, settings) if settings.isolation else None, prefer_fork)
+
+
+def check_once(kernel: Kernel, settings: Settings, case, **options):
+    """``case``'s outcome from a subject made for it alone (a worker process unless ``isolation``
+    is off: a kernel that faults its device ends that worker's context, not the caller's), closed
+    after; ``options`` go to its ``check``.  A ``Declined`` is its one-line error."""
+    subject = make_subject(kernel, settings)
+    try:
+        return judged(subject.check(case, **options))
+    finally:
+        subject.close()
 
 
 def subject_for(kernel: Kernel, settings: Settings, spec: WorkerSpec | None, prefer_fork: bool = False,
