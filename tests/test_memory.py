@@ -262,3 +262,24 @@ def test_a_device_runtime_error_that_is_out_of_memory_is_ours_and_others_are_not
     assert out_of_memory(RuntimeError("CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'"))
     assert out_of_memory(RuntimeError("HIP error: out of memory"))
     assert not out_of_memory(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
+@pytest.mark.parametrize("error, free", [("CUDA error: out of memory", 0), ("an illegal memory access", None)])
+def test_a_gpu_too_full_to_open_a_context_reports_nothing_free_and_other_errors_rise(monkeypatch, error, free):
+    from nanfuzz.harness.judge.device_memory import CONTEXT_BYTES, GpuMemory
+
+    def mem_get_info(index):
+        raise RuntimeError(error)
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index: 0)
+    device = object.__new__(GpuMemory)  # no GPU here: the fields __init__ would read from the driver
+    device.index, device.opened = 0, False
+    if free is None:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            device.free()
+    else:
+        assert device.free() == free
+    assert device.held() == 0 and not device.opened  # a look that failed opened no context
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (5 * GiB, 16 * GiB))
+    assert device.free() == 5 * GiB and device.held() == CONTEXT_BYTES  # one that worked did
