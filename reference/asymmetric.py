@@ -89,6 +89,19 @@ def dequantize_unsigned(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.
     return codes.double() * scale + zero
 
 
+def operand_offsets(scales: torch.Tensor, zeros: torch.Tensor | None, side: CacheSide) -> torch.Tensor:
+    """float64 ``[...]``: what a stored row's dotted operand, code x scale, adds to each of its values
+    (``dequantize_unsigned``'s), per stored scale and zero ``[...]``: zero x scale for zero points in code
+    units, -zero for an offset.  A kernel that multiplies the raw codes and subtracts the zero point's
+    share afterwards rounds operands of this much more magnitude than the values."""
+    if side.scale_format == "float32-zp4":
+        scale, zero = word_fields(scales)
+        return zero.double() * scale
+    if side.zero_points == "code":
+        return zeros.double() * scales.double()
+    return -zeros.double()
+
+
 def dequantize_unsigned_rounded(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                        side: CacheSide) -> torch.Tensor:
     """``dequantize_unsigned`` with each operation rounded to the scales' dtype where it is a half-precision one:

@@ -29,7 +29,7 @@ from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import UNSIGNED_DTYPES, Case
 from nanfuzz.reference.materialize import host_to_device, token_layout
 from nanfuzz.reference.precision import FLOAT64, Arithmetic
-from nanfuzz.reference.quantization import stored_values
+from nanfuzz.reference.quantization import offsets_at, stored_values
 from nanfuzz.reference.rotation import rotate, rotation_norm, unrotate
 from nanfuzz.reference.semantics import allowed_mask, live_key_range
 
@@ -72,9 +72,14 @@ class Summands:
     - ``value_spread``: the same over every key: independent roundings of V's values;
     - ``score_spread``: ``sqrt(sum p_k^2 (v_k - o)^2)``: an independent change ``e`` of each
       score moves each weight by ``p_k e`` and the row by about that much times ``e``;
+    - ``offset_share`` ``[tokens, q_heads]``: ``sum_k p_k |z_k|``, ``z_k`` what V's dotted operand,
+      code x scale, adds to key k's values in a cache of unsigned codes (zero x scale, or -offset;
+      ``asymmetric.operand_offsets``), 0 for any other cache: a kernel that multiplies P by the raw
+      codes and subtracts the zero points' share afterwards rounds terms of ``v_k + z_k``, and a
+      rounding of the same sign in every one of them moves the row by that share times the unit;
     - ``keys`` ``[tokens, q_heads]``: how many keys the row sums;
     - ``score_scale`` ``[tokens, q_heads]``: ``scale x |q|_2 x max|k|``, what a score's relative
-      rounding scales with;
+      rounding scales with (for unsigned codes ``max(|k| + |z|)``, the operand dotted: code x scale);
     - ``products`` ``[tokens, q_heads]``: how many products a score sums (the head size).
 
     The spreads come from float32 products: they size an allowance, they are not compared.
@@ -84,6 +89,7 @@ class Summands:
     rounded_spread: torch.Tensor
     value_spread: torch.Tensor
     score_spread: torch.Tensor
+    offset_share: torch.Tensor
     keys: torch.Tensor
     score_scale: torch.Tensor
     products: torch.Tensor
@@ -96,7 +102,7 @@ class Summands:
         def per_row() -> torch.Tensor:
             return torch.empty(tokens, heads, dtype=torch.float64, device=device)
 
-        return cls(rows(), rows(), rows(), rows(), per_row(), per_row(), per_row())
+        return cls(rows(), rows(), rows(), rows(), per_row(), per_row(), per_row(), per_row())
 
     def fill(self, at: slice, part: "Summands") -> None:
         for name in self.__dataclass_fields__:
@@ -178,6 +184,8 @@ class _Gathered:
     tok_row: torch.Tensor       # [chunk tokens]: its query row in the sequence
     # k and v dequantized in their scales' dtype, where that is a half-precision one; else None
     rounded: tuple[torch.Tensor, torch.Tensor] | None = None
+    # |what code x scale adds to each value| [n, max_len, hkv] of K and of V, each where it is of unsigned codes
+    offsets: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
     def attend(self, arithmetic: Arithmetic, measure: bool = False) -> tuple[torch.Tensor, Summands | None]:
         """float64 ``[chunk tokens, num_q_heads, v_head_size]`` in ``arithmetic``, a step of query rows
@@ -194,7 +202,7 @@ class _Gathered:
             scale = scale / rotation_norm(kv, g.head_size)
         with _ieee_float32_matmuls():
             steps = [_softmax_pv(q[:, r:r + rows], k, v, self.allowed[:, r:r + rows], scale,
-                                 self.sinks, arithmetic, measure) for r in range(0, max_q, rows)]
+                                 self.sinks, arithmetic, measure, self.offsets[1]) for r in range(0, max_q, rows)]
         out, *measured = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1) for parts in zip(*steps))
         if kv.rotation != "none":  # and the output back out of it (the summands stay in the cache's frame)
             out = arithmetic.output(arithmetic.rotation(unrotate(arithmetic.rotation(out.double()), kv)))
@@ -205,7 +213,10 @@ class _Gathered:
         """The chunk's rows' :class:`Summands`, from the per-row figures of its float64 pass
         (``[n, max_q, hkv, group, ...]``), the queries and scale it attended with and the gathered keys."""
         g = self.case.geometry
-        key_max = self.k.abs().amax(dim=(1, 3))[:, None, :, None]                              # [n, 1, hkv, 1]
+        key_max = self.k.abs().amax(dim=3)                                                     # [n, max_len, hkv]
+        if self.offsets[0] is not None:  # the kernel dots code x scale: the value and its offset
+            key_max = key_max + self.offsets[0]
+        key_max = key_max.amax(dim=1)[:, None, :, None]                                        # [n, 1, hkv, 1]
         score_scale = scale * q.norm(dim=-1) * key_max                                         # [n, q, hkv, g]
         keys = self.allowed.sum(dim=-1).double()[:, :, None, None].expand_as(score_scale)
 
@@ -252,10 +263,12 @@ def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gat
     k = torch.zeros(n, max_len, hkv, d, dtype=torch.float64, device=device)
     v = torch.zeros(n, max_len, hkv, g.v_head_size, dtype=torch.float64, device=device)
     k[seq_idx, key_idx], v[seq_idx, key_idx] = stored_values(batch, slot)
-    rounded = None
+    rounded, offsets = None, (None, None)
     if any(batch.case.kv_cache.side(w).dtype in UNSIGNED_DTYPES for w in ("k", "v")):
         rounded = (torch.zeros_like(k), torch.zeros_like(v))
         rounded[0][seq_idx, key_idx], rounded[1][seq_idx, key_idx] = stored_values(batch, slot, rounded=True)
+        offsets = tuple(None if live is None else _padded(live.abs(), seq_idx, key_idx, (n, max_len, hkv))
+                        for live in offsets_at(batch, slot))
 
     # -- the queries, padded to [n, max_q] -----------------------------------
     q = torch.zeros(n, max_q, hkv, group, d, dtype=torch.float64, device=device)
@@ -270,7 +283,14 @@ def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gat
         pos, key, seq_len[:, None, None], case.sliding_window, case.causal)
 
     sinks = batch.sinks.view(1, hkv, group, 1, 1) if batch.sinks is not None else None
-    return _Gathered(case, q, k, v, allowed, sinks, tok_seq, tok_row, rounded)
+    return _Gathered(case, q, k, v, allowed, sinks, tok_seq, tok_row, rounded, offsets)
+
+
+def _padded(live: torch.Tensor, seq_idx: torch.Tensor, key_idx: torch.Tensor, shape) -> torch.Tensor:
+    """The live keys' figures ``[live keys, ...]`` in a zero-padded float64 ``shape`` ``[n, max_len, ...]``."""
+    padded = torch.zeros(shape, dtype=torch.float64, device=live.device)
+    padded[seq_idx, key_idx] = live
+    return padded
 
 
 class _IeeeMatmuls:
@@ -324,10 +344,11 @@ def _softmax_weights(q, k, allowed, scale, sinks, acc: torch.dtype) -> tuple[tor
     return p, denom
 
 
-def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic, measure: bool = False
-                ) -> tuple[torch.Tensor, ...]:
+def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic, measure: bool = False,
+                v_offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """softmax(scale * q.k) v over the allowed keys, in ``arithmetic``: ``([n, max_q, hkv, group, dv],)``;
-    with ``measure``, also the rows' summands from the same weights (:func:`_spreads`)."""
+    with ``measure``, also the rows' summands from the same weights (:func:`_spreads`) and their
+    offset shares from V's ``|offsets|`` ``[n, max_len, hkv]`` (None: V's codes have none)."""
     acc = arithmetic.accumulate
     q, k, v = (arithmetic.operand(x.to(acc)) for x in (q, k, v))
     p, denom = _softmax_weights(q, k, allowed, scale, sinks, acc)
@@ -335,7 +356,16 @@ def _softmax_pv(q, k, v, allowed, scale, sinks, arithmetic: Arithmetic, measure:
     out = torch.einsum("shgql,slhe->sqhge", arithmetic.probabilities(p), v) / per_row
     if not measure:
         return (arithmetic.output(out),)
-    return (arithmetic.output(out), *_spreads(p / denom, v, out))
+    weights = p / denom
+    return (arithmetic.output(out), *_spreads(weights, v, out), _offset_share(weights, v_offsets))
+
+
+def _offset_share(p: torch.Tensor, offsets: torch.Tensor | None) -> torch.Tensor:
+    """``sum_k p_k |z_k|`` ``[n, max_q, hkv, group]`` from normalised weights ``p`` ``[n, hkv, group,
+    max_q, max_len]`` and V's ``|offsets|`` ``[n, max_len, hkv]`` (None: zero)."""
+    if offsets is None:
+        return p.new_zeros(p.shape[0], p.shape[3], p.shape[1], p.shape[2], dtype=torch.float32)
+    return torch.einsum("shgql,slh->sqhg", p.float(), offsets.float())
 
 
 def _spreads(p: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nanfuzz.reference.asymmetric import dequantize_unsigned, dequantize_unsigned_rounded, quantize_unsigned
+from nanfuzz.reference.asymmetric import (dequantize_unsigned, dequantize_unsigned_rounded, operand_offsets,
+                                         quantize_unsigned)
 from nanfuzz.reference.packing import pack_codes, unpack_codes
 from nanfuzz.reference.rotation import unrotate
 from nanfuzz.reference.case import UNSIGNED_DTYPES, CacheSide, KVCache
@@ -214,6 +215,28 @@ def stored_values(batch, slots: torch.Tensor, rounded: bool = False) -> tuple[to
         return k, k[..., :case.geometry.latent_rank]
     return k, values_at(case, batch.value_cache, kv.v_scale, batch.v_scale_cache, slots,
                         which="v", zero_cache=batch.v_zero_cache, rounded=rounded)
+
+
+def offsets_at(batch, slots: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """float64 ``[len(slots), num_kv_heads]`` per side (K, V) of the flat cache slots: what the side's
+    code x scale adds to each value it stores (``asymmetric.operand_offsets``); None for a side that
+    is not of unsigned codes (its codes are centred: code x scale is the value).  A latent cache's V
+    is K's first entries, and has K's offsets."""
+    case = batch.case
+    g = case.geometry
+
+    def side_offsets(which: str, scale_cache, zero_cache) -> torch.Tensor | None:
+        side = case.kv_cache.side(which)
+        if side.dtype not in UNSIGNED_DTYPES:
+            return None
+        scales = scale_cache.reshape(-1, g.num_kv_heads)[slots]
+        zeros = zero_cache.reshape(-1, g.num_kv_heads)[slots] if side.zero_cache else None
+        return operand_offsets(scales, zeros, side)
+
+    k = side_offsets("k", batch.k_scale_cache, batch.k_zero_cache)
+    if g.latent:
+        return k, k
+    return k, side_offsets("v", batch.v_scale_cache, batch.v_zero_cache)
 
 
 def values_at(case, cache: torch.Tensor, scale: float, scale_cache: torch.Tensor | None,

@@ -15,6 +15,10 @@ live field wrongly:
 
 ``bf16-rotations`` is correct but rotates q and un-rotates its output in bfloat16, as vLLM's INT4
 attention does on GPUs (``single_rht``): within the bound, no bug.
+
+``raw_codes`` computes as vLLM's INT4 attention does with float32 queries on NVIDIA GPUs: q and
+P x V's scale dotted with the raw codes in TF32 (the operands truncated to 10 mantissa bits), the
+zero points' share subtracted afterwards in float32.
 """
 from __future__ import annotations
 
@@ -150,6 +154,78 @@ def attention(batch, out, *, bug: str | None = None):
     return out
 
 
+def _truncated_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 ``x`` with its low 13 mantissa bits cleared, as Triton's TF32 ``tl.dot`` reads an operand on NVIDIA."""
+    return (x.contiguous().view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def _raw(batch, which: str, slots: torch.Tensor, ok: torch.Tensor):
+    """float32 (codes ``[keys, heads, head size]``, scales ``[keys, heads]``, zero points in code units) of
+    cache ``which`` at the slots, each 0 at a dead one (``~ok``)."""
+    case = batch.case
+    g = case.geometry
+    side = case.kv_cache.side(which)
+    assert side.dtype in BITS and side.zero_points == "code", side
+    head_size = g.head_size if which == "k" else g.v_head_size
+    cache = batch.key_cache if which == "k" else batch.value_cache
+    rows = cache.reshape(-1, g.num_kv_heads, cache.shape[-1])[slots]
+    codes = _codes(rows.view(torch.uint8), side, head_size, False)
+    scale_cache = batch.k_scale_cache if which == "k" else batch.v_scale_cache
+    zero_cache = batch.k_zero_cache if which == "k" else batch.v_zero_cache
+    scale, zero = _parameters(scale_cache.reshape(-1, g.num_kv_heads)[slots],
+                              None if zero_cache is None else zero_cache.reshape(-1, g.num_kv_heads)[slots], side)
+    live = ok[:, None]
+    return (torch.where(live[..., None], codes, 0).float(), torch.where(live, scale, 0.0).float(),
+            torch.where(live, zero, 0.0).float())
+
+
+def raw_code_attention(batch, out, *, plant: str | None = None):
+    """Attention over a cache of unsigned codes with zero points in code units, as vLLM's INT4 kernel
+    computes it on NVIDIA GPUs with float32 queries (int4_per_token_head.py): ``S = (tf32(q) . codes -
+    sum(q) x zero) x scale x k_scale``; ``acc = tf32(P x v_scale) . codes - sum(P x v_scale x zero)``;
+    everything else float32, in one pass over a row's keys.  ``plant`` "zero-point": V's zero points
+    subtracted one code short (each value one quantization step off); "drop-key": each row skips its
+    first allowed key."""
+    case = batch.case
+    g = case.geometry
+    rotate, _, norm = _rotation(case.kv_cache, g.head_size)
+    _, unrotate, _ = _rotation(case.kv_cache, g.v_head_size)
+    seq_of, pos_of = token_layout(case)
+    width = batch.block_table.shape[1] * g.block_size
+    keys = torch.arange(width)
+    heads = torch.arange(g.num_q_heads) // g.queries_per_kv          # each query head's KV head
+    for t, (s, p) in enumerate(zip(seq_of, pos_of)):
+        seq = case.sequences[s]
+        slots = batch.block_table[s].long()[keys // g.block_size] * g.block_size + keys % g.block_size
+        ok = (keys < seq.seq_len) & (keys <= p)
+        if case.sliding_window:
+            ok &= p - keys < case.sliding_window
+        if plant == "drop-key":
+            ok &= keys != int(ok.int().argmax())
+        k_codes, k_scale, k_zero = (x[:, heads] for x in _raw(batch, "k", slots, ok))   # [keys, hq, ...]
+        v_codes, v_scale, v_zero = (x[:, heads] for x in _raw(batch, "v", slots, ok))
+        if plant == "zero-point":
+            v_zero = v_zero - 1
+        q = rotate(batch.q[t].double()).float()                                          # [hq, d]
+        # -- scores: TF32 q against the raw codes, the zero point's share taken off ---
+        raw = torch.einsum("hd,khd->hk", _truncated_to_tf32(q), k_codes)
+        scores = (raw - q.sum(dim=-1)[:, None] * k_zero.T) * ((case.scale / norm) * k_scale.T)
+        scores = torch.where(ok, scores, float("-inf"))
+        m = scores.amax(dim=-1, keepdim=True)
+        if batch.sinks is not None:
+            m = torch.maximum(m, batch.sinks.float()[:, None])
+        weights = torch.exp(scores - m)                                                  # [hq, keys]
+        denom = weights.sum(dim=-1, keepdim=True)
+        if batch.sinks is not None:
+            denom = denom + torch.exp(batch.sinks.float()[:, None] - m)
+        # -- P x v_scale against the raw codes in TF32, the zero points' share in float32 --
+        scaled = weights * v_scale.T
+        acc = torch.einsum("hk,khe->he", _truncated_to_tf32(scaled), v_codes)
+        acc = acc - (scaled * v_zero.T).sum(dim=-1, keepdim=True)
+        out[t] = unrotate((acc / denom).double()).to(out.dtype)
+    return out
+
+
 BUGS = (None, "zero-point", "scale", "nibble", "rotation", "past-window", "bf16-rotations")
 # The formats each kernel reads: a NaN zero point needs one stored as a float; a rotation, a rotated cache.
 _FORMATS = {None: FORMATS, "zero-point": (LMDEPLOY_INT4, TURBOQUANT_K8V4), "scale": (LMDEPLOY_INT8, VLLM_INT4),
@@ -178,3 +254,12 @@ PLANTED = tuple(bug for bug, kernel in _KERNELS.items() if kernel.expect == "cau
 
 def quantized_kernel(bug: str | None = None) -> Kernel:
     return _KERNELS[bug]
+
+
+def raw_code_kernel(plant: str | None = None) -> Kernel:
+    """``raw_code_attention`` as a float32 kernel of TF32 products over caches with zero points in code units."""
+    caps = Capabilities(dtypes=("float32",), head_sizes=(32, 64), block_sizes=(16,), sinks=True, kv_cache_dtypes=(),
+                        cache_formats=(VLLM_INT4, LMDEPLOY_INT4, LMDEPLOY_INT8), precision="tf32",
+                        specialisation_pool=0)
+    return Kernel(name=f"quantized@raw-codes{'-' + plant if plant else ''}", capabilities=caps,
+                  run=lambda b, o: raw_code_attention(b, o, plant=plant), expect="caught" if plant else "pass")

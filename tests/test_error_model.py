@@ -13,10 +13,12 @@ import dataclasses
 import pytest
 import torch
 
+from nanfuzz.harness.judge import tolerance
 from nanfuzz.harness.judge.tolerance import RowErrors
-from nanfuzz.reference.case import KVCache
+from nanfuzz.reference.case import KVCache, Poison
 from tests import tiled_attention
 from tests.cases import consecutive_case
+from tests.quantized_subjects import LMDEPLOY_INT4, VLLM_INT4, raw_code_kernel
 
 def judged(kernel, case, rows=None) -> RowErrors:
     return tiled_attention.judged(kernel, case, rows)[0]
@@ -90,3 +92,34 @@ def test_a_planted_bfloat16_row_error_is_caught_on_a_row_of_one_key():
     case = consecutive_case([(1, 1), (1, 40)], head_size=64, dtype="bfloat16", seed=4)
     errors = judged(tiled_attention.planted_row, case)
     assert errors.off()[0, 0] and not errors.off()[1:].any() and not errors.off()[0, 1:].any()
+
+
+# -- P against uncentred codes ------------------------------------------------------------
+
+def _zero_point_case(kv: KVCache, keys: int):
+    return consecutive_case([(1, keys)] * 2, q_heads=8, kv_heads=2, head_size=64, block_size=16, dtype="float32",
+                            seed=1).replace(kv_cache=kv, poison=Poison("max")).validate()
+
+
+@pytest.mark.parametrize("kv", [VLLM_INT4, LMDEPLOY_INT4], ids=["vllm-int4", "lmdeploy-int4"])
+def test_tf32_products_of_raw_codes_pass_long_rows_by_the_zero_points_share(kv, monkeypatch):
+    # vLLM's INT4 attention with float32 queries on an H200: 27.5x on rows of thousands of keys, each
+    # truncated P x scale against codes that all carry the zero point, one sign of rounding in every term
+    case = _zero_point_case(kv, 8192)
+    errors = judged(raw_code_kernel(), case)
+    assert not errors.off().any(), _worst(errors)
+    monkeypatch.setattr(tolerance, "ZERO_POINTS", 0.0)
+    without = judged(raw_code_kernel(), case)
+    assert without.off().any(), f"without the zero points' share: {_worst(without)}"
+
+
+@pytest.mark.parametrize("kv", [VLLM_INT4, LMDEPLOY_INT4], ids=["vllm-int4", "lmdeploy-int4"])
+def test_a_zero_point_one_code_short_is_caught_on_every_long_row(kv):
+    errors = judged(raw_code_kernel("zero-point"), _zero_point_case(kv, 8192))
+    assert errors.off().all(), f"caught {int(errors.off().sum())} of {errors.off().numel()} rows"
+
+
+def test_a_dropped_key_of_uncentred_codes_is_caught_on_short_rows():
+    # on long rows a key's weight is below what truncation does to the zero points' share
+    errors = judged(raw_code_kernel("drop-key"), _zero_point_case(LMDEPLOY_INT4, 64))
+    assert errors.off().any(), _worst(errors)

@@ -16,8 +16,9 @@ from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, CaseError, Geometry, KVCache, Poison, PoisonSite, Sequence
 from nanfuzz.reference.device_build import build_on_device
 from nanfuzz.reference.errors import NanfuzzError
-from nanfuzz.reference.materialize import live_mask, materialize, refill_dead_slots
-from nanfuzz.reference.oracle import oracle
+from nanfuzz.reference.materialize import live_mask, materialize, refill_dead_slots, token_layout
+from nanfuzz.reference.oracle import attend_and_measure, oracle
+from nanfuzz.reference.precision import FLOAT64
 from nanfuzz.reference.quantization import live_values
 from nanfuzz.strategies import Size, paged_cases
 from tests import quantized_subjects as subjects
@@ -180,6 +181,45 @@ def test_the_oracle_matches_an_independent_dequantize_and_attend(kv):
         out = torch.empty(case.num_tokens, g.num_q_heads, g.head_size, dtype=torch.float64)
         subjects.attention(batch, out)
         torch.testing.assert_close(oracle(batch), out, rtol=1e-9, atol=1e-12)
+
+
+def _offset_share_by_hand(batch) -> torch.Tensor:
+    """``sum_k p_k |z_k|`` per row, ``z_k`` what V's code x scale adds to key k's value: the subject's
+    reading of K and the scales, float64 weights, a loop over rows."""
+    case = batch.case
+    g = case.geometry
+    side = case.kv_cache.side("v")
+    rotate, _, norm = subjects._rotation(case.kv_cache, g.head_size)
+    share = torch.zeros(case.num_tokens, g.num_q_heads, dtype=torch.float64)
+    keys = torch.arange(batch.block_table.shape[1] * g.block_size)
+    for t, (s, p) in enumerate(zip(*token_layout(case))):
+        slots = batch.block_table[s].long()[keys // g.block_size] * g.block_size + keys % g.block_size
+        ok = (keys < case.sequences[s].seq_len) & (keys <= p) & (p - keys < (case.sliding_window or len(keys) + 1))
+        k = subjects._values(batch, "k", slots[ok], torch.ones(int(ok.sum()), dtype=torch.bool), None)
+        zeros = None if batch.v_zero_cache is None else batch.v_zero_cache.reshape(-1, g.num_kv_heads)[slots[ok]]
+        scale, zero = subjects._parameters(batch.v_scale_cache.reshape(-1, g.num_kv_heads)[slots[ok]], zeros, side)
+        offset = zero * scale if side.zero_points == "code" else -zero                       # [keys, heads]
+        for h in range(g.num_q_heads):
+            kv = h // g.queries_per_kv
+            weights = torch.softmax(k[:, kv] @ rotate(batch.q[t, h].double()) * (case.scale / norm), dim=0)
+            share[t, h] = (weights * offset[:, kv].abs()).sum()
+    return share
+
+
+@pytest.mark.parametrize("kv", FORMATS, ids=NAMES.get)
+def test_the_offset_share_weighs_what_each_key_s_code_times_scale_adds_to_its_values(kv):
+    batch = materialize(windowed(kv))
+    _, summands = attend_and_measure(batch, (FLOAT64,))
+    expected = _offset_share_by_hand(batch)
+    assert expected.min() > 0
+    torch.testing.assert_close(summands.offset_share, expected, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("kv", [KVCache(), KVCache("fp8_e4m3fn", "tensor", 0.5, 2.0), KVCache("int8", "token-head")],
+                         ids=["unquantized", "fp8", "int8"])
+def test_a_cache_of_centred_codes_has_no_offset_share(kv):
+    _, summands = attend_and_measure(materialize(windowed(kv, Poison("max", "kv", None))), (FLOAT64,))
+    assert summands.keys.max() > 1 and not summands.offset_share.any()
 
 
 @pytest.mark.parametrize("kv", FORMATS, ids=NAMES.get)

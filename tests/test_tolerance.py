@@ -74,7 +74,7 @@ def one_key_rows(tokens: int, heads: int, head_size: int) -> Summands:
     """Rows of one key each: no spread, so the allowance is the output's one rounding."""
     zeros = torch.zeros(tokens, heads, head_size, dtype=torch.float64)
     per_row = torch.zeros(tokens, heads, dtype=torch.float64)
-    return Summands(zeros, zeros, zeros, zeros, per_row + 1, per_row, per_row + head_size)
+    return Summands(zeros, zeros, zeros, zeros, per_row, per_row + 1, per_row, per_row + head_size)
 
 
 @pytest.mark.parametrize("dtype,precision", ARITHMETICS)

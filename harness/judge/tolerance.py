@@ -28,6 +28,7 @@ roundoff, ``u32`` float32's):
                                     + u x value_spread if the cache is quantized)   V dequantized in the dtype
                         + u32 x SUMS x weighted_abs ]                               the float32 running sums
               + u32 x TILES x sqrt(keys / 16) x max|o|                              the running denominator
+              + u x ZERO_POINTS x offset_share                                      P against uncentred codes
 
 - A spread is ``sqrt(sum_k p_k^2 x_k^2)`` of the row's terms: independent
   relative roundings of its terms move the row by about that much.  P's excludes
@@ -38,6 +39,14 @@ roundoff, ``u32`` float32's):
   rotated cache's row un-rotated in a coarser dtype takes one whole rounding of
   that dtype as its first (``ROTATION_FLOOR``); its summands are measured in the
   cache's frame.
+- ``offset_share``: a kernel over unsigned codes with zero points may dot P (times the
+  scale) with the raw codes, code = value / scale + zero, and subtract the zero points'
+  share ``sum_k p_k zero_k scale_k`` afterwards in float32 (vLLM's INT4 attention does).
+  Its operands are then all positive, and a rounding that moves each the same way (TF32
+  truncates) moves the row by about one unit of ``sum_k p_k (v_k + z_k)``: the ``v`` part
+  is the output's own rounding, the zero points' part ``offset_share`` is not, and being
+  of one sign it does not average out over a long row as the reference's roundings do.
+  It is a fraction of a percent of a quantization step; 0 for any other cache.
 - ``sqrt(keys / 16)``: the running denominator of a kernel with 16-key tiles (the
   smallest ``tl.dot`` takes) is rounded once a tile, and those relative roundings
   add up like a random walk; the running numerator's stay the size of one.
@@ -50,7 +59,9 @@ lets pass is rounding: a unit or two of the output's last place on short rows,
 ``sqrt(keys)`` float32 units on long ones.  A lost key, a wrong scale or a 0.1%
 error on a float32 row is far above it; so is a 1% error on a float16 row of any
 length, or on a bfloat16 row of one key (tests/test_tolerance.py,
-ci/tolerance_survey.py).
+ci/tolerance_survey.py).  On a long row over unsigned codes the zero points' term is the
+largest, and a lost key may be below it; a wrong zero point is far above it
+(tests/test_error_model.py).
 
 The factors and BOUND come from measurement; see CALIBRATION and docs/error-model.md.
 """
@@ -85,6 +96,12 @@ WEIGHTS = 0.5   # P rounded tile by tile: half the spread, about three standard 
 SCORES = 0.25   # q or K rounded in the input dtype
 SUMS = 2.0      # the float32 running numerator: a few roundings of the row's magnitude
 TILES = 1.0     # the float32 running denominator: one rounding a tile, a random walk
+# P (times V's scale) rounded against uncentred codes: truncation's mean relative error is one unit of
+# TF32 (2^-11; a truncation loses 0 to 2^-10 of an operand), and every term rounds the same way.  A
+# plain-torch kernel of vLLM's INT4 arithmetic (tests/quantized_subjects.py raw_code_attention) over
+# its rotated cache came to 27.8x at worst on rows of 8,192 keys and 50.9x on 32,768 without this
+# term, 0.76x at worst with it on rows of 64 to 32,768 keys (docs/error-model.md).
+ZERO_POINTS = 1.0
 # A rotated cache's row un-rotated through a coarser dtype (vLLM's INT4 cache: bfloat16 on GPUs) carries
 # a rounding of that dtype in each entry and, through the inverse rotation, a sum of the roundings of
 # the rotated output's: the last rounding is one whole rounding of that dtype.  A plain-torch kernel
@@ -141,7 +158,8 @@ def allowance(oracle: torch.Tensor, summands: Summands, arithmetic: str, quantiz
     scores = scores + (unit * s.value_spread if quantized else 0.0)
     terms = unit * WEIGHTS * s.rounded_spread + SCORES * scores + _FLOAT32 * SUMS * s.weighted_abs
     denominator = _FLOAT32 * TILES * (s.keys / TILE_KEYS).ceil().sqrt() * largest
-    return last + terms.amax(dim=-1) + denominator
+    zero_points = unit * ZERO_POINTS * s.offset_share
+    return last + terms.amax(dim=-1) + denominator + zero_points
 
 
 def row_errors(result: torch.Tensor, oracle: torch.Tensor, reference: torch.Tensor, summands: Summands,
