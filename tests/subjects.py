@@ -41,6 +41,19 @@ _calls_sys_exit_zero = _before_windowed_launches(lambda: sys.exit(0))
 _hangs = _before_windowed_launches(lambda: time.sleep(3600))
 
 
+def _hang_once():
+    """The first windowed launch in the current folder never returns (it notes ``hung.txt`` first);
+    every later one runs at once: a launch held up once by a busy device."""
+    try:
+        open("hung.txt", "x").close()
+    except FileExistsError:
+        return
+    time.sleep(3600)
+
+
+_hangs_once = _before_windowed_launches(_hang_once)
+
+
 _launches = [0]
 
 
@@ -97,6 +110,7 @@ aborts = _kernel("aborts", _aborts)
 raises_system_exit = _kernel("raises_system_exit", _raises_system_exit)
 calls_sys_exit_zero = _kernel("calls_sys_exit_zero", _calls_sys_exit_zero)
 hangs = _kernel("hangs", _hangs)
+hangs_once = _kernel("hangs_once", _hangs_once)
 nondeterministic = _kernel("nondeterministic", _nondeterministic)
 declared_nondeterministic = _kernel("declared_nondeterministic", _nondeterministic, deterministic=False)
 reads_past_value_cache = _kernel("reads_past_value_cache", _reads_past_value_cache)

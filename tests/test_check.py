@@ -145,3 +145,21 @@ def test_an_oracle_error_after_a_faulted_run_reports_the_fault_and_without_one_i
     outcome = check(torch_kernel(), WINDOWED, "cpu")
     assert outcome.verdict is Verdict.CRASH and outcome.fatal
     assert outcome.summary.startswith("CRASH on the poisoned run: RuntimeError: CUDA error: an illegal memory")
+
+
+def test_a_compile_error_s_crash_names_the_kernel_s_line_and_the_cause():
+    """Triton's CompilationError begins with only "at LINE:COL:"; the CRASH says what failed and where."""
+    import ast
+
+    from triton.compiler.errors import CompilationError
+
+    from nanfuzz.harness.judge.outcome import crash, one_line
+
+    source = "def kernel(x):\n    offs = tl.arange(0, TILE_SIZE)\n    return offs\n"
+    node = ast.parse(source).body[0].body[0].value
+    error = CompilationError(source, node, repr(ValueError("arange's range must be a power of 2")))
+    summary = crash(error, "on the poisoned run").summary
+    assert summary == ("CRASH on the poisoned run: CompilationError: at 2:11 in `offs = tl.arange(0, TILE_SIZE)`: "
+                       "ValueError(\"arange's range must be a power of 2\")")
+    assert one_line(RuntimeError("first line\nsecond line")) == "RuntimeError: first line"
+    assert one_line(KeyError()) == "KeyError"

@@ -47,6 +47,19 @@ def test_a_launch_that_never_returns_is_a_hang(settings):
     assert len(campaign.failing_case.sequences) == 1
 
 
+def test_a_launch_that_ran_past_the_timeout_once_and_then_passed_is_no_hang(tmp_path):
+    """A busy device can hold one launch past the timeout: the same case replayed in a fresh worker
+    passes, so the gate passes the kernel and says what happened.  One that hangs again is a HANG
+    (the test above)."""
+    proc = _nanfuzz("fuzz", "--kernel", "tests.subjects:hangs_once", "--device", "cpu", "--launch-timeout", "2",
+                    "--max-examples", "60", "--seed", "0", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+    out, err = proc.communicate(timeout=300)
+    assert (tmp_path / "hung.txt").exists()  # a launch did hang
+    assert proc.returncode == 0, out + err
+    assert "HANG" not in out and "not reported as a HANG" in out + err, out + err
+    assert not list((tmp_path / "state").glob("repros/*.json"))
+
+
 def test_different_bits_on_identical_inputs_are_nondeterministic_not_a_leak(settings):
     campaign = fuzz(subjects.nondeterministic, settings)
     assert campaign.failed and campaign.failure.verdict is Verdict.NONDETERMINISTIC

@@ -35,6 +35,7 @@ from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
 from nanfuzz.harness.judge import reads
 from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.judge.outcome import Outcome
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, FarmHandle, Plan
@@ -294,12 +295,13 @@ class CampaignRunner:
             return
         outcome = campaign.failure
         planned = runs = 1 if outcome.verdict is Verdict.HANG else replays  # each HANG replay costs a whole timeout
-        repeated, digests, final, declined = 0, set(), None, None
+        repeated, passed, digests, final, declined = 0, 0, set(), None, None
         for n in range(planned):
             again = self._check_journaled(campaign.failing_case, digest=True, explain=n == 0)
             if isinstance(again, Declined):  # the failure stands as found, its replays untold
                 declined, runs = again, n
                 break
+            passed += again.verdict is Verdict.PASS
             if again.verdict is outcome.verdict:
                 repeated += 1
                 final = final or again
@@ -308,6 +310,9 @@ class CampaignRunner:
         if declined is not None:
             campaign.notes.append(f"{campaign.kernel}: the reported {outcome.verdict.value} was replayed {runs} of "
                                   f"{planned} times: {declined.reason}; the failure stands as found")
+        if outcome.verdict is Verdict.HANG and runs and passed == runs:
+            self.clear_a_slowed_launch(outcome)
+            return
         if final is not None:
             final.evidence = {**final.evidence, "repeated": f"{repeated}/{runs}"}
             campaign.failure = final
@@ -320,6 +325,20 @@ class CampaignRunner:
                                   f"{runs} replays in a fresh run: a flaky or nondeterministic failure")
         if len(digests) > 1:
             campaign.notes.append(f"{campaign.kernel}: replays of the failing case gave {len(digests)} different outputs")
+
+    def clear_a_slowed_launch(self, hang: Outcome) -> None:
+        """A HANG whose case, replayed in a fresh worker, passed.  A kernel that loops forever does so
+        again; one that ran past the timeout once and then finished met a device or host too busy
+        (campaigns sharing a GPU, a starved CPU), and a gate must not fail a kernel for its machine.
+        The case stays in the example database, which the next campaign replays first."""
+        campaign = self.campaign
+        what = hang.summary.removeprefix("HANG: ")
+        kept = " (the case stays in the example database, and the next campaign replays it first)" \
+            if self.database is not None else ""
+        campaign.notes.append(f"{campaign.kernel}: {what}, but the same case replayed in a fresh worker passed: a launch "
+                              f"slowed by a busy device or host, not reported as a HANG{kept}")
+        campaign.failure = campaign.failing_case = None
+        campaign.time_to_first_failure = campaign.examples_to_first_failure = campaign.shrink_time = None
 
     def close(self) -> None:
         """The worker and the farm this campaign started, stopped, with what they counted."""

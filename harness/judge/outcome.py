@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import re
 import traceback
 from dataclasses import dataclass, field
 
@@ -67,12 +68,31 @@ def device_fault(exc: BaseException) -> bool:
     return any(sign.lower() in text for sign in _FATAL_SIGNS)
 
 
+# Triton's CompilationError: "at LINE:COL:", the kernel's source up to that line, a caret, then what went wrong
+_SOURCE_POSITION = re.compile(r"at \d+:\d+:?")
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """``Type: message`` in one line.  A Triton compile error's first line is only where in the
+    kernel it stopped; its cause is the last line, and the kernel's line stands above the caret."""
+    lines = [line.rstrip() for line in str(exc).strip().splitlines()]
+    if not lines:
+        return type(exc).__name__
+    text = lines[0]
+    if len(lines) > 1 and _SOURCE_POSITION.fullmatch(lines[0].strip()):
+        caret = next((i for i in range(len(lines) - 1, 0, -1) if lines[i].strip() == "^"), None)
+        cause = next((line.strip() for line in reversed(lines) if line.strip() not in ("", "^")), "")
+        source = lines[caret - 1].strip() if caret else ""
+        text = f"{lines[0].strip().rstrip(':')}" + (f" in `{source}`" if source else "") + f": {cause}"
+    return f"{type(exc).__name__}: {text}"[:limit]
+
+
 def crash(exc: BaseException, when: str) -> Outcome:
     """The CRASH of a launch that raised ``exc``; one whose allocation failed says so."""
     from nanfuzz.harness.judge.memory import out_of_memory
 
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    message = f"{type(exc).__name__}: {exc}".strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    message = one_line(exc)
     fatal = device_fault(exc)
     evidence = {"error": message, "traceback": "".join(frames[-6:])[-4000:], "device_fault": fatal}
     if out_of_memory(exc):

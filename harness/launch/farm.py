@@ -64,6 +64,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from nanfuzz.harness.judge.outcome import one_line
 from nanfuzz.harness.launch import shared_compiles
 from nanfuzz.harness.launch.isolation import end_group, isolate
 from nanfuzz.harness.launch.processes import interpret_if_cpu
@@ -596,7 +597,7 @@ def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None
                 marks.mark(plan, entry, list(_LAUNCHED), sample)
             result = {"ok": True, "error": None, "skipped": _SKIPPED[0]}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
-            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+            result = {"ok": False, "error": one_line(exc)}
         shared_compiles.release_claims()  # a compile that raised leaves its claim
         result["seconds"] = time.perf_counter() - started
         result["at"] = time.time()
