@@ -283,3 +283,11 @@ def test_a_gpu_too_full_to_open_a_context_reports_nothing_free_and_other_errors_
     assert device.held() == 0 and not device.opened  # a look that failed opened no context
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (5 * GiB, 16 * GiB))
     assert device.free() == 5 * GiB and device.held() == CONTEXT_BYTES  # one that worked did
+
+
+def test_a_message_gives_a_small_amount_in_mib_never_as_0_gib():
+    from nanfuzz.harness.judge.memory import amount
+
+    assert amount(4 * GiB) == "4.0 GiB"
+    assert amount(40 * 2**20) == "40 MiB"
+    assert amount(-5) == "0 MiB"

@@ -56,6 +56,12 @@ SEARCH_WAIT = 120.0
 _POLL = 0.25
 
 
+def amount(size: float) -> str:
+    """A number of bytes for a message: GiB to a tenth, or MiB below one GiB (never "0.0 GiB")."""
+    size = max(0.0, size)
+    return f"{size / GiB:.1f} GiB" if size >= GiB else f"{size / 2**20:.0f} MiB"
+
+
 class TooLargeForDevice(NanfuzzError):
     """A case declined for memory: more than the device has, or more than came free within the
     wait.  A campaign counts such a case and goes on (with a note); a finding's case is never lost
@@ -127,8 +133,8 @@ class Governor:
         need = needed()
         total = self.device.total()
         if need > total - self.device.margin():
-            raise TooLargeForDevice(f"this case needs about {need / GiB:.1f} GiB of {self.device.where} memory, more "
-                                    f"than the {total / GiB:.1f} GiB the device has; declined")
+            raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} memory, more "
+                                    f"than the {amount(total)} the device has; declined")
         started = time.monotonic()
         gave_back = told = False
         try:
@@ -154,7 +160,7 @@ class Governor:
                     self.waits += 1
                     waiting(True)
                 if time.monotonic() - started >= patience:
-                    raise TooLargeForDevice(f"this case needs about {need / GiB:.1f} GiB of {self.device.where} "
+                    raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} "
                                             f"memory and {shortfall} after {time.monotonic() - started:.0f} s of "
                                             "waiting; declined")
                 time.sleep(_POLL * (1 + random.random()))
@@ -188,7 +194,7 @@ class Governor:
         ahead = sum(max(0, e.get("wants", 0) - e.get("weight", 0)) for e in others.values()
                     if e.get("wants") and e.get("since", 0.0) < started)
         if committed + ahead + need > total:
-            return (f"{max(0, total - committed - ahead) / GiB:.1f} GiB are not held or wanted by the "
+            return (f"{amount(total - committed - ahead)} are not held or wanted by the "
                     f"{len(others)} other nanfuzz process(es) on it")
         free = self.device.free()
         if free is None:
@@ -196,8 +202,8 @@ class Governor:
         pending = sum(max(0, e.get("weight", 0) - e.get("allocated", 0)) for e in others.values())
         usable = free - pending - self.device.margin()
         if need - self.device.held() > usable:
-            return (f"{max(0, usable) / GiB:.1f} GiB are free to it ({free / GiB:.1f} GiB free on the device, "
-                    f"{pending / GiB:.1f} GiB of it reserved by other nanfuzz processes)")
+            return (f"{amount(usable)} are free to it ({amount(free)} free on the device, "
+                    f"{amount(pending)} of it reserved by other nanfuzz processes)")
         return ""
 
     def _forget_want(self) -> None:
