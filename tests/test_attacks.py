@@ -68,6 +68,29 @@ def test_a_campaign_against_a_fork_server_killer_reports_the_crash(settings):
     assert campaign.failing_case.sliding_window > 0 and campaign.failure.evidence["repeated"] == "1/1"
 
 
+def test_a_kernel_that_kills_the_process_of_its_job_is_a_crash_of_that_case_not_a_lost_campaign(settings):
+    """With --jobs a worker is forked from its job, so this kernel takes the job down with it: the
+    campaign replays the case the job left in its journal, and reports its CRASH with a repro."""
+    from nanfuzz.harness.campaign.jobs import fuzz_parallel
+
+    campaign = fuzz_parallel(subjects.kills_the_fork_server, settings.replace(jobs=2, max_examples=60))
+    assert campaign.failed and campaign.failure.verdict is Verdict.CRASH, campaign.failure
+    assert campaign.failing_case.sliding_window > 0 and campaign.recovered_crash
+
+
+def test_a_job_reported_ended_with_255_is_waited_for_while_it_still_runs():
+    """multiprocessing reads 255 for a job whose fork server died before it: such a job may be running."""
+    from types import SimpleNamespace
+
+    from nanfuzz.harness.campaign.jobs import _gone
+
+    reaped = subprocess.Popen(["true"])
+    reaped.wait()
+    assert not _gone(SimpleNamespace(exitcode=255, pid=os.getpid()))  # this process runs
+    assert _gone(SimpleNamespace(exitcode=255, pid=reaped.pid))
+    assert _gone(SimpleNamespace(exitcode=1, pid=os.getpid()))
+
+
 def _children(folder: Path) -> list[int]:
     path = folder / "children.txt"
     return [int(line) for line in path.read_text().split()] if path.exists() else []

@@ -257,6 +257,8 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
     merged.note_declines()  # over every job's draws, in place of each job's own
     merged.note_reads()
     merged.interrupted = interrupted or any(c.interrupted for c, _ in finished)
+    if died and not merged.failed and not merged.interrupted:
+        _recover_a_dead_job_s_case(kernel, settings, merged)
     if died and not merged.failed:
         raise NanfuzzError(f"kernel {kernel.name}: a job process died outside the kernel's launches "
                            f"(exit status {processes[died[0]].exitcode}); run with --jobs 1 to see why")
@@ -266,6 +268,34 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
         require_a_judged_case(merged)
     merged.elapsed = max((span[1] for _, span in finished), default=time.time()) - measured_from
     return merged
+
+
+def _recover_a_dead_job_s_case(kernel, settings, merged) -> None:
+    """A job that died left the case it was checking in its journal (a kernel that kills the process
+    it runs under takes the job with it): replayed in a fresh worker, a case that fails again is the
+    campaign's failure, as a dead campaign's case is the next run's (``harness.campaign.leftovers``)."""
+    from nanfuzz.harness.campaign.leftovers import recover_leftovers
+
+    leftover, notes = recover_leftovers(kernel, settings)
+    merged.notes += notes
+    if leftover is not None:
+        merged.failure, merged.failing_case = leftover.failure, leftover.failing_case
+        merged.recovered_crash = True
+
+
+def _gone(process) -> bool:
+    """Whether a job multiprocessing reports ended has ended.  A job's exit status comes through the
+    fork server it was forked from; where that server died first (a kernel can kill it; so can the
+    host running out of memory), multiprocessing reads 255 for a job still running, which goes on
+    to put its result as any job does."""
+    if process.exitcode != 255:
+        return True
+    try:
+        with open(f"/proc/{process.pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")  # a zombie: ended, not yet reaped
 
 
 def job_settings(settings: Settings, examples: int, seed: int | None, kernel: Kernel) -> Settings:
@@ -305,7 +335,7 @@ def _collect(processes, links: JobLinks, done, died, deadline) -> None:
         for i, p in enumerate(processes):
             # a job that exits without a result died: the campaign runner never lets a kernel kill it,
             # so this is the job process itself
-            if i not in done and i not in died and p.exitcode is not None and results.empty():
+            if i not in done and i not in died and p.exitcode is not None and results.empty() and _gone(p):
                 died.append(i)
                 links.stop.set()
                 links.ready.abort()  # jobs still warming up must not wait for it
