@@ -132,6 +132,19 @@ kills_its_process_group = _kernel("kills_its_process_group", _before_windowed_la
 kills_the_fork_server = _kernel("kills_the_fork_server", _before_windowed_launches(_kill_parent))
 
 
+def _kill_parent_once():
+    """The first windowed launch in the current folder kills the fork server (noting ``killed.txt``
+    first), as the host's out-of-memory killer might; every later one runs."""
+    try:
+        open("killed.txt", "x").close()
+    except FileExistsError:
+        return
+    _kill_parent()
+
+
+kills_the_fork_server_once = _kernel("kills_the_fork_server_once", _before_windowed_launches(_kill_parent_once))
+
+
 _children = []
 
 

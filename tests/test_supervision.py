@@ -60,6 +60,18 @@ def test_a_launch_that_ran_past_the_timeout_once_and_then_passed_is_no_hang(tmp_
     assert not list((tmp_path / "state").glob("repros/*.json"))
 
 
+def test_a_fork_server_that_died_once_under_a_case_that_then_passes_is_no_crash(tmp_path):
+    """A worker dies with its fork server when something outside kills the server (the host's
+    out-of-memory killer): a case that passes every replay in fresh workers is a note, not a CRASH.
+    A kernel that kills the server on every launch is a CRASH (tests/test_attacks.py)."""
+    proc = _nanfuzz("fuzz", "--kernel", "tests.subjects:kills_the_fork_server_once", "--device", "cpu",
+                    "--max-examples", "60", "--seed", "0", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+    out, err = proc.communicate(timeout=300)
+    assert (tmp_path / "killed.txt").exists()  # the server was killed
+    assert proc.returncode == 0, out + err
+    assert "CRASH" not in out and "not reported as a CRASH" in out + err, out + err
+
+
 def test_different_bits_on_identical_inputs_are_nondeterministic_not_a_leak(settings):
     campaign = fuzz(subjects.nondeterministic, settings)
     assert campaign.failed and campaign.failure.verdict is Verdict.NONDETERMINISTIC

@@ -110,6 +110,13 @@ def note_paths(campaign: Campaign, state_dir) -> None:
                               + ", ".join(campaign.paths_missed))
 
 
+def _the_machine_s_doing(failure: Outcome) -> bool:
+    """A failure the machine can cause on its own: a HANG (a launch held up), or a worker that died
+    with the fork server it came from (killed from outside); told from the kernel's by replays."""
+    return failure.verdict is Verdict.HANG or (failure.verdict is Verdict.CRASH
+                                               and bool(failure.evidence.get("fork_server_died")))
+
+
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | None = None, subject=None,
          farm: FarmHandle | None = None, search_seed: int | None = None, **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
@@ -310,8 +317,8 @@ class CampaignRunner:
         if declined is not None:
             campaign.notes.append(f"{campaign.kernel}: the reported {outcome.verdict.value} was replayed {runs} of "
                                   f"{planned} times: {declined.reason}; the failure stands as found")
-        if outcome.verdict is Verdict.HANG and runs and passed == runs:
-            self.clear_a_slowed_launch(outcome)
+        if _the_machine_s_doing(outcome) and runs and passed == runs:
+            self.clear_the_machine_s_failure(outcome, runs)
             return
         if final is not None:
             final.evidence = {**final.evidence, "repeated": f"{repeated}/{runs}"}
@@ -326,17 +333,22 @@ class CampaignRunner:
         if len(digests) > 1:
             campaign.notes.append(f"{campaign.kernel}: replays of the failing case gave {len(digests)} different outputs")
 
-    def clear_a_slowed_launch(self, hang: Outcome) -> None:
-        """A HANG whose case, replayed in a fresh worker, passed.  A kernel that loops forever does so
-        again; one that ran past the timeout once and then finished met a device or host too busy
-        (campaigns sharing a GPU, a starved CPU), and a gate must not fail a kernel for its machine.
-        The case stays in the example database, which the next campaign replays first."""
+    def clear_the_machine_s_failure(self, failure: Outcome, runs: int) -> None:
+        """A HANG, or the death of the fork server a worker came from, whose case passed every replay in
+        a fresh worker.  A kernel that loops forever, or kills the server, does so again; a launch that
+        ran past the timeout once met a device or host too busy (campaigns sharing a GPU, a starved
+        CPU), a server that died once was ended from outside (the host short of memory), and a gate
+        must not fail a kernel for its machine.  The case stays in the example database, which the
+        next campaign replays first."""
         campaign = self.campaign
-        what = hang.summary.removeprefix("HANG: ")
+        what = failure.summary.removeprefix(f"{failure.verdict.value}: ")
+        cause = ("a launch slowed by a busy device or host" if failure.verdict is Verdict.HANG
+                 else "a server ended from outside the kernel (the host short of memory, say)")
         kept = " (the case stays in the example database, and the next campaign replays it first)" \
             if self.database is not None else ""
-        campaign.notes.append(f"{campaign.kernel}: {what}, but the same case replayed in a fresh worker passed: a launch "
-                              f"slowed by a busy device or host, not reported as a HANG{kept}")
+        replays = "replayed in a fresh worker" if runs == 1 else f"replayed {runs} times in fresh workers"
+        campaign.notes.append(f"{campaign.kernel}: {what}, but the same case {replays} passed: {cause}, not "
+                              f"reported as a {failure.verdict.value}{kept}")
         campaign.failure = campaign.failing_case = None
         campaign.time_to_first_failure = campaign.examples_to_first_failure = campaign.shrink_time = None
 

@@ -387,13 +387,15 @@ class Supervised:
 
     def _died(self, in_launch: bool | None) -> Outcome:
         why = self._death()
-        if self._forked_by_server and fork_server_died():
+        with_the_server = self._forked_by_server and fork_server_died()
+        if with_the_server:
             in_launch = None  # the worker died when the server did, whatever it was doing then
         tail = self._log_tail()
         where = {True: "during a launch", False: "outside a launch", None: ""}[in_launch]
         detail = f": {tail[-1].strip()[:200]}" if tail else ""
         outcome = Outcome(Verdict.CRASH, f"CRASH: {why}{' ' + where if where else ''}{detail}",
-                          {"error": why, "during_launch": in_launch, "worker_output": tail})
+                          {"error": why, "during_launch": in_launch, "worker_output": tail,
+                           "fork_server_died": with_the_server})
         self._restart()
         return outcome
 
