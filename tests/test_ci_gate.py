@@ -221,3 +221,18 @@ def test_each_gpu_worker_is_pinned_to_its_gpu_through_its_environment(tmp_path):
          # each worker's compile farm gets its share of the cores
          "NANFUZZ_COMPILE_JOBS": str(max(1, len(os.sched_getaffinity(0)) // 2))}
         for i, gpu in enumerate(["4", "5"])]
+
+
+def test_the_gate_loads_its_pytest_plugin_itself_where_nanfuzz_is_a_checkout_on_the_path(tmp_path, monkeypatch):
+    """Without an install's entry point, pytest would refuse --nanfuzz-device."""
+    from nanfuzz.harness.gate import devices, plan as gate_plan, run as gate
+
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    workers = devices.gpu_workers(["0"], None, "CUDA 13.0")
+    plan = gate_plan.Plan(device="cuda", profile="pr-gate", kernels=[FIXED], slots=["gpu0"], deadline=0.0,
+                          max_examples=None, state_dir=str(tmp_path / "state"), work_dir=str(tmp_path / "work"))
+    monkeypatch.setattr(gate, "plugin_installed", lambda: False)
+    command = gate.pytest_command(plan, workers, tmp_path / "junit.xml", restarts=2)
+    assert command[3:5] == ["-p", "nanfuzz.harness.plugin"] and "--nanfuzz-device" in command
+    monkeypatch.setattr(gate, "plugin_installed", lambda: True)
+    assert "nanfuzz.harness.plugin" not in gate.pytest_command(plan, workers, tmp_path / "junit.xml", restarts=2)

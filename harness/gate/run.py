@@ -227,7 +227,17 @@ def pytest_command(plan: Plan, workers, junit: Path, restarts: int) -> list[str]
                "-q", "-rfE", f"--junitxml={junit}"]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         command[3:3] = ["-p", "xdist.plugin", "-p", "nanfuzz.harness.plugin"]
+    elif not plugin_installed():
+        command[3:3] = ["-p", "nanfuzz.harness.plugin"]  # nanfuzz from a checkout on PYTHONPATH
     return command
+
+
+def plugin_installed() -> bool:
+    """Whether pytest loads nanfuzz's plugin by itself: through the entry point an installed nanfuzz
+    declares (a checkout on PYTHONPATH declares none, and pytest would refuse --nanfuzz-device)."""
+    from importlib.metadata import entry_points
+
+    return any(ep.value == "nanfuzz.harness.plugin" for ep in entry_points(group="pytest11"))
 
 
 def run_pytest(command: list[str], env: dict, log_path: Path, hard_stop: float) -> tuple[int, bool, float]:
