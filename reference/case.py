@@ -362,7 +362,10 @@ class KVCache:
         if self.rotation == "none":
             _check(self.rotation_seed is None, "kv_cache.rotation_seed needs a rotation (kv_cache.rotation 'hadamard')")
         else:
-            _check(self.quantized, "kv_cache.rotation needs a quantized cache")
+            # the rotation is applied as a cache is quantized: an unquantized side would hold its rows
+            # unrotated while the oracle reads both in the rotated frame
+            _check(self.key.quantized and self.side("v").quantized,
+                   "kv_cache.rotation needs both caches quantized (a rotation is applied as a cache is quantized)")
         seed = self.rotation_seed
         _check(seed is None or (type(seed) is int and 0 <= seed < 1 << 63),
                f"kv_cache.rotation_seed={seed!r} must be null or a whole number in 0..2^63-1")

@@ -62,6 +62,7 @@ def test_a_format_round_trips_and_an_old_cache_reads_as_before(kv):
     (KVCache("uint4", "token-head", zero_points="offset", scale_format="float32-zp4"), Poison("max"),
      "holds a zero point in code units"),
     (KVCache("fp8_e4m3fn", rotation_seed=3), Poison(), "rotation_seed needs a rotation"),
+    (KVCache(rotation="hadamard", value=VLLM_INT4.side("v")), Poison(), "rotation needs both caches quantized"),
     (LMDEPLOY_INT4, Poison("nan"), "poison value='nan' in a uint4 cache is not one of"),
     (VLLM_INT4, Poison("nan", "v", None, "zeros"), "in float32-zp4 zero points is not one of"),
     (KVCache("fp8_e4m3fn", "token-head"), Poison("nan", "v", None, "zeros"), "needs a cache with zero points"),
