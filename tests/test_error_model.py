@@ -108,7 +108,7 @@ def test_tf32_products_of_raw_codes_pass_long_rows_by_the_zero_points_share(kv, 
     case = _zero_point_case(kv, 8192)
     errors = judged(raw_code_kernel(), case)
     assert not errors.off().any(), _worst(errors)
-    monkeypatch.setattr(tolerance, "ZERO_POINTS", 0.0)
+    monkeypatch.setattr(tolerance, "OFFSET_SHARE", 0.0)
     without = judged(raw_code_kernel(), case)
     assert without.off().any(), f"without the zero points' share: {_worst(without)}"
 

@@ -28,7 +28,7 @@ roundoff, ``u32`` float32's):
                                     + u x value_spread if the cache is quantized)   V dequantized in the dtype
                         + u32 x SUMS x weighted_abs ]                               the float32 running sums
               + u32 x TILES x sqrt(keys / 16) x max|o|                              the running denominator
-              + u x ZERO_POINTS x offset_share                                      P against uncentred codes
+              + u x OFFSET_SHARE x offset_share                                     P against uncentred codes
 
 - A spread is ``sqrt(sum_k p_k^2 x_k^2)`` of the row's terms: independent
   relative roundings of its terms move the row by about that much.  P's excludes
@@ -101,7 +101,7 @@ TILES = 1.0     # the float32 running denominator: one rounding a tile, a random
 # plain-torch kernel of vLLM's INT4 arithmetic (tests/quantized_subjects.py raw_code_attention) over
 # its rotated cache came to 27.8x at worst on rows of 8,192 keys and 50.9x on 32,768 without this
 # term, 0.76x at worst with it on rows of 64 to 32,768 keys (docs/error-model.md).
-ZERO_POINTS = 1.0
+OFFSET_SHARE = 1.0
 # A rotated cache's row un-rotated through a coarser dtype (vLLM's INT4 cache: bfloat16 on GPUs) carries
 # a rounding of that dtype in each entry and, through the inverse rotation, a sum of the roundings of
 # the rotated output's: the last rounding is one whole rounding of that dtype.  A plain-torch kernel
@@ -158,7 +158,7 @@ def allowance(oracle: torch.Tensor, summands: Summands, arithmetic: str, quantiz
     scores = scores + (unit * s.value_spread if quantized else 0.0)
     terms = unit * WEIGHTS * s.rounded_spread + SCORES * scores + _FLOAT32 * SUMS * s.weighted_abs
     denominator = _FLOAT32 * TILES * (s.keys / TILE_KEYS).ceil().sqrt() * largest
-    zero_points = unit * ZERO_POINTS * s.offset_share
+    zero_points = unit * OFFSET_SHARE * s.offset_share
     return last + terms.amax(dim=-1) + denominator + zero_points
 
 

@@ -30,7 +30,7 @@ JUDGING = (
     ("reference.quantization", ("Encoding", "ENCODINGS", "_TOKEN_HEAD_RANGE", "_SMALLEST_SCALE", "torch_dtype",
                                 "codes_of", "as_encoding", "quantize", "decode", "token_head_scales", "_pick",
                                 "finite_codes", "hostile_codes", "garbage_scales", "hostile_scales", "live_values",
-                                "stored_values", "values_at"), ()),
+                                "stored_values", "values_at", "offsets_at"), ()),
     ("reference.semantics", ("allowed_mask", "live_key_range"), ()),
     ("reference.materialize", ("TORCH_DTYPES", "host_to_device", "token_layout"), ()),
     ("reference.precision", None, ()),
