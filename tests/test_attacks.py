@@ -55,7 +55,7 @@ def test_a_kernel_that_kills_the_fork_server_is_a_crash_of_that_case_and_a_new_s
         server = _fork_server_pid()
         crashed = subject.check(WINDOWED)  # the kernel kills the server: its worker dies with it, now
         assert crashed.verdict is Verdict.CRASH, crashed.summary
-        assert "the fork server it was forked from died" in crashed.summary
+        assert "the fork server it was forked from died (killed by SIGKILL)" in crashed.summary
         assert subject.check(PLAIN).verdict is Verdict.PASS  # a fresh worker, from a fresh server
         assert _fork_server_pid() != server and ended(server) and subject.restarts == 1
     finally:

@@ -260,8 +260,12 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
     if died and not merged.failed and not merged.interrupted:
         _recover_a_dead_job_s_case(kernel, settings, merged)
     if died and not merged.failed:
+        from nanfuzz.harness.launch.processes import fork_server_end
+
+        server = fork_server_end()
+        why = f"; the fork server the jobs came from {server}" if server else ""
         raise NanfuzzError(f"kernel {kernel.name}: a job process died outside the kernel's launches "
-                           f"(exit status {processes[died[0]].exitcode}); run with --jobs 1 to see why")
+                           f"(exit status {processes[died[0]].exitcode}{why}); run with --jobs 1 to see why")
     if not merged.interrupted:
         from nanfuzz.harness.campaign.runner import require_a_judged_case
 

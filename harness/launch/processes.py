@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 
 from nanfuzz.harness.launch.isolation import interrupts_held
 
@@ -98,6 +99,34 @@ def fork_server_died() -> bool:
     except ChildProcessError:
         return True
     return _dying(pid)
+
+
+def fork_server_end() -> str | None:
+    """How the fork server this process started ended ("killed by SIGKILL", "exited with status 1"),
+    looked at without reaping it; None while it runs or where that cannot be told."""
+    if fork_server_context().get_start_method() != "forkserver" or not hasattr(os, "waitid"):
+        return None
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid is None:
+        return None
+    for _ in range(40):  # a server with a SIGKILL pending dies when next scheduled
+        try:
+            ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return None
+        if ended is not None or not _dying(pid):
+            break
+        time.sleep(0.025)
+    if ended is None:
+        return None
+    if ended.si_code == os.CLD_EXITED:
+        return f"exited with status {ended.si_status}"
+    try:
+        return f"killed by {signal.Signals(ended.si_status).name}"
+    except ValueError:
+        return f"killed by signal {ended.si_status}"
 
 
 def _dying(pid: int) -> bool:

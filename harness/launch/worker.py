@@ -29,8 +29,8 @@ from nanfuzz.harness.device import DeviceProperties
 from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.judge.memory import MemoryPolicy
 from nanfuzz.harness.launch.isolation import end_group, isolate
-from nanfuzz.harness.launch.processes import (fork_server_context, fork_server_died, interpret_if_cpu,
-                                              plain_fork_context, start)
+from nanfuzz.harness.launch.processes import (fork_server_context, fork_server_died, fork_server_end,
+                                              interpret_if_cpu, plain_fork_context, start)
 from nanfuzz.harness.launch.shared_compiles import Skipped
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -366,7 +366,8 @@ class Supervised:
         if code is None:
             return "the worker stopped answering"
         if code == _NO_STATUS and fork_server_died():
-            return "the fork server it was forked from died, and the worker with it"
+            how = fork_server_end()
+            return f"the fork server it was forked from died{f' ({how})' if how else ''}, and the worker with it"
         if code < 0:
             try:
                 name = signal.Signals(-code).name
