@@ -292,14 +292,9 @@ def _gone(process) -> bool:
     fork server it was forked from; where that server died first (a kernel can kill it; so can the
     host running out of memory), multiprocessing reads 255 for a job still running, which goes on
     to put its result as any job does."""
-    if process.exitcode != 255:
-        return True
-    try:
-        with open(f"/proc/{process.pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("Z", "X")  # a zombie: ended, not yet reaped
+    from nanfuzz.harness.launch.processes import running
+
+    return process.exitcode != 255 or not running(process.pid)
 
 
 def job_settings(settings: Settings, examples: int, seed: int | None, kernel: Kernel) -> Settings:

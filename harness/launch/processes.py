@@ -83,18 +83,28 @@ def start(process, forked_by_server: bool = True) -> None:
             process.start()
 
 
+def _fork_server_pid() -> int | None:
+    """The pid of the fork server this process started, where one was started and can be looked at."""
+    if fork_server_context().get_start_method() != "forkserver" or not hasattr(os, "waitid"):
+        return None
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _ended(pid: int):
+    """``pid``'s end (``os.waitid``'s result) without reaping it; None while it runs."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+
+
 def fork_server_died() -> bool:
     """Whether the fork server this process started has ended (a kernel may kill it): looked at
     without reaping it, so that multiprocessing still sees it gone and starts another."""
-    if fork_server_context().get_start_method() != "forkserver":
-        return False
-    from multiprocessing import forkserver
-
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    if pid is None or not hasattr(os, "waitid"):
+    pid = _fork_server_pid()
+    if pid is None:
         return False
     try:
-        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+        if _ended(pid) is not None:
             return True
     except ChildProcessError:
         return True
@@ -104,16 +114,12 @@ def fork_server_died() -> bool:
 def fork_server_end() -> str | None:
     """How the fork server this process started ended ("killed by SIGKILL", "exited with status 1"),
     looked at without reaping it; None while it runs or where that cannot be told."""
-    if fork_server_context().get_start_method() != "forkserver" or not hasattr(os, "waitid"):
-        return None
-    from multiprocessing import forkserver
-
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    pid = _fork_server_pid()
     if pid is None:
         return None
     for _ in range(40):  # a server with a SIGKILL pending dies when next scheduled
         try:
-            ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            ended = _ended(pid)
         except ChildProcessError:
             return None
         if ended is not None or not _dying(pid):
@@ -127,6 +133,16 @@ def fork_server_end() -> str | None:
         return f"killed by {signal.Signals(ended.si_status).name}"
     except ValueError:
         return f"killed by signal {ended.si_status}"
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has ended: it waits to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def _dying(pid: int) -> bool:
