@@ -416,7 +416,12 @@ class Supervised:
 
 def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_opened=None) -> None:
     """The worker's main: build the subject, then judge cases until the pipe closes."""
-    isolate()  # a session of its own, and death with its parent
+    try:
+        isolate()  # a session of its own, and death with its parent; Ctrl-C ignored from there on
+    except KeyboardInterrupt:
+        # a Ctrl-C to the campaign's process group reached this worker as it started, before it could
+        # ignore it: the campaign stops and ends the worker; the worker carries on until it does
+        isolate()
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(log, 1)
     os.dup2(log, 2)
