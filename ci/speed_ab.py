@@ -194,6 +194,11 @@ def table(a_side: Install, b_side: Install) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _write_json(a, sides: list[Install]) -> None:
+    Path(a.json).write_text(json.dumps({"a": a.a, "b": a.b, "figures": {s.label: figures(s) for s in sides},
+                                        "runs": {s.label: s.results for s in sides}}, indent=1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--a", default="HEAD", help="a git revision, tree:DIR or python:PATH (default HEAD)")
@@ -227,7 +232,12 @@ def main() -> None:
             for side in (sides if round_ % 2 == 0 else sides[::-1]):
                 for step in steps:
                     step(side, a, workdir, round_)
-                    print(f"  round {round_ + 1}: {side.label} {step.__name__.strip('_')} done", flush=True)
+                    kind = step.__name__.strip("_")
+                    # each run's figures as they come, so that a call cut short still shows them
+                    print(f"  round {round_ + 1}: {side.label} {kind} done: {json.dumps(side.results[kind][-1])}",
+                          flush=True)
+                    if a.json:  # as it goes, so that a run stopped early keeps what it measured
+                        _write_json(a, sides)
         rows = table(*sides)
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         print()
@@ -236,8 +246,7 @@ def main() -> None:
             if n == 0:
                 print("  ".join("-" * w for w in widths))
         if a.json:
-            Path(a.json).write_text(json.dumps({"a": a.a, "b": a.b, "figures": {s.label: figures(s) for s in sides},
-                                                "runs": {s.label: s.results for s in sides}}, indent=1))
+            _write_json(a, sides)
     finally:
         _remove_trees(workdir)
         if not a.keep:

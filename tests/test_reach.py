@@ -111,6 +111,36 @@ def test_statistics_and_the_gate_name_each_target_not_reached_and_why():
     assert [name for name, _ in stats.unreached()] == list(targets.out_of_reach())
 
 
+def test_a_run_with_jobs_names_once_the_targets_no_job_reached():
+    """Each job's campaign notes its own unreached targets; the run that merges them says once what
+    every job together left unreached (a target one job met is no longer named)."""
+    from nanfuzz.harness.campaign.jobs import _merge
+    from nanfuzz.harness.campaign.result import Campaign
+
+    caps = Capabilities(max_query_len=1, sliding_window=False, head_sizes=(64, 128))
+    targets = production_targets(caps, PRODUCTION_SIZE)
+
+    def job(strategy):
+        campaign = Campaign(kernel="k@v", device="cuda", statistics=Statistics.for_capabilities(caps, targets))
+        for case in drawn(strategy, 4):
+            campaign.statistics.add(case)
+        campaign.examples = campaign.statistics.examples
+        campaign.note_unreached()
+        return campaign
+
+    def missed(campaign):
+        return {name for name, why in campaign.statistics.unreached() if why.startswith("budget")}
+
+    first, second = (job(paged_cases(caps, tier="production", aims=Aims(targets.aims([aim]))))
+                     for aim in ("decode:gqa-group>16", "decode:seq-len>=32768"))
+    only_one_met = missed(first) ^ missed(second)
+    assert only_one_met and all(name in first.notes[0] + second.notes[0] for name in only_one_met)
+    merged = _merge("k@v", "cuda", [(first, (0.0, 1.0)), (second, (0.0, 1.0))], 0.0)
+    (note,) = [note for note in merged.notes if "production targets not reached" in note]
+    assert missed(merged) == missed(first) & missed(second)
+    assert all(name not in note for name in only_one_met)
+
+
 def test_a_small_tier_campaign_declares_no_target(tmp_path):
     caps = vllm.TRITON_ATTN_CAPABILITIES
     campaign = fuzz(kernel_like("vllm:triton_attn", caps), device="cuda", size="small", max_examples=5, seed=1,

@@ -47,29 +47,40 @@ def test_a_launch_that_never_returns_is_a_hang(settings):
     assert len(campaign.failing_case.sequences) == 1
 
 
-def test_a_launch_that_ran_past_the_timeout_once_and_then_passed_is_no_hang(tmp_path):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_launch_that_ran_past_the_timeout_once_and_then_passed_is_no_hang(tmp_path, jobs):
     """A busy device can hold one launch past the timeout: the same case replayed in a fresh worker
-    passes, so the gate passes the kernel and says what happened.  One that hangs again is a HANG
-    (the test above)."""
+    passes, so the gate passes the kernel, says what happened, and spends its whole budget (with
+    --jobs, no sibling stops for it).  One that hangs again is a HANG (the test above)."""
+    summary = tmp_path / "summary.json"
     proc = _nanfuzz("fuzz", "--kernel", "tests.subjects:hangs_once", "--device", "cpu", "--launch-timeout", "2",
-                    "--max-examples", "60", "--seed", "0", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+                    "--max-examples", "60", "--seed", "0", "--jobs", str(jobs), "--state-dir", str(tmp_path / "state"),
+                    "--summary-json", str(summary), cwd=tmp_path)
     out, err = proc.communicate(timeout=300)
     assert (tmp_path / "hung.txt").exists()  # a launch did hang
     assert proc.returncode == 0, out + err
     assert "HANG" not in out and "not reported as a HANG" in out + err, out + err
     assert not list((tmp_path / "state").glob("repros/*.json"))
+    assert _examples(summary) == 60, out + err
 
 
 def test_a_fork_server_that_died_once_under_a_case_that_then_passes_is_no_crash(tmp_path):
     """A worker dies with its fork server when something outside kills the server (the host's
     out-of-memory killer): a case that passes every replay in fresh workers is a note, not a CRASH.
     A kernel that kills the server on every launch is a CRASH (tests/test_attacks.py)."""
+    summary = tmp_path / "summary.json"
     proc = _nanfuzz("fuzz", "--kernel", "tests.subjects:kills_the_fork_server_once", "--device", "cpu",
-                    "--max-examples", "60", "--seed", "0", "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+                    "--max-examples", "60", "--seed", "0", "--state-dir", str(tmp_path / "state"),
+                    "--summary-json", str(summary), cwd=tmp_path)
     out, err = proc.communicate(timeout=300)
     assert (tmp_path / "killed.txt").exists()  # the server was killed
     assert proc.returncode == 0, out + err
     assert "CRASH" not in out and "not reported as a CRASH" in out + err, out + err
+    assert _examples(summary) == 60, out + err
+
+
+def _examples(summary: Path) -> int:
+    return sum(k["examples"] for k in json.loads(summary.read_text())["kernels"])
 
 
 def test_different_bits_on_identical_inputs_are_nondeterministic_not_a_leak(settings):

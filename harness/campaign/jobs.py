@@ -254,9 +254,9 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
     merged = _merge(kernel.name, settings.device, finished, measured_from)
     merged.startup["started"] = spread.start  # its steps from the run's start, warm-ups included
     merged.notes = notes + merged.notes + [f"{kernel.name}: a job stopped: {error}" for error in dict.fromkeys(errors)]
-    merged.note_declines()  # over every job's draws, in place of each job's own
-    merged.note_reads()
-    merged.interrupted = interrupted or any(c.interrupted for c, _ in finished)
+    if interrupted:
+        merged.interrupted = True
+        merged.note_unreached()  # none for a run cut short
     if died and not merged.failed and not merged.interrupted:
         _recover_a_dead_job_s_case(kernel, settings, merged)
     if died and not merged.failed:
@@ -384,4 +384,9 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
                 merged.shrink_time = campaign.shrink_time
                 merged.recovered_crash = campaign.recovered_crash
                 merged.examples_to_first_failure = campaign.examples_to_first_failure  # in the job that found it
+    merged.interrupted = any(campaign.interrupted for campaign, _ in results)
+    # over every job's draws, each in place of the jobs' own notes
+    merged.note_declines()
+    merged.note_unreached()
+    merged.note_reads()
     return merged

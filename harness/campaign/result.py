@@ -7,7 +7,7 @@ from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.accuracy import Accuracy
 from nanfuzz.harness.judge.check import Outcome
 from nanfuzz.harness.report import coverage
-from nanfuzz.harness.report.statistics import Statistics
+from nanfuzz.harness.report.statistics import UNREACHED_NOTE, Statistics
 from nanfuzz.reference.case import Case
 
 # Past this share of drawn cases declined by a kernel's supports(), a campaign says so: each
@@ -129,6 +129,14 @@ class Campaign:
             self.notes.append(f"{self.kernel}: {total} ({100 * total / drawn:.0f}%) {_DECLINE_NOTE}: {reasons}; "
                               "a constraint this common belongs in its Capabilities (min_window, "
                               "uniform_query_len, max_query_len, ...), which the strategies draw within")
+
+    def note_unreached(self) -> None:
+        """A passing campaign's note (replacing any earlier one: each job's of a run with --jobs) naming
+        each production target it did not reach, and why."""
+        self.notes = [note for note in self.notes if UNREACHED_NOTE not in note]
+        line = self.statistics.unreached_line()
+        if line and not self.failed and not self.interrupted and self.examples:
+            self.notes.append(f"{self.kernel}: {line}")
 
     def note_reads(self) -> None:
         """A note (replacing any earlier one) for dead slots the kernel loaded in passing examples."""

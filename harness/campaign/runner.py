@@ -110,13 +110,6 @@ def note_paths(campaign: Campaign, state_dir) -> None:
                               + ", ".join(campaign.paths_missed))
 
 
-def _the_machine_s_doing(failure: Outcome) -> bool:
-    """A failure the machine can cause on its own: a HANG (a launch held up), or a worker that died
-    with the fork server it came from (killed from outside); told from the kernel's by replays."""
-    return failure.verdict is Verdict.HANG or (failure.verdict is Verdict.CRASH
-                                               and bool(failure.evidence.get("fork_server_died")))
-
-
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | None = None, subject=None,
          farm: FarmHandle | None = None, search_seed: int | None = None, **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
@@ -317,7 +310,7 @@ class CampaignRunner:
         if declined is not None:
             campaign.notes.append(f"{campaign.kernel}: the reported {outcome.verdict.value} was replayed {runs} of "
                                   f"{planned} times: {declined.reason}; the failure stands as found")
-        if _the_machine_s_doing(outcome) and runs and passed == runs:
+        if outcome.may_be_the_machine_s and runs and passed == runs:
             self.clear_the_machine_s_failure(outcome, runs)
             return
         if final is not None:
@@ -333,6 +326,24 @@ class CampaignRunner:
         if len(digests) > 1:
             campaign.notes.append(f"{campaign.kernel}: replays of the failing case gave {len(digests)} different outputs")
 
+    def second_look(self, case: Case, failure: Outcome) -> Outcome:
+        """A failure the machine can cause (``Outcome.may_be_the_machine_s``) met in the search, looked
+        at again before it counts: the same case in fresh workers, as ``confirm`` replays a failure
+        found.  If every replay passes, the first passing one stands for the example and the search
+        goes on (no sibling job stopped, no shrink spent on a case that does not fail); otherwise
+        ``failure``."""
+        runs = 1 if failure.verdict is Verdict.HANG else self.settings.replays
+        passed = None
+        for _ in range(runs):
+            again = self.subject.check(case, patience=self.finding_patience)
+            if isinstance(again, Declined) or again.verdict is not Verdict.PASS:
+                return failure
+            passed = passed or again
+        if passed is None:
+            return failure  # no replays asked for: the failure is judged as met
+        self.campaign.notes.append(self._the_machine_s_note(failure, runs, kept=False))
+        return passed
+
     def clear_the_machine_s_failure(self, failure: Outcome, runs: int) -> None:
         """A HANG, or the death of the fork server a worker came from, whose case passed every replay in
         a fresh worker.  A kernel that loops forever, or kills the server, does so again; a launch that
@@ -341,16 +352,18 @@ class CampaignRunner:
         must not fail a kernel for its machine.  The case stays in the example database, which the
         next campaign replays first."""
         campaign = self.campaign
+        campaign.notes.append(self._the_machine_s_note(failure, runs, kept=self.database is not None))
+        campaign.failure = campaign.failing_case = None
+        campaign.time_to_first_failure = campaign.examples_to_first_failure = campaign.shrink_time = None
+
+    def _the_machine_s_note(self, failure: Outcome, runs: int, kept: bool) -> str:
         what = failure.summary.removeprefix(f"{failure.verdict.value}: ")
         cause = ("a launch slowed by a busy device or host" if failure.verdict is Verdict.HANG
                  else "a server ended from outside the kernel (the host short of memory, say)")
-        kept = " (the case stays in the example database, and the next campaign replays it first)" \
-            if self.database is not None else ""
+        stays = " (the case stays in the example database, and the next campaign replays it first)" if kept else ""
         replays = "replayed in a fresh worker" if runs == 1 else f"replayed {runs} times in fresh workers"
-        campaign.notes.append(f"{campaign.kernel}: {what}, but the same case {replays} passed: {cause}, not "
-                              f"reported as a {failure.verdict.value}{kept}")
-        campaign.failure = campaign.failing_case = None
-        campaign.time_to_first_failure = campaign.examples_to_first_failure = campaign.shrink_time = None
+        return (f"{self.campaign.kernel}: {what}, but the same case {replays} passed: {cause}, not reported as a "
+                f"{failure.verdict.value}{stays}")
 
     def close(self) -> None:
         """The worker and the farm this campaign started, stopped, with what they counted."""
@@ -413,10 +426,8 @@ class CampaignRunner:
         self.pool, _ = campaign_pool_of(self.caps, self.settings, self.pool_seed, self.tier, self.pool_growth)
 
     def note_unreached(self) -> None:
-        """A passing campaign's note naming each production target it did not reach, and why."""
-        line = self.campaign.statistics.unreached_line() if self.targets else None
-        if line and not self.campaign.failed and not self.campaign.interrupted and self.campaign.examples:
-            self.campaign.notes.append(f"{self.kernel.name}: {line}")
+        if self.targets:
+            self.campaign.note_unreached()
 
     # -- helpers -------------------------------------------------------------------------
     def _judged_something(self) -> None:

@@ -292,6 +292,12 @@ class Search:
                        else run.subject.check(case, patience=patience))
         except NanfuzzError as exc:
             raise _Aborted(exc) from None
+        if (self.first is None and not isinstance(outcome, (Deferred, Declined)) and outcome.failed
+                and outcome.may_be_the_machine_s):
+            try:
+                outcome = run.second_look(case, outcome)  # still journaled: a campaign killed now leaves it
+            except NanfuzzError as exc:
+                raise _Aborted(exc) from None
         run.journal.clear()
         if isinstance(outcome, Deferred):
             self.deferrals.add(case, outcome.skipped)

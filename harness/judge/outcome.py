@@ -51,6 +51,14 @@ class Outcome:
     def failed(self) -> bool:
         return self.verdict is not Verdict.PASS
 
+    @property
+    def may_be_the_machine_s(self) -> bool:
+        """A failure the machine can cause on its own, told from the kernel's by replays: a HANG (a
+        launch held up by a busy device or host), or a worker that died with the fork server it came
+        from (killed from outside)."""
+        return self.verdict is Verdict.HANG or (self.verdict is Verdict.CRASH
+                                                and bool(self.evidence.get("fork_server_died")))
+
     def to_dict(self) -> dict:
         return {"verdict": self.verdict.value, "summary": self.summary, "evidence": self.evidence,
                 "output_sha256": self.output_sha256}

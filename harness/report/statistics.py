@@ -48,6 +48,8 @@ GROUPS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 # The production targets a campaign declares (``strategies.targets``), those within reach each with
 # its count; the campaign meets each one at least this often before it aims at it less.
 TARGETS_GROUP = "production targets"
+# How the note of a campaign that left declared targets unreached begins (``unreached_line``).
+UNREACHED_NOTE = "production targets not reached: "
 
 # Listed, every class, for a kernel whose adapter made index buffers (``reference.layouts``): the
 # classes their entries point at are what such a layout can reach, and the others it cannot.
@@ -178,7 +180,7 @@ class Statistics:
         by_reason: dict[str, list[str]] = {}
         for name, why in missed:
             by_reason.setdefault(why, []).append(name)
-        return "production targets not reached: " + "; ".join(
+        return UNREACHED_NOTE + "; ".join(
             f"{', '.join(names)} ({why})" for why, names in by_reason.items())
 
     def share(self, name: str) -> float:
