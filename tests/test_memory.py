@@ -2,6 +2,7 @@
 decline when it is short, and nanfuzz's own allocation failures are never the kernel's verdict."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -108,6 +109,34 @@ def test_a_dead_process_s_reservation_is_void(tmp_path, holders):
     process.join(10)
     assert share.reserve(0, patience=0.0) == 6 * GiB
     share.settle()
+
+
+def test_the_ledger_drops_a_process_it_watched_once_it_ends_unreaped_and_leaves_the_file_alone_while_unchanged(
+        tmp_path):
+    import subprocess
+
+    from nanfuzz.harness.judge.ledger import Ledger, _started
+
+    ledger = Ledger.open(tmp_path, "device")
+    child = subprocess.Popen(["sleep", "0.5"])  # not waited for: it ends a zombie, which holds no memory
+    with ledger.entries() as entries:
+        entries[str(child.pid)] = {"started": _started(child.pid), "weight": GiB}
+    with ledger.entries() as entries:  # alive: kept, and watched from now on
+        assert str(child.pid) in entries
+    written = ledger.path.stat().st_mtime_ns
+    time.sleep(0.05)
+    with ledger.entries() as entries:
+        assert str(child.pid) in entries
+    assert ledger.path.stat().st_mtime_ns == written  # nothing changed, nothing written
+    deadline = time.monotonic() + 30
+    while True:
+        with ledger.entries() as entries:
+            if str(child.pid) not in entries:
+                break
+        assert time.monotonic() < deadline, "an ended process kept its reservation"
+        time.sleep(0.1)
+    assert child.poll() is not None and not json.loads(ledger.path.read_text())
+    child.wait()
 
 
 @pytest.mark.parametrize("idle", [True, False])

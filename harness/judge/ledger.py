@@ -3,13 +3,16 @@
 Each read-and-write holds the file locked (``fcntl.flock``) and drops the entries of
 processes that have ended, so a reservation survives its process by no more than
 the next look at the ledger: an entry names its process by pid and start time, so a
-pid used again by another process does not inherit it.
+pid used again by another process does not inherit it.  A look is short, since every
+process of a campaign takes one or two per case: the processes already seen are asked in
+one poll of their pidfds, and an unchanged ledger is not written again.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import select
 from pathlib import Path
 
 try:
@@ -38,12 +41,74 @@ def _started(pid: int) -> int | None:
         return -1
 
 
+class _Liveness:
+    """Whether the processes named in a ledger still run, asked at every look: a process already
+    seen is watched through a pidfd (Linux 5.3 and later), which turns readable when it ends (a
+    zombie included) and never stands for another process given its pid, so one poll answers for
+    every entry; a process seen for the first time, or where pidfds are missing, is read from the
+    process table (``_started``)."""
+
+    def __init__(self):
+        self._watched: dict[tuple[int, object], int] = {}  # (pid, start time) -> its pidfd
+
+    def alive(self, entries: dict) -> dict:
+        """The ``entries`` (pid -> entry) whose processes still run."""
+        keys = {pid: (int(pid), entry.get("started")) for pid, entry in entries.items()}
+        for key in set(self._watched) - set(keys.values()):
+            os.close(self._watched.pop(key))  # gone from the ledger: no longer watched
+        ended = self._ended([key for key in keys.values() if key in self._watched])
+        live = {}
+        for pid, entry in entries.items():
+            key = keys[pid]
+            if key in self._watched:
+                if key not in ended:
+                    live[pid] = entry
+            elif _alive(*key):
+                live[pid] = entry
+                self._watch(key)
+        return live
+
+    def forget(self) -> None:
+        for fd in self._watched.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._watched.clear()
+
+    def _ended(self, keys: list) -> set:
+        if not keys:
+            return set()
+        poller = select.poll()
+        by_fd = {}
+        for key in keys:
+            fd = self._watched[key]
+            by_fd[fd] = key
+            poller.register(fd, select.POLLIN)
+        ended = {by_fd[fd] for fd, _ in poller.poll(0)}
+        for key in ended:
+            os.close(self._watched.pop(key))
+        return ended
+
+    def _watch(self, key: tuple) -> None:
+        pid, started = key
+        if not hasattr(os, "pidfd_open") or started in (None, -1):
+            return  # without a start time a pidfd could name the process that took the pid since
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return
+        if _started(pid) == started:  # still the process the entry names, opened after the look
+            self._watched[key] = fd
+        else:
+            os.close(fd)
+
+
 class Ledger:
     """One device's reservations, in a JSON file that each read-and-write holds locked."""
 
     def __init__(self, path: Path):
         self.path = path
         self._pid, self._started = None, None
+        self._liveness, self._liveness_pid = _Liveness(), os.getpid()
 
     @property
     def me(self) -> str:
@@ -54,6 +119,12 @@ class Ledger:
         if self._pid != os.getpid():  # a forked child is another process
             self._pid, self._started = os.getpid(), _started(os.getpid())
         return self._started
+
+    def _live(self, entries: dict) -> dict:
+        if self._liveness_pid != os.getpid():  # a forked child closes its copies of its parent's pidfds
+            self._liveness.forget()
+            self._liveness, self._liveness_pid = _Liveness(), os.getpid()
+        return self._liveness.alive(entries)
 
     @classmethod
     def open(cls, folder: Path, key: str) -> "Ledger | None":
@@ -92,13 +163,16 @@ class Ledger:
                 found = json.loads(raw) if raw.strip() else {}
             except ValueError:
                 found = {}  # a writer died mid-write: its entries come back at their next look
-            live = {pid: entry for pid, entry in (found.items() if isinstance(found, dict) else ())
-                    if isinstance(entry, dict) and pid.isdigit() and _alive(int(pid), entry.get("started"))}
+            live = self._live({pid: entry for pid, entry in (found.items() if isinstance(found, dict) else ())
+                               if isinstance(entry, dict) and pid.isdigit()})
             yield live
+            written = json.dumps(live).encode()
+            if written == raw:
+                return  # unchanged: nothing to write
             with contextlib.suppress(OSError):  # a full disk: the entries come back at the next look
                 os.lseek(fd, 0, os.SEEK_SET)
                 os.ftruncate(fd, 0)
-                os.write(fd, json.dumps(live).encode())
+                os.write(fd, written)
         finally:
             os.close(fd)  # the lock goes with it
 
