@@ -137,6 +137,10 @@ def test_the_ledger_drops_a_process_it_watched_once_it_ends_unreaped_and_leaves_
         time.sleep(0.1)
     assert child.poll() is not None and not json.loads(ledger.path.read_text())
     child.wait()
+    with ledger.entries() as entries:  # a start time no process has (written by something else): dropped
+        entries[str(os.getpid())] = {"started": {"not": "a start time"}, "weight": GiB}
+    with ledger.entries() as entries:
+        assert not entries
 
 
 @pytest.mark.parametrize("idle", [True, False])

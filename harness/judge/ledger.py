@@ -41,6 +41,13 @@ def _started(pid: int) -> int | None:
         return -1
 
 
+def _start_time(entry: dict):
+    """An entry's start time as a key: a value no process has (a ledger written by something else)
+    stands for itself, and such an entry is dropped at its first look, as before."""
+    started = entry.get("started")
+    return started if started is None or isinstance(started, int) else repr(started)
+
+
 class _Liveness:
     """Whether the processes named in a ledger still run, asked at every look: a process already
     seen is watched through a pidfd (Linux 5.3 and later), which turns readable when it ends (a
@@ -53,7 +60,7 @@ class _Liveness:
 
     def alive(self, entries: dict) -> dict:
         """The ``entries`` (pid -> entry) whose processes still run."""
-        keys = {pid: (int(pid), entry.get("started")) for pid, entry in entries.items()}
+        keys = {pid: (int(pid), _start_time(entry)) for pid, entry in entries.items()}
         for key in set(self._watched) - set(keys.values()):
             os.close(self._watched.pop(key))  # gone from the ledger: no longer watched
         ended = self._ended([key for key in keys.values() if key in self._watched])
