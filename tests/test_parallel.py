@@ -72,6 +72,20 @@ def test_a_case_left_by_a_dead_job_is_replayed_before_anything_runs():
     assert not path.exists()
 
 
+def test_a_job_its_run_ended_on_a_stop_leaves_no_case_and_a_dead_job_still_does(tmp_path):
+    from nanfuzz.harness.campaign import journal
+
+    case = Case(Geometry(1, 1, 32, 16, 2, "float32"), (Sequence(1, 3, (1,)),), sliding_window=2).validate()
+    folder = tmp_path / "journal"
+    folder.mkdir()
+    for pid in (111, 222):  # two jobs that never closed their journals
+        (folder / f"{journal.safe_name('k@v')}.{pid}.abcd.json").write_text(
+            json.dumps({"kernel": "k@v", "case": case.to_dict()}))
+    journal.drop(tmp_path, "k@v", 111)  # the run killed job 111 when its stop's grace ran out
+    (left,) = journal.leftovers(tmp_path, "k@v")
+    assert left.case == case and not list(folder.glob("*.json"))
+
+
 def test_bad_job_counts_are_refused():
     from nanfuzz.reference.errors import NanfuzzError
 

@@ -29,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from nanfuzz.harness.campaign import journal
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.stop_signals import STOP_SIGNALS, quiet_about_interrupts
 from nanfuzz.harness.device import DeviceProperties
@@ -246,6 +247,8 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+                if interrupted:  # ended by the stop, not by its kernel: no case for the next run
+                    journal.drop(settings.state_dir, kernel.name, p.pid)
     errors = [payload for payload, _ in done.values() if isinstance(payload, str) and payload != "interrupted"]
     finished = [v for v in done.values() if isinstance(v[0], Campaign)]
     if errors and not died and not any(c.failed for c, _ in finished):

@@ -105,6 +105,17 @@ def leftovers(state_dir: Path, kernel_name: str) -> list[Leftover]:
     return found
 
 
+def drop(state_dir: Path, kernel_name: str, pid: int) -> None:
+    """The journal of campaign process ``pid``, which its run ended itself because the run was
+    stopped (a job still in a check when its grace ran out): its case was never judged, and no
+    kernel ended that process, so it is no case for the next run to replay."""
+    for path in (Path(state_dir) / "journal").glob(f"{safe_name(kernel_name)}.{pid}.*.json"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def put_back(state_dir: Path, kernel_name: str, leftover: Leftover) -> None:
     """A claimed leftover that could not be replayed now, left again for a later campaign."""
     directory = Path(state_dir) / "journal"

@@ -335,6 +335,8 @@ class CampaignRunner:
         runs = 1 if failure.verdict is Verdict.HANG else self.settings.replays
         passed = None
         for _ in range(runs):
+            if self.hooks.interrupted is not None and self.hooks.interrupted():
+                return failure  # a stop under way (whose Ctrl-C may have ended the server): the search ends it
             again = self.subject.check(case, patience=self.finding_patience)
             if isinstance(again, Declined) or again.verdict is not Verdict.PASS:
                 return failure
