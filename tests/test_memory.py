@@ -28,7 +28,8 @@ CPU = torch.device("cpu")
 
 
 def _policy(folder, total=10, case=4, held=0) -> MemoryPolicy:
-    return MemoryPolicy(ledger_dir=str(folder), simulated=SimulatedDevice(total * GiB, case * GiB, held * GiB))
+    return MemoryPolicy(ledger_dir=str(folder),
+                        simulated=SimulatedDevice(int(total * GiB), int(case * GiB), int(held * GiB)))
 
 
 def _hold(policy, folder, idle) -> None:
@@ -154,6 +155,91 @@ def test_a_wait_for_memory_makes_an_idle_holder_give_back_what_it_keeps(tmp_path
     else:  # sensitivity: a holder that never looks keeps it
         with pytest.raises(TooLargeForDevice):
             share.reserve(0, patience=1.0)
+
+
+def _small_cases(policy, folder, cases: int, pause: float) -> None:
+    """Another process: judge ``cases`` small cases, ``pause`` seconds each, then say so in ``folder``."""
+    share = governor(policy, CPU)
+    for _ in range(cases):
+        share.reserve(0, patience=60.0)
+        time.sleep(pause)
+        share.settle()
+        (folder / "judged").touch()
+    (folder / "done").touch()
+    while True:
+        time.sleep(1)
+
+
+def _await(path) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never came"
+        time.sleep(0.02)
+
+
+def _looks(monkeypatch) -> list:
+    from nanfuzz.harness.judge.ledger import Ledger
+
+    looks, real = [], Ledger.entries
+
+    def counted(self):
+        looks.append(time.monotonic())
+        return real(self)
+
+    monkeypatch.setattr(Ledger, "entries", counted)
+    return looks
+
+
+def test_small_cases_in_a_row_look_at_the_ledger_a_few_times_a_second_not_twice_a_case(tmp_path, monkeypatch):
+    from nanfuzz.harness.judge import memory
+
+    looks = _looks(monkeypatch)
+    share = governor(_policy(tmp_path, total=10, case=0.25), CPU)
+    started = time.monotonic()
+    for _ in range(200):
+        assert share.reserve(0, patience=0.0) == GiB // 4
+        share.settle()
+    seconds = time.monotonic() - started
+    assert 1 <= len(looks) <= 2 * (2 + seconds / memory._LOOK_EVERY)
+    entry = json.loads(next(tmp_path.glob("*.json")).read_text())[str(os.getpid())]
+    assert entry["weight"] == GiB // 4  # between cases the entry keeps weighing the claim
+    looks.clear()  # sensitivity: a case larger than the claim limit is looked at each time, and given back
+    large = governor(_policy(tmp_path / "large", total=10, case=2), CPU)
+    for _ in range(5):
+        large.reserve(0, patience=0.0)
+        large.settle()
+    assert len(looks) == 10 and large.claim == 0
+
+
+def test_a_process_waiting_for_memory_makes_a_busy_holder_give_its_claim_back(tmp_path, holders):
+    policy = _policy(tmp_path, total=1.5, case=0.9)  # one case at a time: a claim of 0.9 GiB keeps the other out
+    folder = tmp_path / "busy"
+    folder.mkdir()
+    busy = multiprocessing.get_context("fork").Process(target=_small_cases, args=(policy, folder, 10**6, 0.02),
+                                                      daemon=True)
+    busy.start()
+    try:
+        _await(folder / "judged")
+        share = governor(policy, CPU)
+        assert share.reserve(0, patience=30.0) == int(0.9 * GiB)  # granted though the other never idles
+        share.settle()
+        share.give_back()  # this process's claim too
+    finally:
+        busy.kill()
+        busy.join(10)
+    # sensitivity: a holder that judges no more cases keeps its claim, and the wait is declined
+    folder = tmp_path / "stopped"
+    folder.mkdir()
+    stopped = multiprocessing.get_context("fork").Process(target=_small_cases, args=(policy, folder, 1, 0.0),
+                                                         daemon=True)
+    stopped.start()
+    try:
+        _await(folder / "done")
+        with pytest.raises(TooLargeForDevice, match="not held or wanted"):
+            governor(policy, CPU).reserve(0, patience=1.0)
+    finally:
+        stopped.kill()
+        stopped.join(10)
 
 
 def test_a_case_larger_than_the_device_is_declined_without_waiting(tmp_path):
@@ -305,7 +391,7 @@ def test_a_gpu_too_full_to_open_a_context_reports_nothing_free_and_other_errors_
         raise RuntimeError(error)
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index: 0)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda index: {})
     device = object.__new__(GpuMemory)  # no GPU here: the fields __init__ would read from the driver
     device.index, device.opened = 0, False
     if free is None:

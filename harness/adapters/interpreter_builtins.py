@@ -219,11 +219,23 @@ def _patch_extra_builtins() -> list[tuple[object, str, object]]:
         setattr(owner, name, value)
 
     put(type(interpreter.interpreter_builder), "create_extern_elementwise", _extern_elementwise)
-    for module in _extra_modules():
-        for name, value in list(vars(module).items()):
-            if _is_builtin(value):
-                put(module, name, _rebound(value, {}))
+    for module, name, replacement in _extra_replacements():
+        put(module, name, replacement)
     return saved
+
+
+_extra_rebound: list[tuple[types.ModuleType, str, Callable]] = []
+
+
+def _extra_replacements() -> list[tuple[types.ModuleType, str, Callable]]:
+    """(module, name, what runs under the interpreter) for every builtin of ``triton.language.extra``:
+    found and wrapped once per process (a few hundred of them, every launch patches them all)."""
+    if not _extra_rebound:
+        for module in _extra_modules():
+            for name, value in list(vars(module).items()):
+                if _is_builtin(value):
+                    _extra_rebound.append((module, name, _rebound(value, {})))
+    return _extra_rebound
 
 
 def _extra_modules() -> list[types.ModuleType]:

@@ -114,7 +114,9 @@ class GpuMemory(DeviceMemory):
     def held(self) -> int:
         import torch
 
-        reserved = torch.cuda.memory_reserved(self.index)
+        # memory_reserved flattens every statistic of the allocator first (a third of a millisecond)
+        reserved = torch.cuda.memory_stats_as_nested_dict(self.index).get("reserved_bytes", {}).get("all", {}).get(
+            "current", 0)
         return reserved + (CONTEXT_BYTES if self.opened or reserved else 0)
 
     def give_back(self) -> None:

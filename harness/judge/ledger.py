@@ -114,6 +114,7 @@ class Ledger:
 
     def __init__(self, path: Path):
         self.path = path
+        self._stamp = None  # the file as this process left it at its last look
         self._pid, self._started = None, None
         self._liveness, self._liveness_pid = _Liveness(), os.getpid()
 
@@ -181,7 +182,21 @@ class Ledger:
                 os.ftruncate(fd, 0)
                 os.write(fd, written)
         finally:
+            self._stamp = _stamp(os.fstat(fd))
             os.close(fd)  # the lock goes with it
+
+    def unchanged(self) -> bool:
+        """Is the file as this process left it at its last look (nobody has written it since)?  A
+        write within the file system's clock tick that keeps its size is missed: the callers look
+        again within a fraction of a second anyway."""
+        try:
+            return self._stamp is not None and _stamp(os.stat(self.path)) == self._stamp
+        except OSError:
+            return False
+
+
+def _stamp(status: os.stat_result) -> tuple:
+    return status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
 
 
 def _alive(pid: int, started) -> bool:
