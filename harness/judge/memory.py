@@ -12,7 +12,8 @@ dead process is void: whoever reads the ledger next drops it.
 An entry weighs what its process may hold: while a case runs, the case's whole
 footprint (the batches, the judge's copies, the oracle's gather, the pool's
 caches); between cases, what the process still holds (the pool's caches, the
-allocator's cache), until it gives them back.  A reservation is granted when
+allocator's cache), until it gives them back; after a small case, the case's reservation (its
+claim, ``CLAIM_LIMIT``), which the next cases that fit in it use without a look.  A reservation is granted when
 it fits twice: beside every other entry in what the device has, and in what
 the device reports free now, less what other entries reserved and have not
 allocated yet and a margin (this also covers what nanfuzz does not see: other
@@ -109,7 +110,7 @@ class Governor:
         self.waits = 0           # reservations that had to wait
         self.waited = 0.0        # seconds they waited
         self.granted = 0         # what the case in flight reserved
-        self.claim = 0           # what this process's entry weighs between cases beyond what it holds (see CLAIM_LIMIT)
+        self.claim = 0           # what this process's entry keeps weighing between small cases (see CLAIM_LIMIT); 0: none
         self.looked = None       # when this process last looked at the ledger (time.monotonic)
 
     # -- the ledger entries --------------------------------------------------------
