@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from nanfuzz.reference.case import DTYPES, Case, KVCache
+from nanfuzz.reference.case import DTYPES, PRECISIONS, Case, KVCache
 from nanfuzz.reference.errors import NanfuzzError
-from nanfuzz.reference.precision import PRECISIONS
 
 # Triton's interpreter has no bfloat16 arithmetic.
 INTERPRETER_DTYPES = ("float16", "float32")

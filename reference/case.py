@@ -21,6 +21,7 @@ SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (1, 2)
 
 DTYPES = ("float16", "bfloat16", "float32")
+PRECISIONS = ("ieee", "tf32")   # how a kernel multiplies float32 operands (``reference.precision``)
 POISON_VALUES = ("nan", "inf", "-inf", "max", "garbage", "bits")
 POISON_TENSORS = ("v", "k", "kv")
 # How a cache stores its elements: "auto" is the query dtype, unquantized;

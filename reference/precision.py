@@ -16,9 +16,8 @@ from typing import Callable
 
 import torch
 
+from nanfuzz.reference.case import PRECISIONS  # noqa: F401 (the names a precision may have)
 from nanfuzz.reference.materialize import TORCH_DTYPES
-
-PRECISIONS = ("ieee", "tf32")   # how a kernel multiplies float32 operands
 
 
 def round_to_tf32(x: torch.Tensor) -> torch.Tensor:

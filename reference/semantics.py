@@ -11,7 +11,6 @@ import enum
 import functools
 
 import numpy as np
-import torch
 
 from nanfuzz.reference.case import NULL_BLOCK, Case, Sequence
 
@@ -32,6 +31,8 @@ def allowed(position: int, key: int, seq_len: int, window: int, causal: bool) ->
 def allowed_mask(position, key, seq_len, window: int, causal: bool):
     """``allowed`` over tensors: ``position`` and ``key`` (tensors) and ``seq_len`` (a tensor or an
     int) broadcast against each other; a bool tensor of the broadcast shape."""
+    import torch  # here: the CLI imports this module before it may import torch
+
     position, key = torch.broadcast_tensors(position, key)
     mask = (key >= 0) & (key < seq_len)
     if causal:

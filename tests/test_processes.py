@@ -41,3 +41,20 @@ def test_a_fork_server_started_for_the_wrong_backend_is_restarted(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_fork_server_starts_before_the_command_imports_torch():
+    # the server's imports of torch and Triton take seconds on a GPU host: they overlap the command's
+    # own only when nothing the command runs before starting it imports torch
+    script = (
+        "import sys\n"
+        "from multiprocessing import forkserver\n"
+        "def seen(*args):\n"
+        "    print('torch imported' if 'torch' in sys.modules else 'torch not imported', flush=True)\n"
+        "    raise SystemExit(0)\n"
+        "forkserver.ensure_running = forkserver._forkserver.ensure_running = seen\n"
+        "from nanfuzz.harness.cli import main\n"
+        "main(['fuzz', '--kernel', 'paged_decode@masked', '--max-examples', '5', '--time-budget', '9',\n"
+        "      '--summary-json', 'out.json', '--device', 'cpu'])\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "torch not imported", proc.stdout + proc.stderr
