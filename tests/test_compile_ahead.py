@@ -144,3 +144,37 @@ def _samples(plan: Plan, entry, count: int):
     from nanfuzz.harness.launch.farm import sample_cases
 
     return sample_cases(plan, entry, count)
+
+
+def test_a_farm_of_several_plans_sends_each_plan_s_cases_and_samples_before_the_next_plan_s(tmp_path):
+    # campaigns run in turn, and each meets its whole pool long before the last one starts
+    first, second = _plan("tests.farm_subjects:slow", samples=1), _plan("tests.farm_subjects:slow", samples=1)
+    held = fork_server_context().Event()
+    with Farm([first, second], processes=1, marks=BuiltMarks(tmp_path), after=held, device_wait=3600.0,
+              first_cases_later=True) as farm:
+        farm.schedule({p: tuple(_samples(plan, plan.entries[0], 1)) for p, plan in enumerate((first, second))})
+        tasks = list(farm._tasks)
+    entries = range(len(first.entries))
+    assert tasks == [(0, 0, "u0"), *((0, e, 0) for e in entries), (1, 0, "u0"), *((1, e, 0) for e in entries)]
+
+
+def test_a_campaign_whose_first_cases_are_none_has_every_case_of_its_search_built_ahead(monkeypatch):
+    # a fixed variant passes: its search draws exactly the cases drawn ahead, all of them
+    scheduled = []
+
+    class _Farm:
+        handle = FarmHandle("a folder")
+        awaits_first_cases = True
+
+        def __init__(self, plans):
+            pass
+
+        def schedule(self, first_cases):
+            scheduled.append(first_cases)
+
+    monkeypatch.setattr(ahead_module, "start_farm", lambda plans, settings, first_cases_later: _Farm(plans))
+    run = Settings(device="cuda", pool_size=3, max_examples=30, use_database=False)
+    slow = resolve("tests.farm_subjects:slow")
+    compile_ahead([(slow, run)], run, lambda kernel: None, samples=1)
+    (first_cases,) = scheduled
+    assert len(first_cases[0]) == 30

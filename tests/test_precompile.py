@@ -306,3 +306,36 @@ def test_a_farm_whose_processes_left_before_their_tasks_lets_its_process_exit(tm
         pytest.fail(f"the farm's process never exited: {hung.stdout!r}")
     assert proc.returncode == 0 and "closed, given up: " in proc.stdout, proc.stdout + proc.stderr
     assert int(proc.stdout.split("given up: ")[1]) >= 1
+
+
+def test_a_farm_task_builds_a_large_case_on_its_device_never_on_the_host(monkeypatch):
+    # sixteen farm processes each building a production case's caches in host memory would hold
+    # gigabytes apiece at once: a large case is built as a check builds it, its written blocks alone
+    import torch
+
+    import nanfuzz.reference.case as case_module
+    from nanfuzz.harness.launch import farm as precompile
+    from nanfuzz.reference import materialize
+    from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
+    from nanfuzz.reference.device_build import build_on_device
+
+    monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)
+    case = Case(Geometry(4, 2, 16, 8, 12, "float16"), (Sequence(1, 20, (3, 7, 9)),), poison=Poison("nan", "kv", None),
+                data_seed=5).validate()
+    assert case.large
+    expected = build_on_device(case, "cpu")
+
+    def on_the_host(*args, **kwargs):
+        raise AssertionError("a large case was built on the host")
+
+    monkeypatch.setattr(materialize, "build_on_host", on_the_host)
+    seen = []
+
+    def kernel(batch, out):
+        seen.append((batch.key_cache[expected.ids].clone(), tuple(batch.key_cache.shape), tuple(out.shape)))
+
+    plan = _plan("tests.farm_subjects:slow")
+    precompile._compile_case(kernel, plan, case)
+    (written, shape, out_shape), = seen
+    assert shape[0] == case.geometry.num_blocks and out_shape == (1, 4, 16)
+    assert torch.equal(written.view(torch.int16), expected.caches["key_cache"].view(torch.int16))

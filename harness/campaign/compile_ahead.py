@@ -3,10 +3,12 @@
 A run of several campaigns (the self-check: every built-in kernel in turn)
 has one farm for all of them.  Each campaign's search seed is picked before
 the farm starts, so that its first cases can be drawn ahead
-(``CampaignRunner.first_cases``); the farm builds every campaign's first cases
-in the order the campaigns meet them, then a few sample cases of each pool
-entry, and nothing else: the specialisations a campaign meets later compile
-in its own worker when it meets them.  Each campaign waits only for its own
+(``CampaignRunner.first_cases``); the farm builds, campaign by campaign in the
+order they run, each campaign's first cases in the order it meets them and then
+a sample case of each of its pool entries, and nothing else: the
+specialisations a campaign meets later compile in its own worker when it meets
+them.  Campaign by campaign, since a campaign draws from its whole pool long
+before the last campaign starts.  Each campaign waits only for its own
 plan (``FarmHandle.for_plan``): once that is built it compiles what else it
 meets rather than putting it off until the farm is done with the campaigns
 after it.
@@ -44,10 +46,11 @@ class Ahead:
             self.farm.close()
 
 
-def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings, first_cases: Callable[[Kernel], int],
-                  samples: int) -> Ahead:
+def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
+                  first_cases: Callable[[Kernel], int | None], samples: int) -> Ahead:
     """A farm for ``runs`` (kernel, its campaign's settings), run in this order: ``first_cases(kernel)``
-    of each campaign's first cases, then ``samples`` cases of each pool entry.  A campaign of several
+    of each campaign's first cases (None: every case its first search run draws while all pass),
+    then ``samples`` cases of each pool entry.  A campaign of several
     jobs picks its seeds in its jobs: the farm builds its samples alone."""
     plans, planners, ahead = [], [], Ahead(None)
     if settings.device == "cpu" or settings.compile_jobs == 0:  # nothing compiles ahead (``scope.plan_for``)
@@ -66,7 +69,8 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings, first
         ahead.plans.append(len(plans) if plan is not None else None)
         if plan is not None:
             plans.append(plan)
-            planners.append((runner, first_cases(kernel) if alone else 0))
+            count = first_cases(kernel) if alone else 0
+            planners.append((runner, runner.max_examples if count is None else count))
     # the farm's processes start while the first cases are drawn here
     ahead.farm = start_farm(plans, settings, first_cases_later=True)
     if ahead.farm is not None and ahead.farm.awaits_first_cases:

@@ -240,9 +240,8 @@ class FarmHandle:
 
 
 class Farm:
-    """Farm processes compiling ``plans``' tasks: the plans' upcoming cases in order, then each
-    sample case of each entry, a plan's first samples before its later ones, and the first
-    plan's before the next plan's.
+    """Farm processes compiling ``plans``' tasks, plan by plan: a plan's upcoming cases in order,
+    then each sample case of each of its entries, its first samples before its later ones.
 
     ``close()`` stops it whatever it is doing; what it compiled stays in
     Triton's cache.  ``summary()`` says what it did.
@@ -314,13 +313,16 @@ class Farm:
         return bool(self._processes) and not self._open
 
     def schedule(self, first_cases: dict[int, tuple[Case, ...]]) -> None:
-        """Send out the tasks: the upcoming cases of each plan (``first_cases`` by plan number, else
-        the plan's own ``upcoming``) in the order the campaigns meet them, then the samples."""
+        """Send out the tasks, plan by plan: each plan's upcoming cases (``first_cases`` by plan number,
+        else the plan's own ``upcoming``) in the order its campaign meets them, then its samples."""
         if self._open or not self._processes:  # scheduled already, or a warm cache
             return
         self._plans = [replace(plan, upcoming=first_cases.get(p, plan.upcoming)) for p, plan in enumerate(self._plans)]
         copies = UPCOMING_COPIES if self._per_binary else 1  # without claims a second copy would only wait
-        self._tasks = _upcoming_tasks(self._plans, copies) + self._samples
+        # plan by plan: a campaign meets its later entries before the campaigns after it start
+        upcoming = _upcoming_tasks(self._plans, copies)
+        self._tasks = [task for p in range(len(self._plans))
+                       for task in (*(t for t in upcoming if t[0] == p), *(t for t in self._samples if t[0] == p))]
         for task in self._tasks:
             self._marker(*task, "planned").touch()
         for t, (p, e, sample) in enumerate(self._tasks):
@@ -683,18 +685,33 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
     task whose memory is taken is given up, and the campaign compiles it when it meets it)."""
     import torch
 
+    from nanfuzz.harness.judge.large import large_check_footprint
     from nanfuzz.harness.judge.memory import governor
     from nanfuzz.harness.judge.runs import case_bytes
     from nanfuzz.reference.materialize import materialize
 
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
     share = governor(plan.spec.memory, device)
-    share.reserve(2 * case_bytes(case), patience=0.0)  # the batch, and the output and a layout copy at most
+    # the batch, and the output and a layout copy at most (a large case: its compact build too)
+    share.reserve(large_check_footprint(case) if case.large else 2 * case_bytes(case), patience=0.0)
     try:
-        batch = materialize(case, device)
+        batch = _built_on_device(case, device) if case.large else materialize(case, device)
         g = case.geometry
         out = torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=batch.q.dtype, device=device)
         kernel(batch, out)
         del batch, out
     finally:
         share.give_back()
+
+
+def _built_on_device(case: Case, device):
+    """A large case's batch as a check builds it (``harness.judge.check.LargeCaseCheck``): only its
+    written blocks are made, on the device, in caches of a pool of this task's own, freed with it.
+    Built on the host, a production case's caches take gigabytes of the host's memory in each of the
+    farm's processes at once."""
+    from nanfuzz.harness.judge.pool import CachePool
+    from nanfuzz.reference.batch import PagedBatch
+    from nanfuzz.reference.device_build import build_on_device
+
+    build = build_on_device(case, device)
+    return PagedBatch.from_allocations(case, {**build.small, **CachePool().attach(build)})
