@@ -410,3 +410,20 @@ def test_a_message_gives_a_small_amount_in_mib_never_as_0_gib():
     assert amount(4 * GiB) == "4.0 GiB"
     assert amount(40 * 2**20) == "40 MiB"
     assert amount(-5) == "0 MiB"
+
+
+def test_a_reservation_that_never_waits_writes_no_want_for_others_to_queue_behind(tmp_path, holders, monkeypatch):
+    # a want stands ahead of every later reservation; one that is withdrawn at once (a compile
+    # process asking for room to open its context) only refuses others meanwhile
+    policy = _policy(tmp_path)  # 10 GiB, 4 GiB a case: two cases at once, both held by others
+    others = holders(policy)
+    others.start()
+    others.start()
+    share = governor(policy, CPU)
+    written = []
+    write = share._write
+    monkeypatch.setattr(share, "_write", lambda entries, weight, allocated, wants=0, since=0.0: (
+        written.append(wants), write(entries, weight, allocated, wants, since)))
+    with pytest.raises(TooLargeForDevice):
+        share.reserve(0, patience=0.0)
+    assert written and not any(written)

@@ -166,8 +166,11 @@ class Governor:
                     shortfall = self._shortfall(entries, need, total, started)
                     held = self.device.held()
                     if shortfall:
-                        self.claim = 0  # the entry weighs what this process holds, and wants the rest
-                        self._write(entries, held, held, wants=need, since=started)
+                        # the entry weighs what this process holds, and wants the rest; a process that
+                        # never waits wants nothing: its want, gone a moment later, would only stand
+                        # ahead of others' (sixteen compile processes asking at once refused a 0 MiB case)
+                        self.claim = 0
+                        self._write(entries, held, held, wants=need if patience > 0 else 0, since=started)
                     else:
                         # the entry stays as it was while the claim covers the case: others' looks
                         # find the ledger unchanged
