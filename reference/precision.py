@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from nanfuzz.reference.case import PRECISIONS  # noqa: F401 (the names a precision may have)
+from nanfuzz.reference.case import PRECISIONS
 from nanfuzz.reference.materialize import TORCH_DTYPES
 
 

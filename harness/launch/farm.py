@@ -319,10 +319,9 @@ class Farm:
             return
         self._plans = [replace(plan, upcoming=first_cases.get(p, plan.upcoming)) for p, plan in enumerate(self._plans)]
         copies = UPCOMING_COPIES if self._per_binary else 1  # without claims a second copy would only wait
-        # plan by plan: a campaign meets its later entries before the campaigns after it start
-        upcoming = _upcoming_tasks(self._plans, copies)
-        self._tasks = [task for p in range(len(self._plans))
-                       for task in (*(t for t in upcoming if t[0] == p), *(t for t in self._samples if t[0] == p))]
+        # plan by plan (a stable sort: each plan's upcoming cases before its samples): a campaign
+        # meets its later entries before the campaigns after it start
+        self._tasks = sorted(_upcoming_tasks(self._plans, copies) + self._samples, key=lambda task: task[0])
         for task in self._tasks:
             self._marker(*task, "planned").touch()
         for t, (p, e, sample) in enumerate(self._tasks):
