@@ -51,7 +51,9 @@ def test_two_runners_on_one_server_replay_each_other_and_count_a_failure_once(tm
     merged = json.loads((tmp_path / "fleet" / "summary.json").read_text())
     assert [r["label"] for r in merged["runners"]] == ["alpha", "beta"]
     (failure,) = merged["failures"]
-    assert failure["runners"] == ["alpha", "beta"] and failure["verdict"] == "NONFINITE"
+    # the kernel drops the window's oldest key: a one-key window keeps no key (NONFINITE), a wider one
+    # loses a live key (MISMATCH); which one the shrink stops at depends on the search
+    assert failure["runners"] == ["alpha", "beta"] and failure["verdict"] in ("NONFINITE", "MISMATCH")
     assert sorted(p.name for p in (tmp_path / "fleet" / "repros").iterdir()) == sorted(
         Path(failure["repro"][0]).stem + ext for ext in (".json", ".py", ".txt"))
     assert [s["failure"] for s in merged["shards"]] == [1, 1] and merged["problems"] == []

@@ -37,7 +37,8 @@ def _worst(errors: RowErrors) -> str:
 def _one_thread():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the tiled loop is thousands of small steps: threads only contend
-    yield
+    with tiled_attention.heap_kept():
+        yield
     torch.set_num_threads(threads)
 
 

@@ -18,6 +18,9 @@ arithmetic, not addressing (the poisoning verdicts test addressing).
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -203,6 +206,27 @@ planted_scale = tiled_kernel(Tiling(tile=64, splits=4), plant="scale", spec="tes
 planted_drop_key = tiled_kernel(Tiling(tile=64, splits=4), plant="drop-key", spec="tests.tiled_attention:planted_drop_key")
 planted_row = tiled_kernel(Tiling(tile=64, splits=4), plant="row", spec="tests.tiled_attention:planted_row")
 PLANTED = (planted_scale, planted_drop_key, planted_row)
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_GLIBC_MMAP_THRESHOLD_MAX = 32 << 20  # where glibc's dynamic threshold settles once large blocks are freed
+
+
+@contextlib.contextmanager
+def heap_kept():
+    """glibc keeps every allocation up to 2 GiB on its heap for the duration, where it otherwise
+    maps and unmaps each temporary over its dynamic threshold: the tiled loop's tile-sized
+    temporaries spent half their time in page faults (system time), and far more beside another
+    busy process (a production test took 31 s alone, 180-220 s beside an xdist sibling)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
+    mallopt = getattr(libc, "mallopt", None)  # glibc only; elsewhere nothing changes
+    if mallopt is None or not mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(2**31 - 1)):
+        yield
+        return
+    try:
+        yield
+    finally:
+        mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(_GLIBC_MMAP_THRESHOLD_MAX))
 
 
 def judged(kernel: Kernel, case, rows: dict[int, torch.Tensor] | None = None) -> tuple[RowErrors, torch.Tensor]:
