@@ -26,6 +26,8 @@ from pathlib import Path
 
 # Fixed and old built-ins: the old ones find their bug at every size, so each of them must end
 # with exit 1 and its repro however short the device is.
+STOP_GRACE = 60.0  # seconds a campaign past its grace has after SIGTERM to write what it found
+
 DEFAULT_KERNELS = ("paged_decode@masked", "prefix_prefill@masked", "unified@masked", "split_decode@masked",
                    "paged_decode@masked --seed 1", "paged_decode@unmasked", "prefix_prefill@unmasked",
                    "unified@overshoot", "split_decode@drops-last-partition")
@@ -43,7 +45,7 @@ def _start(index: int, run: str, out: Path, budget: float, device: str, extra: l
     return run, folder, process, log
 
 
-def _row(run: str, folder: Path, code: int) -> dict:
+def _row(run: str, folder: Path, code: int, overran: bool = False) -> dict:
     row = {"campaign": run, "exit": code, "verdict": "-", "examples": 0, "memory_waits": 0, "memory_wait_s": 0.0,
            "declined": 0, "judging_oom": 0, "repro": "-", "last_line": ""}
     lines = [line for line in (folder / "log.txt").read_text(errors="replace").splitlines() if line.strip()]
@@ -54,13 +56,13 @@ def _row(run: str, folder: Path, code: int) -> dict:
         (entry,) = json.loads(summary.read_text())["kernels"]
         row.update(verdict=entry["verdict"], examples=entry["examples"], memory_waits=entry.get("memory_waits", 0),
                    memory_wait_s=entry.get("memory_wait_s", 0.0), declined=entry.get("declined_for_memory", 0),
-                   judging_oom=entry.get("judging_out_of_memory", 0))
+                   judging_oom=entry.get("judging_out_of_memory", 0), summary=entry.get("summary", ""))
         if entry["repro"]:
             row["repro"] = "on disk" if Path(entry["repro"][0]).exists() or (Path.cwd() / entry["repro"][0]).exists() \
                 else "MISSING"
     elif code == 1:
         row["repro"] = "MISSING"
-    row["ok"] = code == 0 or (code == 1 and row["repro"] == "on disk")
+    row["ok"] = not overran and (code == 0 or (code == 1 and row["repro"] == "on disk"))
     return row
 
 
@@ -86,17 +88,25 @@ def main() -> int:
     campaigns = [_start(i, run, out, args.time_budget, args.device, extra, env) for i, run in enumerate(runs)]
     print(f"memory pressure: {len(campaigns)} production-size campaigns at once on one {args.device} device, "
           f"{args.time_budget:g} s each; logs in {out}/", flush=True)
-    rows = []
+    rows, overran = [], set()
     deadline = started + args.time_budget + args.grace
     for run, folder, process, log in campaigns:
         try:
             code = process.wait(max(0.0, deadline - time.perf_counter()))
         except subprocess.TimeoutExpired:  # a campaign that never ends is a defect, not a wait
-            process.kill()
-            code = process.wait()
-            print(f"{run}: still running {args.grace:g} s past its budget; killed", flush=True)
+            # SIGTERM first: a campaign stopped while it shrinks writes the smallest failure it has
+            process.terminate()
+            try:
+                code = process.wait(STOP_GRACE)
+                print(f"{run}: still running {args.grace:g} s past its budget; stopped (SIGTERM)", flush=True)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+                print(f"{run}: still running {args.grace:g} s past its budget, and {STOP_GRACE:g} s after SIGTERM; "
+                      "killed", flush=True)
+            overran.add(run)
         log.close()
-        rows.append(_row(run, folder, code))
+        rows.append(_row(run, folder, code, run in overran))
     head = ("campaign", "exit", "verdict", "examples", "waits", "wait s", "declined", "judging oom", "repro")
     table = [head] + [(r["campaign"], r["exit"], r["verdict"], r["examples"], r["memory_waits"], r["memory_wait_s"],
                        r["declined"], r["judging_oom"], r["repro"]) for r in rows]
@@ -106,6 +116,8 @@ def main() -> int:
         if n == 0:
             print("  ".join("-" * width for width in widths))
     for r in rows:
+        if r["verdict"] not in ("-", "PASS"):
+            print(f"{r['campaign']}: {r['summary']}")
         if not r["ok"] or r["traceback"]:
             print(f"{r['campaign']}: exit {r['exit']}{' with a traceback' if r['traceback'] else ''}: {r['last_line']}")
     good = all(r["ok"] and not r["traceback"] for r in rows)
