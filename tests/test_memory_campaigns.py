@@ -102,3 +102,17 @@ def test_a_drawn_case_waits_for_memory_no_longer_than_the_time_budget_leaves():
     subject.patience.clear()
     fuzz(kernel, Settings(device="cpu", use_database=False, seed=1, max_examples=3), subject=subject)
     assert set(subject.patience) == {Settings().memory.search_wait}  # no budget: the governor's whole wait
+
+
+def test_memory_pressure_stops_a_campaign_past_its_grace_so_that_the_failure_it_shrinks_is_written(tmp_path):
+    # a HANG costs a launch timeout per shrink candidate: 35 s in it is still shrinking
+    proc = subprocess.run([sys.executable, "ci/memory_pressure.py", "--device", "cpu", "--time-budget", "35",
+                           "--grace", "0", "--out", str(tmp_path / "runs"), "--memory-dir", str(tmp_path / "ledger"),
+                           "--json", str(tmp_path / "rows.json"),
+                           "--kernel", "tests.subjects:hangs --size small --launch-timeout 2 --seed 1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a campaign past its grace is a failure of the run
+    assert "past its budget; stopped (SIGTERM)" in proc.stdout, proc.stdout
+    (row,) = json.loads((tmp_path / "rows.json").read_text())
+    assert (row["exit"], row["verdict"], row["repro"]) == (1, "HANG", "on disk"), row
