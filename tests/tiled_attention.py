@@ -218,8 +218,8 @@ def heap_kept():
     maps and unmaps each temporary over its dynamic threshold: the tiled loop's tile-sized
     temporaries spent half their time in page faults (system time), and far more beside another
     busy process (a production test took 31 s alone, 180-220 s beside an xdist sibling)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c")) if ctypes.util.find_library("c") else None
-    mallopt = getattr(libc, "mallopt", None)  # glibc only; elsewhere nothing changes
+    libc = ctypes.util.find_library("c")
+    mallopt = getattr(ctypes.CDLL(libc), "mallopt", None) if libc else None  # glibc only; elsewhere nothing changes
     if mallopt is None or not mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(2**31 - 1)):
         yield
         return
