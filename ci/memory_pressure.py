@@ -47,7 +47,8 @@ def _start(index: int, run: str, out: Path, budget: float, device: str, extra: l
 
 def _row(run: str, folder: Path, code: int, overran: bool = False) -> dict:
     row = {"campaign": run, "exit": code, "verdict": "-", "examples": 0, "memory_waits": 0, "memory_wait_s": 0.0,
-           "declined": 0, "judging_oom": 0, "repro": "-", "last_line": ""}
+           "declined": 0, "judging_oom": 0, "repro": "-", "last_line": "",
+           "summary": ""}
     lines = [line for line in (folder / "log.txt").read_text(errors="replace").splitlines() if line.strip()]
     row["last_line"] = next((line for line in reversed(lines) if line.startswith("nanfuzz:")), lines[-1] if lines else "")
     row["traceback"] = any(line.startswith("Traceback") for line in lines)
@@ -88,9 +89,10 @@ def main() -> int:
     campaigns = [_start(i, run, out, args.time_budget, args.device, extra, env) for i, run in enumerate(runs)]
     print(f"memory pressure: {len(campaigns)} production-size campaigns at once on one {args.device} device, "
           f"{args.time_budget:g} s each; logs in {out}/", flush=True)
-    rows, overran = [], set()
+    rows = []
     deadline = started + args.time_budget + args.grace
     for run, folder, process, log in campaigns:
+        overran = False
         try:
             code = process.wait(max(0.0, deadline - time.perf_counter()))
         except subprocess.TimeoutExpired:  # a campaign that never ends is a defect, not a wait
@@ -104,9 +106,9 @@ def main() -> int:
                 code = process.wait()
                 print(f"{run}: still running {args.grace:g} s past its budget, and {STOP_GRACE:g} s after SIGTERM; "
                       "killed", flush=True)
-            overran.add(run)
+            overran = True
         log.close()
-        rows.append(_row(run, folder, code, run in overran))
+        rows.append(_row(run, folder, code, overran))
     head = ("campaign", "exit", "verdict", "examples", "waits", "wait s", "declined", "judging oom", "repro")
     table = [head] + [(r["campaign"], r["exit"], r["verdict"], r["examples"], r["memory_waits"], r["memory_wait_s"],
                        r["declined"], r["judging_oom"], r["repro"]) for r in rows]
