@@ -427,25 +427,26 @@ def _self_check_settings(kernel, settings, profile):
 
 
 def _campaign(kernel, kernel_settings, profile, handle, search_seed=None):
-    """One kernel's campaign: over ``--jobs`` processes, or here with a progress line (``search_seed``:
-    the one its first cases were drawn ahead with)."""
+    """One kernel's campaign, here or over ``--jobs`` processes, with a progress line (``search_seed``:
+    the one its first cases were drawn ahead with, in this process)."""
     from nanfuzz.harness.campaign.runner import Hooks, fuzz
     from nanfuzz.harness.campaign.jobs import fuzz_parallel
     from nanfuzz.harness.campaign.stop_signals import stop_requested
     from nanfuzz.harness.report.progress import Progress
 
-    if kernel_settings.jobs > 1:
-        return fuzz_parallel(kernel, kernel_settings, farm=handle)
     progress = Progress(kernel.name, target_examples=kernel_settings.max_examples or profile.max_examples,
                         time_budget=kernel_settings.time_budget if kernel_settings.time_budget is not None
                         else profile.time_budget)
 
-    def show(c) -> None:
-        progress.update(c.examples, "shrinking" if c.time_to_first_failure is not None else "searching")
+    def show(examples: int, shrinking: bool) -> None:
+        progress.update(examples, "shrinking" if shrinking else "searching")
 
     try:
-        return fuzz(kernel, kernel_settings, hooks=Hooks(on_example=show, interrupted=stop_requested), farm=handle,
-                    search_seed=search_seed)
+        if kernel_settings.jobs > 1:  # the jobs' examples added up, as one campaign's
+            return fuzz_parallel(kernel, kernel_settings, farm=handle, on_progress=show)
+        return fuzz(kernel, kernel_settings, farm=handle, search_seed=search_seed,
+                    hooks=Hooks(on_example=lambda c: show(c.examples, c.time_to_first_failure is not None),
+                                interrupted=stop_requested))
     finally:
         progress.finish()
 

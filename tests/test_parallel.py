@@ -118,3 +118,36 @@ def test_a_job_forks_its_worker_itself_rather_than_starting_a_fork_server(tmp_pa
     # worker -> its job -> the campaign's fork server -> this process: no fork server of the job's own between
     assert {chain[3] for chain in chains} == {str(os.getpid())}
     assert len({chain[1] for chain in chains}) == 2 and len({chain[2] for chain in chains}) == 1
+
+
+def test_the_jobs_examples_reach_one_progress_report_while_they_run():
+    seen = []
+    campaign = fuzz_parallel(resolve("tests.torch_kernels:correct"), jobs=2, device="cpu", max_examples=40, seed=3,
+                             use_database=False, on_progress=lambda examples, shrinking: seen.append((examples, shrinking)))
+    assert not campaign.failed and campaign.examples == 40
+    totals = [examples for examples, _ in seen]
+    assert totals and totals == sorted(totals) and 0 < totals[0] and totals[-1] <= 40
+    assert not any(shrinking for _, shrinking in seen)
+
+
+def test_a_job_shrinking_a_failure_is_reported_as_shrinking():
+    seen = []
+    campaign = fuzz_parallel(resolve("tests.torch_kernels:mask_multiply"), jobs=2, device="cpu", max_examples=400,
+                             seed=0, profile="dev", use_database=False,
+                             on_progress=lambda examples, shrinking: seen.append((examples, shrinking)))
+    assert campaign.failed
+    assert any(shrinking for _, shrinking in seen), "the shrink ran without a report saying so"
+    first = next(i for i, (_, shrinking) in enumerate(seen) if shrinking)
+    assert all(shrinking for _, shrinking in seen[first:]), "once shrinking, the report stays shrinking"
+
+
+def test_a_campaign_over_jobs_prints_its_progress_line(monkeypatch, capsys):
+    from nanfuzz.harness.cli import main
+    from nanfuzz.harness.report import progress
+
+    monkeypatch.setattr(progress, "LOG_EVERY", 0.0)  # a line at every report, not every half minute
+    assert main(["fuzz", "--kernel", "tests.torch_kernels:correct", "--device", "cpu", "--jobs", "2",
+                 "--max-examples", "30", "--seed", "2"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("torch@")]
+    assert any("/30 examples" in line and "searching" in line for line in lines), lines
+    assert lines[-1].startswith("torch@correct: 30 examples in ") and lines[-1].endswith("done"), lines

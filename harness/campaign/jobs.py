@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from nanfuzz.harness.campaign import journal
 from nanfuzz.harness.campaign.settings import Settings
@@ -60,13 +61,17 @@ class JobOrders:
 class JobLinks:
     """What the jobs of one run share with it: ``stop`` (a job found a failure, or one died),
     ``interrupt`` (a signal reached the run), the ``results`` queue, the warm-up barrier ``ready``,
-    ``listening[i]`` (job i's signal handler is in place) and the compile farm's handle."""
+    ``listening[i]`` (job i's signal handler is in place), ``examples[i]`` (the measured examples
+    job i has run so far, a shrink's candidates included), ``shrinking[i]`` (job i is shrinking a
+    failure) and the compile farm's handle."""
 
     stop: object
     interrupt: object
     results: object
     ready: object
     listening: object
+    examples: object = None
+    shrinking: object = None
     farm: object = None
 
 
@@ -126,11 +131,13 @@ def _run_job(orders: JobOrders, links: JobLinks) -> None:
                     pass  # a job died or took too long warming up: start anyway
             started = time.time()
 
-            def note_failure(campaign) -> None:
+            def note_example(campaign) -> None:
+                links.examples[index] = campaign.examples
                 if campaign.time_to_first_failure is not None:
+                    links.shrinking[index] = 1
                     stop_event.set()
 
-            hooks = Hooks(on_example=note_failure, should_stop=stop_event.is_set, interrupted=interrupt_event.is_set)
+            hooks = Hooks(on_example=note_example, should_stop=stop_event.is_set, interrupted=interrupt_event.is_set)
             campaigning[0] = not interrupt_event.is_set()
             try:
                 campaign = fuzz(kernel, settings, hooks=hooks, pool_seed=pool_seed, subject=subject,
@@ -161,14 +168,17 @@ def split(total: int, jobs: int) -> list[int]:
 
 
 def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: int = 0, farm=None,
-                  pool_seed: int | None = None, **overrides):
+                  pool_seed: int | None = None, on_progress: Callable[[int, bool], None] | None = None,
+                  **overrides):
     """One campaign of ``settings.max_examples`` spread over ``settings.jobs`` processes; see the module notes.
 
     ``warmup``: each job first runs that many unmeasured examples (its
     compiles, imports, caches); the campaign's times then run from the
     earliest measured start to the last job's end.  ``farm``: a compile
     farm's handle the caller started for this campaign (else one starts here).
-    ``pool_seed`` picks the jobs' one pool (default: the seed, else 0).
+    ``pool_seed`` picks the jobs' one pool (default: the seed, else 0).  ``on_progress(examples,
+    shrinking)``: told, a few times a second while the jobs run, the examples all of them have run
+    and whether one of them is shrinking a failure (``harness.report.progress`` prints it).
     """
     from nanfuzz.harness.campaign.leftovers import recover_leftovers
     from nanfuzz.harness.campaign.scope import compile_plan, start_farm
@@ -194,7 +204,8 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
         if leftover is not None:
             return leftover
         spread = _Spread(jobs, max_examples, seed, pool_seed, warmup, start)
-        merged = _run_jobs(kernel, settings, spread, notes, farm if own_farm is None else own_farm.handle)
+        merged = _run_jobs(kernel, settings, spread, notes, farm if own_farm is None else own_farm.handle,
+                           on_progress)
     finally:
         if own_farm is not None:
             own_farm.close()
@@ -206,7 +217,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     return merged
 
 
-def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
+def _run_jobs(kernel, settings, spread: _Spread, notes, farm, on_progress=None):
     from nanfuzz.harness.campaign.result import Campaign
     from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.launch.processes import fork_server_context
@@ -216,7 +227,9 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
     # touched a GPU, so fourteen jobs start in milliseconds instead of importing torch each.
     context = fork_server_context()
     links = JobLinks(stop=context.Event(), interrupt=context.Event(), results=context.Queue(),
-                     ready=context.Barrier(spread.jobs), listening=context.RawArray("b", spread.jobs), farm=farm)
+                     ready=context.Barrier(spread.jobs), listening=context.RawArray("b", spread.jobs),
+                     examples=context.RawArray("q", spread.jobs), shrinking=context.RawArray("b", spread.jobs),
+                     farm=farm)
     processes = []
     done: dict[int, tuple] = {}
     died: list[int] = []
@@ -229,7 +242,7 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm):
             processes.append(context.Process(target=_run_job, daemon=False, name=f"nanfuzz-job-{i}",
                                              args=(orders, links)))
             start_process(processes[-1])  # a stop meanwhile waits until the job runs, then stops it too
-        _collect(processes, links, done, died, deadline=None)
+        _collect(processes, links, done, died, deadline=None, on_progress=on_progress)
     except KeyboardInterrupt:
         interrupted = True
         links.interrupt.set()
@@ -322,12 +335,18 @@ def _interrupt(processes, listening) -> None:
                 pass
 
 
-def _collect(processes, links: JobLinks, done, died, deadline) -> None:
-    """Results until every job has answered or died (or ``deadline`` passes)."""
+def _collect(processes, links: JobLinks, done, died, deadline, on_progress=None) -> None:
+    """Results until every job has answered or died (or ``deadline`` passes); ``on_progress`` is told
+    the jobs' examples and whether one is shrinking on each turn of the loop."""
+    def report() -> None:
+        if on_progress is not None and any(links.examples):  # from the first example: start-up is not searching
+            on_progress(sum(links.examples), any(links.shrinking))
+
     results = links.results
     while len(done) + len(died) < len(processes):
         if deadline is not None and time.time() >= deadline:
             return
+        report()
         try:
             index, payload, span = results.get(timeout=0.2)
             done[index] = (payload, span)
@@ -341,6 +360,7 @@ def _collect(processes, links: JobLinks, done, died, deadline) -> None:
                 died.append(i)
                 links.stop.set()
                 links.ready.abort()  # jobs still warming up must not wait for it
+    report()  # every job's last count: each wrote it before its result
 
 
 def _merge(kernel_name: str, device: str, results: list, start: float):
