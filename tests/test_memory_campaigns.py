@@ -105,14 +105,22 @@ def test_a_drawn_case_waits_for_memory_no_longer_than_the_time_budget_leaves():
 
 
 def test_memory_pressure_stops_a_campaign_past_its_grace_so_that_the_failure_it_shrinks_is_written(tmp_path):
-    # a HANG costs a launch timeout per shrink candidate: 35 s in it is still shrinking
+    # a HANG costs a launch timeout per shrink candidate: 35 s in it is still shrinking; beside it, a
+    # passing campaign and one whose finding is shrunk well inside the budget are left alone
+    beside = ["tests.torch_kernels:correct --size small --max-examples 20 --seed 2",
+              "tests.torch_kernels:mask_multiply --size small --max-examples 200 --seed 0"]
     proc = subprocess.run([sys.executable, "ci/memory_pressure.py", "--device", "cpu", "--time-budget", "35",
                            "--grace", "0", "--out", str(tmp_path / "runs"), "--memory-dir", str(tmp_path / "ledger"),
                            "--json", str(tmp_path / "rows.json"),
-                           "--kernel", "tests.subjects:hangs --size small --launch-timeout 2 --seed 1"],
+                           "--kernel", "tests.subjects:hangs --size small --launch-timeout 2 --seed 1",
+                           *(option for run in beside for option in ("--kernel", run))],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a campaign past its grace is a failure of the run
-    assert "past its budget; stopped (SIGTERM)" in proc.stdout, proc.stdout
-    (row,) = json.loads((tmp_path / "rows.json").read_text())
-    assert (row["exit"], row["verdict"], row["repro"]) == (1, "HANG", "on disk"), row
+    assert "tests.subjects:hangs --size small --launch-timeout 2 --seed 1: still running 0 s past its budget; " \
+           "stopped (SIGTERM)" in proc.stdout, proc.stdout
+    assert proc.stdout.count("past its budget") == 1, proc.stdout
+    hangs, correct, masked = json.loads((tmp_path / "rows.json").read_text())
+    assert (hangs["exit"], hangs["verdict"], hangs["repro"], hangs["ok"]) == (1, "HANG", "on disk", False), hangs
+    assert (correct["exit"], correct["verdict"], correct["ok"]) == (0, "PASS", True), correct
+    assert (masked["exit"], masked["verdict"], masked["repro"], masked["ok"]) == (1, "NONFINITE", "on disk", True), masked
