@@ -47,8 +47,7 @@ def _start(index: int, run: str, out: Path, budget: float, device: str, extra: l
 
 def _row(run: str, folder: Path, code: int, overran: bool = False) -> dict:
     row = {"campaign": run, "exit": code, "verdict": "-", "examples": 0, "memory_waits": 0, "memory_wait_s": 0.0,
-           "declined": 0, "judging_oom": 0, "repro": "-", "last_line": "",
-           "summary": ""}
+           "declined": 0, "judging_oom": 0, "repro": "-", "last_line": "", "summary": ""}
     lines = [line for line in (folder / "log.txt").read_text(errors="replace").splitlines() if line.strip()]
     row["last_line"] = next((line for line in reversed(lines) if line.startswith("nanfuzz:")), lines[-1] if lines else "")
     row["traceback"] = any(line.startswith("Traceback") for line in lines)

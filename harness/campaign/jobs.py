@@ -70,8 +70,8 @@ class JobLinks:
     results: object
     ready: object
     listening: object
-    examples: object = None
-    shrinking: object = None
+    examples: object
+    shrinking: object
     farm: object = None
 
 
