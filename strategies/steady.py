@@ -3,10 +3,12 @@
 Hypothesis (6.131 on) now and then draws a constant it found in the source of a module
 imported from outside site-packages and the standard library: an editable nanfuzz, a user's
 adapter, a library's kernel files loaded from a folder, a test module.  Which of those a
-process has imported then changes what one seed draws.  While ``steady_draws()`` is in force
-Hypothesis sees no such constants (its own list stays), so a draw that must be the same on
-every run (``harness.scaling.drawn``) is; a Hypothesis without them runs as it is.  A
-campaign's own search still draws with them.
+process has imported then changes what one seed draws: a seeded campaign would search
+otherwise on a developer's editable install than on a runner's wheel, and after a test module
+loaded a library's kernels than before.  While ``steady_draws()`` is in force Hypothesis sees
+no such constants (its own list stays), so every draw nanfuzz makes (a campaign's search, the
+cases it meets first, the farm's samples, ``harness.scaling.drawn``) depends on its seed
+alone; a Hypothesis without them runs as it is.
 """
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.strategies import STRATEGY_VERSION
+from nanfuzz.strategies.steady import steady_draws
 
 if TYPE_CHECKING:
     from nanfuzz.harness.campaign.runner import CampaignRunner
@@ -175,7 +176,8 @@ class Search:
                 # the run's calls, counted afresh each time it is drawn (again), for ``_target``
                 self.calls, self.drawn_ahead = 0, chunk_index == 0 and run.pool is not None
                 try:
-                    self._hypothesis_run(size, chunk_index)()
+                    with steady_draws():
+                        self._hypothesis_run(size, chunk_index)()
                     if self.replay is None:
                         self._check_remaining()
                     break

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_see
 
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.strategies.steady import steady_draws
 
 # A GPU search puts off the cases whose binaries are not built yet (``harness.campaign.deferrals``) and
 # draws on: it meets several dozen cases while the farm builds its first binaries.
@@ -54,7 +55,8 @@ def upcoming_cases(strategy, seed: int, max_examples: int, count: int = UPCOMING
                               report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
                               print_blob=False)(run)
     try:
-        run()
+        with steady_draws():  # as the search draws
+            run()
     except _Enough:
         pass
     return tuple(drawn)

@@ -657,6 +657,7 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
 
     from nanfuzz.strategies import paged_cases
     from nanfuzz.strategies.production import PRODUCTION_SIZE
+    from nanfuzz.strategies.steady import steady_draws
 
     found: list[Case] = []
 
@@ -667,7 +668,8 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
         def collect(case):
             found.append(case)
 
-        collect()
+        with steady_draws():
+            collect()
 
     production = plan.tier != "small" and count > 1
     draw(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,)), count - production)
