@@ -44,7 +44,7 @@ def name_the_capability(campaign: Campaign, caps: Capabilities, check, kernel: K
         if not (uses(case) and getattr(caps, field)):
             continue
         try:
-            other = _poison_dead_slots_only(without(case))
+            other = poison_dead_slots_only(without(case))
             other.validate()
         except NanfuzzError:
             continue  # the feature is what makes the case a valid batch (a live key in the null block without it)
@@ -64,7 +64,7 @@ def name_the_capability(campaign: Campaign, caps: Capabilities, check, kernel: K
         return
 
 
-def _poison_dead_slots_only(case):
+def poison_dead_slots_only(case):
     """``case`` with the poison sites that its change made live left out (all dead slots if none is left)."""
     sites = case.poison.sites
     if sites is None:

@@ -1,0 +1,54 @@
+"""The shrunk failure cut down to one of its sequences, where that one alone fails the same way.
+
+Hypothesis shrinks a batch's first sequence and its other sequences separately, so a failure
+that needs one long sequence can stop at two: a first sequence of one key beside the long one.
+To drop the short one the shrinker would have to lengthen the first while deleting the second,
+a move it does not make.  Here each sequence of the shrunk case, longest first, is judged alone
+(the same geometry, cache and poison, the other sequences' blocks now dead and poisoned); the
+first that gives the same verdict becomes the repro.  A case alone that the kernel does not take,
+or that passes, or is declined for memory, changes nothing: the shrunk failure stands.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from nanfuzz.harness.campaign.capability_hint import poison_dead_slots_only
+from nanfuzz.harness.campaign.result import Campaign
+from nanfuzz.harness.judge.check import Verdict
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.launch.worker import Declined
+from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.reference.case import Case
+from nanfuzz.reference.errors import NanfuzzError
+
+# the longest sequences tried alone: each try is one more run of the kernel
+MOST_TRIED = 4
+
+
+def alone(case: Case, index: int) -> Case:
+    """``case`` with sequence ``index`` alone, or NanfuzzError where that is no valid batch."""
+    single = poison_dead_slots_only(replace(case, sequences=(case.sequences[index],)))
+    return single.validate()
+
+
+def cut_to_one_sequence(campaign: Campaign, caps: Capabilities, check, kernel: Kernel, interpreter: bool) -> None:
+    """Make ``campaign``'s failure the first of its case's sequences, longest first, that fails alone
+    with the same verdict (``check``: the campaign's check of a case); else leave it as it is."""
+    failure, case = campaign.failure, campaign.failing_case
+    if failure is None or case is None or len(case.sequences) < 2 or failure.verdict is Verdict.HANG:
+        return  # a HANG's check costs a whole timeout
+    longest_first = sorted(range(len(case.sequences)), key=lambda i: (-case.sequences[i].seq_len, i))
+    for index in longest_first[:MOST_TRIED]:
+        try:
+            single = alone(case, index)
+        except NanfuzzError:
+            continue
+        if caps.unsupported(single, interpreter=interpreter) or kernel.declines(single):
+            continue
+        outcome = check(single)
+        if isinstance(outcome, Declined) or outcome.verdict is not failure.verdict:
+            continue
+        campaign.failure, campaign.failing_case = outcome, single
+        campaign.notes.append(f"{campaign.kernel}: the shrunk case's sequence {index} of {len(case.sequences)} "
+                              f"fails alone with the same verdict: the repro is that sequence alone")
+        return
