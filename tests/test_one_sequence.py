@@ -1,5 +1,8 @@
 """A shrunk failure is cut down to one of its sequences where that one alone fails the same way
 (``harness.campaign.one_sequence``), and left as it is otherwise."""
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from nanfuzz.harness.campaign import known_failures
 from nanfuzz.harness.campaign.one_sequence import MOST_TRIED, alone, cut_to_one_sequence
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.campaign.runner import fuzz
@@ -68,11 +71,16 @@ def test_nothing_is_tried_for_a_hang_one_sequence_or_a_case_the_kernel_does_not_
 
 
 def test_a_campaign_s_repro_of_a_long_sequence_bug_is_that_sequence_alone(tmp_path):
-    # seed 0's shrunk case keeps a one-key first sequence beside the long one (Hypothesis shrinks them apart)
-    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=0, use_database=False,
+    # seed 1's shrunk case keeps a one-key first sequence beside the long one (Hypothesis shrinks them apart)
+    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=1,
                     state_dir=tmp_path / "shrunk")
     assert campaign.failed and _lengths(campaign.failing_case) == [(1, 1025)], _lengths(campaign.failing_case)
-    assert any("fails alone with the same verdict" in note for note in campaign.notes)
-    as_found = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=0, use_database=False,
+    assert any("sequence 1 of 2 fails alone with the same verdict" in note for note in campaign.notes)
+    # the next campaign replays both first: the shrunk case, remembered before the cut's runs, and the cut one
+    database = DirectoryBasedExampleDatabase(str(tmp_path / "shrunk" / "examples"))
+    kept = [_lengths(case) for _, case in known_failures.known(database, known_failures.key(
+        production_kernels.drops_long_tail.name, "cpu", ""))]
+    assert sorted(kept) == [[(1, 1), (1, 1025)], [(1, 1025)]], kept
+    as_found = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=1, use_database=False,
                     state_dir=tmp_path / "unshrunk", shrink=False)
     assert as_found.failed and not any("fails alone" in note for note in as_found.notes)

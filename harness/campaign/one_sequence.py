@@ -6,7 +6,9 @@ To drop the short one the shrinker would have to lengthen the first while deleti
 a move it does not make.  Here each sequence of the shrunk case, longest first, is judged alone
 (the same geometry, cache and poison, the other sequences' blocks now dead and poisoned); the
 first that gives the same verdict becomes the repro.  A case alone that the kernel does not take,
-or that passes, or is declined for memory, changes nothing: the shrunk failure stands.
+or that passes, or is declined for memory, changes nothing: the shrunk failure stands.  Alone, a
+sequence's query tokens come first in the batch and so take other values; a failure that rests on
+its numbers, not on the batch's shape, may pass alone and keep its shrunk case.
 """
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ from nanfuzz.harness.campaign.capability_hint import name_the_capability
 from nanfuzz.harness.campaign.hypothesis_home import hypothesis_files_in
 from nanfuzz.harness.campaign.journal import Journal
 from nanfuzz.harness.campaign.leftovers import recover_leftovers
-from nanfuzz.harness.campaign.profiles import Profile, get_profile
 from nanfuzz.harness.campaign.one_sequence import cut_to_one_sequence
+from nanfuzz.harness.campaign.profiles import Profile, get_profile
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool_of, campaign_strategy,
                                             campaign_targets, campaign_tier, plan_for, start_farm)
@@ -260,10 +260,11 @@ class CampaignRunner:
         return False
 
     def after_the_finding(self) -> None:
-        """Remember the failure, confirm it, name the capability it hangs on: nothing here may cost
-        the finding, so a step that cannot go on is a note and the failure stands as found."""
-        steps = (("cutting it down to one sequence", self.cut_to_one_sequence),
-                 ("remembering it", self.remember_failure), ("replaying it", self.confirm),
+        """Remember the failure, cut it down to one sequence where it can be, confirm it, name the
+        capability it hangs on: nothing here may cost the finding, so a step that cannot go on is a
+        note and the failure stands as found."""
+        steps = (("remembering it", self.remember_failure),
+                 ("cutting it down to one sequence", self.cut_to_one_sequence), ("replaying it", self.confirm),
                  ("judging it without each declared feature", self.name_the_capability))
         for what, step in steps:
             if not self.campaign.failed:
@@ -274,9 +275,12 @@ class CampaignRunner:
                 self.campaign.notes.append(f"{self.kernel.name}: the failure stands as found; {what} stopped: {exc}")
 
     def cut_to_one_sequence(self) -> None:
-        if self.settings.shrink and not self.campaign.interrupted:  # --no-shrink: the case as found, at once
-            cut_to_one_sequence(self.campaign, self.caps, self._check_journaled, self.kernel,
-                                self.settings.device == "cpu")
+        if not self.settings.shrink or self.campaign.interrupted:  # --no-shrink: the case as found, at once
+            return
+        shrunk = self.campaign.failing_case
+        cut_to_one_sequence(self.campaign, self.caps, self._check_journaled, self.kernel, self.settings.device == "cpu")
+        if self.campaign.failing_case is not shrunk:
+            self.remember_failure()  # beside the shrunk one, remembered before the cut's runs
 
     def name_the_capability(self) -> None:
         if not self.campaign.interrupted:
