@@ -15,6 +15,8 @@ What each leaves out, and the repro on file that is why:
 - ``pa_decode_float16``: AITER's pa_decode crashes (v1) and misreads padding lanes (v2) at 48-slot blocks
   and computes a block's element offset in int32 (aiter_pa_decode-*.json): float16, no 48-slot blocks,
   no cache whose block offsets pass 2^31 elements;
+- ``pa_prefill_without_windows``: AITER's pa_prefill reads a window's expired slots of a block that still
+  holds live keys (aiter_pa_prefill-window-expired-slots-of-a-live-block.json);
 - ``fa_contiguous_one_tile``: FlashAttention's AMD decode ignores the window and masks later tiles from
   the tile's start (fa_amd_kvcache-contiguous-*.json): no window, sequences of one 64-key tile.
 """
@@ -59,5 +61,7 @@ pa_decode_float16 = _past(_pa_decode, "in float16 without 48-slot blocks", suppo
                           dtypes=("float16",),
                           interpreter_dtypes=("float16",),
                           block_sizes=tuple(b for b in _pa_decode.capabilities.block_sizes if b != 48))
+pa_prefill_without_windows = _past(aiter.kernel("aiter:pa_prefill", os.environ.get("NANFUZZ_AITER_SRC") or None),
+                                   "without windows", sliding_window=False)
 fa_contiguous_one_tile = _past(fa_amd.kernel("fa_amd:kvcache@contiguous", os.environ.get("NANFUZZ_FA_SRC") or None),
                                "without windows, sequences of one 64-key tile", sliding_window=False, max_seq_len=64)
