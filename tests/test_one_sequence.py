@@ -72,7 +72,7 @@ def test_nothing_is_tried_for_a_hang_one_sequence_or_a_case_the_kernel_does_not_
 
 def test_a_campaign_s_repro_of_a_long_sequence_bug_is_that_sequence_alone(tmp_path):
     # seed 1's shrunk case keeps a one-key first sequence beside the long one (Hypothesis shrinks them apart)
-    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=1,
+    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=1, use_database=True,
                     state_dir=tmp_path / "shrunk")
     assert campaign.failed and _lengths(campaign.failing_case) == [(1, 1025)], _lengths(campaign.failing_case)
     assert any("sequence 1 of 2 fails alone with the same verdict" in note for note in campaign.notes)
