@@ -15,15 +15,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, Phase, given, settings as hypothesis_settings
-
 from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of, campaign_strategy
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.judge.check import check
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.features import size_features
-from nanfuzz.strategies.steady import steady_draws
+from nanfuzz.strategies.steady import drawn
 
 PHASES = ("materialize", "kernel", "oracle", "reference", "verdict")
 # Bucket bounds in live keys: each bucket holds [bound, next bound).
@@ -59,21 +57,6 @@ class Row:
                 "ms_by_phase": {p: round(1000 * s / n, 2) for p, s in self.phases.items()},
                 "peak_gib": round(self.peak_bytes / 2**30, 3), "huge_caches": self.huge,
                 "keys_per_second": round(self.keys / self.seconds) if self.seconds else None}
-
-
-def drawn(strategy, count: int) -> list[Case]:
-    """The first ``count`` examples ``strategy`` generates, the same on every run."""
-    found: list[Case] = []
-
-    @hypothesis_settings(max_examples=count, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-                         suppress_health_check=list(HealthCheck))
-    @given(strategy)
-    def collect(case):
-        found.append(case)
-
-    with steady_draws():
-        collect()
-    return found
 
 
 def scaling(kernel: Kernel, settings: Settings, progress=print) -> list[dict]:

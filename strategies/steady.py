@@ -16,6 +16,8 @@ import contextlib
 import threading
 from typing import Iterator
 
+from hypothesis import HealthCheck, Phase, given, settings as hypothesis_settings
+
 _lock = threading.Lock()
 _depth = 0
 _original = None
@@ -58,3 +60,18 @@ def steady_draws() -> Iterator[None]:
             if _depth == 0:
                 providers._get_local_constants = _original
                 _forget_chosen_constants(providers)
+
+
+def drawn(strategy, count: int) -> list:
+    """The first ``count`` examples ``strategy`` generates, the same on every run."""
+    found: list = []
+
+    @hypothesis_settings(max_examples=count, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+                         suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def collect(case):
+        found.append(case)
+
+    with steady_draws():
+        collect()
+    return found

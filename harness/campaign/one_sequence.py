@@ -33,12 +33,12 @@ def alone(case: Case, index: int) -> Case:
     return single.validate()
 
 
-def cut_to_one_sequence(campaign: Campaign, caps: Capabilities, check, kernel: Kernel, interpreter: bool) -> None:
+def cut_to_one_sequence(campaign: Campaign, caps: Capabilities, check, kernel: Kernel, interpreter: bool) -> bool:
     """Make ``campaign``'s failure the first of its case's sequences, longest first, that fails alone
-    with the same verdict (``check``: the campaign's check of a case); else leave it as it is."""
+    with the same verdict (``check``: the campaign's check of a case), and say so; else leave it as it is."""
     failure, case = campaign.failure, campaign.failing_case
     if failure is None or case is None or len(case.sequences) < 2 or failure.verdict is Verdict.HANG:
-        return  # a HANG's check costs a whole timeout
+        return False  # a HANG's check costs a whole timeout
     longest_first = sorted(range(len(case.sequences)), key=lambda i: (-case.sequences[i].seq_len, i))
     for index in longest_first[:MOST_TRIED]:
         try:
@@ -53,4 +53,5 @@ def cut_to_one_sequence(campaign: Campaign, caps: Capabilities, check, kernel: K
         campaign.failure, campaign.failing_case = outcome, single
         campaign.notes.append(f"{campaign.kernel}: the shrunk case's sequence {index} of {len(case.sequences)} "
                               f"fails alone with the same verdict: the repro is that sequence alone")
-        return
+        return True
+    return False

@@ -277,9 +277,8 @@ class CampaignRunner:
     def cut_to_one_sequence(self) -> None:
         if not self.settings.shrink or self.campaign.interrupted:  # --no-shrink: the case as found, at once
             return
-        shrunk = self.campaign.failing_case
-        cut_to_one_sequence(self.campaign, self.caps, self._check_journaled, self.kernel, self.settings.device == "cpu")
-        if self.campaign.failing_case is not shrunk:
+        if cut_to_one_sequence(self.campaign, self.caps, self._check_journaled, self.kernel,
+                               self.settings.device == "cpu"):
             self.remember_failure()  # beside the shrunk one, remembered before the cut's runs
 
     def name_the_capability(self) -> None:

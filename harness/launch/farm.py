@@ -653,31 +653,17 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
     and where the campaign draws production cases, the last of them one at production size (the
     launches real kernels switch to for long sequences; never a huge cache: farm processes share
     the device).  That one is the last of a few derandomized draws, whose first are the smallest."""
-    from hypothesis import HealthCheck, Phase, given, settings
-
     from nanfuzz.strategies import paged_cases
     from nanfuzz.strategies.production import PRODUCTION_SIZE
-    from nanfuzz.strategies.steady import steady_draws
-
-    found: list[Case] = []
-
-    def draw(strategy, examples: int) -> None:
-        @settings(max_examples=examples, phases=[Phase.generate], database=None, derandomize=True, deadline=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(strategy)
-        def collect(case):
-            found.append(case)
-
-        with steady_draws():
-            collect()
+    from nanfuzz.strategies.steady import drawn
 
     production = plan.tier != "small" and count > 1
-    draw(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,)), count - production)
+    found = drawn(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,)), count - production)
     if production:
-        before = len(found)
-        draw(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,), tier="production",
-                         production=replace(PRODUCTION_SIZE, huge_cache_bytes=0, max_live_keys=1 << 17)), 8)
-        del found[before:-1]
+        found += drawn(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,),
+                                   tier="production",
+                                   production=replace(PRODUCTION_SIZE, huge_cache_bytes=0, max_live_keys=1 << 17)),
+                       8)[-1:]
     return found
 
 
