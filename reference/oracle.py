@@ -169,6 +169,31 @@ def chunk_sequences(case: Case) -> int:
     return max(1, _CHUNK_ELEMENTS // per_seq)
 
 
+# What the oracle holds at its peak, per byte of a chunk's float64 gather and of a step's scores:
+# measured on the CPU (resident bytes, every tensor freed as it dies) over decodes and prefills,
+# 1 to 64 sequences, fp8 and unsigned caches; the largest seen were 2.6x the gather with scaled
+# or no codes, 4.5x with unsigned codes (dequantized and rounded copies, offsets, a rotation),
+# and 3.8x a step's scores.
+_GATHER_COPIES, _UNSIGNED_GATHER_COPIES, _SCORE_COPIES = 3, 5, 4
+_ORACLE_FLOOR = 16 << 20  # index tensors, outputs and the allocator's own granules
+
+
+def oracle_bytes(case: Case) -> int:
+    """About the most the oracle and the same-precision reference hold at once while judging ``case``
+    (:func:`attend_and_measure` in two arithmetics): a chunk's gather and its working copies, and one
+    step's scores and softmax weights; each bounded by its budget above, whatever the case's size."""
+    g = case.geometry
+    n = min(chunk_sequences(case), len(case.sequences))
+    keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
+    gather = 8 * n * (keys * g.num_kv_heads * (g.head_size + g.v_head_size) + queries * g.num_q_heads * g.head_size)
+    rows = min(queries, max(1, _SCORE_ELEMENTS // max(1, n * g.num_q_heads * keys)))
+    scores = 8 * n * g.num_q_heads * rows * keys
+    kv = case.kv_cache
+    unsigned = any(kv.side(which).dtype in UNSIGNED_DTYPES for which in "kv") or kv.rotation != "none"
+    copies = _UNSIGNED_GATHER_COPIES if unsigned else _GATHER_COPIES
+    return copies * gather + _SCORE_COPIES * scores + _ORACLE_FLOOR
+
+
 @dataclass(frozen=True)
 class _Gathered:
     """One chunk's queries, live keys and values (float64, zero-padded), its allowed set,

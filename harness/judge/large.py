@@ -5,17 +5,17 @@ from __future__ import annotations
 from nanfuzz.harness.judge.pool import process_pool
 from nanfuzz.harness.judge.runs import case_bytes
 from nanfuzz.reference.device_build import written_blocks
+from nanfuzz.reference.oracle import oracle_bytes
 
 
 def large_case_bytes(case) -> int:
     """About what a large case takes on its device beyond the pool's caches: its compact blocks
-    (the poisoned build, the garbage build, a kernel's layout copy), the oracle's gather."""
+    (the poisoned build, the garbage build, a kernel's layout copy), the oracle's working set."""
     g = case.geometry
     blocks = int(written_blocks(case).size)
     element = 4 if g.dtype == "float32" else 2
     compact = blocks * g.block_size * g.num_kv_heads * g.slot_width * element
-    gathered = 8 * sum(s.seq_len for s in case.sequences[:64]) * g.num_kv_heads * (g.head_size + g.v_head_size)
-    return 3 * compact + min(gathered, 8 << 30)
+    return 3 * compact + oracle_bytes(case)
 
 
 def large_check_footprint(case) -> int:

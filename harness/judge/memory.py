@@ -10,7 +10,7 @@ entry is keyed by its process's pid and start time, so the reservation of a
 dead process is void: whoever reads the ledger next drops it.
 
 An entry weighs what its process may hold: while a case runs, the case's whole
-footprint (the batches, the judge's copies, the oracle's gather, the pool's
+footprint (the batches, the judge's copies, the oracle's working set, the pool's
 caches); between cases, what the process still holds (the pool's caches, the
 allocator's cache), until it gives them back; after a small case, the case's reservation (its
 claim, ``CLAIM_LIMIT``), which the next cases that fit in it use without a look.  A reservation is granted when

@@ -106,7 +106,9 @@ def case_bytes(case: Case) -> int:
 
 def check_footprint(case: Case) -> int:
     """About what this process holds at the peak of a check of a host-built ``case``: the batch,
-    its pristine copy and two more for the later runs, beside what the pool of large cases keeps."""
+    its pristine copy and two more for the later runs, the oracle's working set while it judges,
+    beside what the pool of large cases keeps."""
     from nanfuzz.harness.judge.pool import process_pool
+    from nanfuzz.reference.oracle import oracle_bytes
 
-    return _COPIES_HELD * case_bytes(case) + process_pool().held_bytes()
+    return _COPIES_HELD * case_bytes(case) + oracle_bytes(case) + process_pool().held_bytes()
