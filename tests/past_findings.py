@@ -16,7 +16,9 @@ What each leaves out, and the repro on file that is why:
   and computes a block's element offset in int32 (aiter_pa_decode-*.json): float16, no 48-slot blocks,
   no cache whose block offsets pass 2^31 elements;
 - ``pa_prefill_without_windows``: AITER's pa_prefill reads a window's expired slots of a block that still
-  holds live keys (aiter_pa_prefill-window-expired-slots-of-a-live-block.json);
+  holds live keys (aiter_pa_prefill-window-expired-slots-of-a-live-block.json) and computes a context
+  block's element offset in int32 (aiter_pa_prefill-block-offset-past-2-31-crash.json): no window, no cache
+  whose block offsets pass 2^31 elements;
 - ``fa_contiguous_one_tile``: FlashAttention's AMD decode ignores the window and masks later tiles from
   the tile's start (fa_amd_kvcache-contiguous-*.json): no window, sequences of one 64-key tile.
 """
@@ -62,6 +64,6 @@ pa_decode_float16 = _past(_pa_decode, "in float16 without 48-slot blocks", suppo
                           interpreter_dtypes=("float16",),
                           block_sizes=tuple(b for b in _pa_decode.capabilities.block_sizes if b != 48))
 pa_prefill_without_windows = _past(aiter.kernel("aiter:pa_prefill", os.environ.get("NANFUZZ_AITER_SRC") or None),
-                                   "without windows", sliding_window=False)
+                                   "without windows", supports=_offsets_past_2_31, sliding_window=False)
 fa_contiguous_one_tile = _past(fa_amd.kernel("fa_amd:kvcache@contiguous", os.environ.get("NANFUZZ_FA_SRC") or None),
                                "without windows, sequences of one 64-key tile", sliding_window=False, max_seq_len=64)

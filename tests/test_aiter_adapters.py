@@ -37,6 +37,7 @@ DEVICE = "cpu" if INTERPRETED else "cuda"
 SOURCE: list = []  # the fetched kernel tree, for the helpers below
 REGRESSIONS = Path(__file__).parent / "regressions"
 KERNELS = "aiter/ops/triton/_triton_kernels/pa_decode.py"
+PREFILL_KERNELS = "aiter/ops/triton/_triton_kernels/pa_prefill.py"
 # Every pa_decode kernel's block offset: the block number (int32, from the int32 table) times the
 # block stride (an int32 argument below 2^31), which Triton multiplies in int32.
 BLOCK_OFFSET = "kv_blk_nums * stride_k_b + kv_offs"
@@ -238,6 +239,20 @@ def in_a_worker(resolved, case):
     return check_once(resolved, Settings(device="cuda"), case)
 
 
+def crashes_released_and_passes_patched(tmp_path, repro: str, kernels_file: str, patch):
+    """The repro ``repro`` CRASHes on the released kernel and passes once ``patch`` rewrites the text
+    of ``kernels_file`` in a copy of the tree; the patched kernel's outcome."""
+    record = load_repro(REGRESSIONS / repro)
+    released = in_a_worker(kernel(record["kernel"]), record["case"])
+    assert released.verdict.value == "CRASH", released.summary
+    shutil.copytree(SOURCE[0], tmp_path / "tree")
+    path = tmp_path / "tree" / kernels_file
+    path.write_text(patch(path.read_text()))
+    fixed = in_a_worker(resolve(record["kernel"], aiter_src=str(tmp_path / "tree")), record["case"])
+    assert fixed.verdict.value == "PASS", fixed.summary
+    return fixed
+
+
 @pytest.mark.gpu
 def test_pa_decode_s_block_offset_in_int64_passes_the_crash_on_file(tmp_path):
     """The CRASH on file: physical block 419431 of a 160-wide head on 32-slot blocks starts at element
@@ -245,17 +260,30 @@ def test_pa_decode_s_block_offset_in_int64_passes_the_crash_on_file(tmp_path):
     kernel (3 query heads a KV head), whose ``kv_blk_nums * stride_k_b`` (_triton_kernels/pa_decode.py:222)
     is an int32 product: it wraps to -2,147,480,576, 4 GiB below the cache.  With the block number in
     int64 in every kernel, the same case passes."""
-    record = load_repro(REGRESSIONS / "aiter_pa_decode-v1-block-offset-past-2-31-crash.json")
-    released = in_a_worker(kernel(record["kernel"]), record["case"])
-    assert released.verdict.value == "CRASH", released.summary
-    shutil.copytree(SOURCE[0], tmp_path / "tree")
-    path = tmp_path / "tree" / KERNELS
-    text = path.read_text()
-    assert text.count(BLOCK_OFFSET) == 8  # v1 and v2, with and without tl.dot, and their per-token copies
-    path.write_text(text.replace(BLOCK_OFFSET, "kv_blk_nums.to(tl.int64) * stride_k_b + kv_offs"))
-    fixed = in_a_worker(resolve(record["kernel"], aiter_src=str(tmp_path / "tree")), record["case"])
-    assert fixed.verdict.value == "PASS", fixed.summary
+    def in_int64(text: str) -> str:
+        assert text.count(BLOCK_OFFSET) == 8  # v1 and v2, with and without tl.dot, and their per-token copies
+        return text.replace(BLOCK_OFFSET, "kv_blk_nums.to(tl.int64) * stride_k_b + kv_offs")
+
+    fixed = crashes_released_and_passes_patched(tmp_path, "aiter_pa_decode-v1-block-offset-past-2-31-crash.json",
+                                                KERNELS, in_int64)
     assert sorted(fixed.paths) == ["_paged_attn_decode_v1_w_dot_kernel"]
+
+
+@pytest.mark.gpu
+def test_pa_prefill_s_context_block_offset_in_int64_passes_the_crash_on_file(tmp_path):
+    """The CRASH on file: one chunked prefill whose only context key sits in block 174799 of a 192-wide
+    head on 64-slot blocks, element 174799 * 12288 = 2,147,930,112, past 2^31.  The context loop's
+    ``bn * stride_k_cache_bs`` (_triton_kernels/pa_prefill.py:127, V :135) multiplies the int32 block number
+    by an int32 stride.  With the block number in int64 the same case passes."""
+    def in_int64(text: str) -> str:
+        for wrapped, widened in (("bn[None, :] * stride_k_cache_bs", "bn[None, :].to(tl.int64) * stride_k_cache_bs"),
+                                 ("bn[:, None] * stride_v_cache_bs", "bn[:, None].to(tl.int64) * stride_v_cache_bs")):
+            assert text.count(wrapped) == 2  # the plain kernel and the ALiBi one
+            text = text.replace(wrapped, widened)
+        return text
+
+    crashes_released_and_passes_patched(tmp_path, "aiter_pa_prefill-block-offset-past-2-31-crash.json",
+                                        PREFILL_KERNELS, in_int64)
 
 
 # -- the command line --------------------------------------------------------------
