@@ -85,7 +85,7 @@ def test_a_plan_without_samples_builds_its_first_cases_alone(tmp_path):
         assert farm.wait(timeout=300)
         summary = farm.summary()
     assert tasks == [(0, 0, "u0"), (0, 1, "u1")] + [(1, e, 0) for e in range(len(sampled.entries))]
-    assert summary["compiled"] == len(tasks) and summary["given_up"] == 0
+    assert summary["compiled"] == len(tasks) and summary["given_up"] == 0 and summary["unbuilt"] == 0
 
 
 def test_a_farm_starts_its_processes_before_it_is_given_the_first_cases(tmp_path):

@@ -20,7 +20,9 @@ def test_a_campaign_s_farm_builds_the_first_cases_it_drew_meanwhile(tmp_path):
     print("farm:", farm, "| startup:", campaign.startup_seconds(), "| first example:", campaign.time_to_first_example)
     if farm is None or not farm["processes"]:
         pytest.skip("a warm Triton cache: no farm started (run with an empty TRITON_CACHE_DIR)")
-    assert farm["upcoming"] > 0 and farm["given_up"] == 0 and farm["compiled"] == farm["tasks"] - farm["already_built"]
+    assert farm["upcoming"] > 0 and farm["given_up"] == 0 and farm["compiled"] > 0
+    # a short campaign may end before its farm (a busy GPU): what it left is counted, not lost
+    assert farm["compiled"] + farm["unbuilt"] == farm["tasks"] - farm["already_built"]
     steps = campaign.startup_seconds()
     assert 0 <= steps["farm_started_s"] and 0 < steps["worker_loaded_s"] <= steps["worker_ready_s"]
 

@@ -396,7 +396,8 @@ class Farm:
 
     def summary(self) -> dict:
         """Pool entries; tasks (their sample cases, and the campaign's upcoming cases, each upcoming
-        case as many tasks as it has copies) built before, compiled, given up; launches skipped
+        case as many tasks as it has copies) built before, compiled, given up, not yet built (a campaign
+        that ends before its farm leaves the rest unbuilt); launches skipped
         because another process was compiling their binary; compile seconds summed over the farm
         processes; seconds from the farm's start to its end (None while it runs)."""
         if self._closed is not None:
@@ -413,6 +414,7 @@ class Farm:
         return {"entries": self._entries, "tasks": len(self._tasks) + self.already_built,
                 "upcoming": sum(isinstance(sample, str) for _, _, sample in self._tasks),
                 "already_built": self.already_built, "compiled": len(results) - len(failed), "given_up": len(failed),
+                "unbuilt": len(self._tasks) - len(results),
                 "skipped_launches": sum(r.get("skipped", 0) for r in results),
                 "processes": len(self._processes), "compile_seconds": round(seconds, 3),
                 "slowest_task_seconds": round(max((r["seconds"] or 0.0 for r in results), default=0.0), 3),
