@@ -19,6 +19,13 @@ What each leaves out, and the repro on file that is why:
   holds live keys (aiter_pa_prefill-window-expired-slots-of-a-live-block.json) and computes a context
   block's element offset in int32 (aiter_pa_prefill-block-offset-past-2-31-crash.json): no window, no cache
   whose block offsets pass 2^31 elements;
+- ``unified_attention_without_windows``: AITER's unified_attention loads V past ``seq_len`` unmasked
+  (aiter_unified_attention-*-tail-past-seq-len.json), reads a window's expired slots and the null block
+  (aiter_unified_attention-window-*.json), and fails to compile its 3D merge for a head size that is not
+  a power of two (80 on file, 96 as well) and its decode for 48-slot blocks
+  (aiter_unified_attention-*-crash.json): no window, heads of 32, 64, 128 or 256, no 48-slot block, run
+  with ``--poison null-block --poison padding --poison unreferenced`` so that the tails, which nearly
+  every batch holds, keep finite values (the tail finding is on file);
 - ``fa_contiguous_one_tile``: FlashAttention's AMD decode ignores the window and masks later tiles from
   the tile's start (fa_amd_kvcache-contiguous-*.json): no window, sequences of one 64-key tile.
 """
@@ -65,5 +72,10 @@ pa_decode_float16 = _past(_pa_decode, "in float16 without 48-slot blocks", suppo
                           block_sizes=tuple(b for b in _pa_decode.capabilities.block_sizes if b != 48))
 pa_prefill_without_windows = _past(aiter.kernel("aiter:pa_prefill", os.environ.get("NANFUZZ_AITER_SRC") or None),
                                    "without windows", supports=_offsets_past_2_31, sliding_window=False)
+_unified = aiter.kernel("aiter:unified_attention", os.environ.get("NANFUZZ_AITER_SRC") or None)
+unified_attention_without_windows = _past(
+    _unified, "without windows, with power-of-two heads and no 48-slot block", sliding_window=False,
+    head_sizes=tuple(h for h in _unified.capabilities.head_sizes if h & (h - 1) == 0),
+    block_sizes=tuple(b for b in _unified.capabilities.block_sizes if b != 48))
 fa_contiguous_one_tile = _past(fa_amd.kernel("fa_amd:kvcache@contiguous", os.environ.get("NANFUZZ_FA_SRC") or None),
                                "without windows, sequences of one 64-key tile", sliding_window=False, max_seq_len=64)
