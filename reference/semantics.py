@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from dataclasses import replace
 
 import numpy as np
 
@@ -70,6 +71,17 @@ def slot_reasons(case: Case) -> list[list[Dead]]:
     """``reasons[block][offset]``: every reason a slot is dead (empty when it is live).  (Lists,
     for small cases; ``reasons`` is the same as an array of ``Dead`` bits, at any size.)"""
     return [[_DEAD[why] for why in row] for row in reasons(case).tolist()]
+
+
+def poison_dead_slots_only(case: Case) -> Case:
+    """``case`` with the poison sites that are live in it left out (every dead slot if none is left):
+    a case a change made (a sequence kept alone, a capability narrowed) poisons no slot it made live."""
+    sites = case.poison.sites
+    if sites is None:
+        return case
+    live = liveness(case)
+    dead = tuple(s for s in sites if not (live[s.block].any() if s.offset is None else live[s.block, s.offset]))
+    return replace(case, poison=replace(case.poison, sites=dead or None))
 
 
 def liveness(case: Case) -> np.ndarray:

@@ -1,4 +1,6 @@
 """Case model: validity rules, JSON round trip, deterministic materialisation."""
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -8,7 +10,7 @@ from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from nanfuzz.reference.errors import CaseError
 from nanfuzz.reference.materialize import live_mask, materialize
-from nanfuzz.reference.semantics import Dead, allowed, allowed_mask, slot_reasons
+from nanfuzz.reference.semantics import Dead, allowed, allowed_mask, poison_dead_slots_only, slot_reasons
 from nanfuzz.strategies import paged_cases
 
 EVERYTHING = Capabilities(non_causal=True, sinks=True)
@@ -70,6 +72,21 @@ def test_dead_slot_classes():
     assert reasons[3][0] & Dead.UNREFERENCED
     assert not reasons[2][0] and not reasons[2][1]                        # keys 8, 9 live
     assert not reasons[1][3] and reasons[1][2] & Dead.OUT_OF_WINDOW        # key 7 live, key 6: 9 - 6 >= 3
+
+
+def test_a_changed_case_keeps_only_the_poison_sites_still_dead():
+    g = Geometry(1, 1, 32, 4, 4, "float16")
+    # two sequences: keys 0-4 on blocks 1, 2 (block 2 holds key 4), keys 0-1 on block 3
+    case = Case(g, (Sequence(1, 5, (1, 2)), Sequence(1, 2, (3, 0))),
+                poison=Poison("nan", "v", (PoisonSite(2, 1), PoisonSite(3, 2)))).validate()
+    alone = replace(case, sequences=(Sequence(1, 2, (3,)),))  # the first sequence gone: blocks 1, 2 dead
+    kept = poison_dead_slots_only(alone)
+    assert kept.poison.sites == (PoisonSite(2, 1), PoisonSite(3, 2))
+    grown = replace(case, sequences=(Sequence(1, 7, (1, 2)), Sequence(1, 4, (3, 0))))  # both sites live now
+    assert poison_dead_slots_only(grown).poison.sites is None  # then every dead slot
+    whole = replace(case, poison=Poison("nan", "v", (PoisonSite(1), PoisonSite(2))))
+    assert poison_dead_slots_only(replace(whole, sequences=(Sequence(1, 4, (1, 0)), Sequence(1, 2, (3, 0))))) \
+        .poison.sites == (PoisonSite(2),)  # a whole block's site goes where any of its slots is live
 
 
 @pytest.mark.parametrize("change, message", [

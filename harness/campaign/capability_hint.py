@@ -19,7 +19,7 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.worker import Declined
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.errors import NanfuzzError
-from nanfuzz.reference.semantics import slot_liveness
+from nanfuzz.reference.semantics import poison_dead_slots_only
 
 # (capability field, does the case use it, the case without it, what it is)
 FEATURES = (
@@ -64,11 +64,3 @@ def name_the_capability(campaign: Campaign, caps: Capabilities, check, kernel: K
         return
 
 
-def poison_dead_slots_only(case):
-    """``case`` with the poison sites that its change made live left out (all dead slots if none is left)."""
-    sites = case.poison.sites
-    if sites is None:
-        return case
-    live = slot_liveness(case)
-    dead = tuple(s for s in sites if not (any(live[s.block]) if s.offset is None else live[s.block][s.offset]))
-    return replace(case, poison=replace(case.poison, sites=dead or None))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nanfuzz.harness.campaign.capability_hint import poison_dead_slots_only
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.judge.check import Verdict
 from nanfuzz.harness.kernel import Kernel
@@ -22,6 +21,7 @@ from nanfuzz.harness.launch.worker import Declined
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.errors import NanfuzzError
+from nanfuzz.reference.semantics import poison_dead_slots_only
 
 # the longest sequences tried alone: each try is one more run of the kernel
 MOST_TRIED = 4
