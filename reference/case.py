@@ -455,6 +455,9 @@ class Case:
     poison: Poison = field(default_factory=Poison)
     data_seed: int = 0
     kv_cache: KVCache = field(default_factory=KVCache)
+    # the key each sequence's query values are hashed under; None: its index in the batch (a case cut
+    # down to some of its sequences keeps their keys, so their queries keep their values)
+    query_keys: tuple[int, ...] | None = None
 
     # -- derived ---------------------------------------------------------------
     @property
@@ -530,6 +533,8 @@ class Case:
             record["poison"]["parts"] = self.poison.parts
         if self.kv_cache != KVCache():
             record["kv_cache"] = self.kv_cache.to_dict()
+        if self.query_keys is not None:
+            record["query_keys"] = list(self.query_keys)
         return record
 
     @classmethod
@@ -570,6 +575,7 @@ class Case:
             ),
             data_seed=_typed(data, "data_seed", int),
             kv_cache=_kv_cache(data["kv_cache"]) if "kv_cache" in data else KVCache(),
+            query_keys=_query_keys(data["query_keys"]) if "query_keys" in data else None,
         )
         case.validate()
         return case
@@ -600,6 +606,11 @@ class Case:
                f"num_blocks x block_size = {g.num_blocks * g.block_size} slots is beyond nanfuzz's bound of {MAX_SLOTS}")
         _check(len(self.sequences) <= MAX_SEQUENCES,
                f"{len(self.sequences)} sequences is beyond nanfuzz's bound of {MAX_SEQUENCES}")
+        if self.query_keys is not None:
+            _check(len(self.query_keys) == len(self.sequences),
+                   f"query_keys has {len(self.query_keys)} entries for {len(self.sequences)} sequences")
+            _check(all(0 <= k < MAX_SEQUENCES for k in self.query_keys),
+                   f"query_keys={list(self.query_keys)} must lie in 0..{MAX_SEQUENCES - 1}")
         _check(g.num_q_heads % g.num_kv_heads == 0,
                f"num_q_heads={g.num_q_heads} is not a multiple of num_kv_heads={g.num_kv_heads}")
         if g.latent_rank:
@@ -790,6 +801,12 @@ def _sequence(data: Any, index: int) -> Sequence:
     _check(len(table) <= MAX_TABLE_WIDTH, f"{where}block_table has {len(table)} entries; at most {MAX_TABLE_WIDTH}")
     return Sequence(_typed(data, "query_len", int, where), _typed(data, "seq_len", int, where),
                     tuple(_typed({"block_table entry": b}, "block_table entry", int, where) for b in table))
+
+
+def _query_keys(value: Any) -> tuple[int, ...]:
+    _check(isinstance(value, list) and all(isinstance(k, int) and not isinstance(k, bool) for k in value),
+           f"query_keys={value!r} must be a list of integers")
+    return tuple(value)
 
 
 def _site(value: Any, index: int) -> PoisonSite:

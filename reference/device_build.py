@@ -35,7 +35,8 @@ from nanfuzz.reference.case import Case
 from nanfuzz.reference.features import poisoned_mask
 from nanfuzz.reference.materialize import (_Q_SPREAD, PARAMETER_CACHES, TORCH_DTYPES, _derive, _fill_dead_codes,
                                            _fill_poison, _garbage, _margin_fill, _poison_values, _surround_small,
-                                           cache_sides, new_tokens, per_tensor_scales, poison_columns, token_layout)
+                                           cache_sides, new_tokens, per_tensor_scales, poison_columns, query_key_of,
+                                           token_layout)
 from nanfuzz.reference.semantics import liveness
 
 # Elements generated per step: bounds the int64 temporaries of the hash (2^24 x 8 bytes each).
@@ -257,8 +258,9 @@ def _small_inputs(case: Case, device: torch.device, caches: dict[str, torch.Tens
     q = torch.empty(len(seq_of), width, dtype=TORCH_DTYPES[g.dtype], device=device)
     heads = torch.arange(width, device=device, dtype=torch.int64)
     rows = torch.arange(len(seq_of), device=device)
+    keys = query_key_of(case, seq_t)
     for part in _chunks(rows, width):
-        index = ((seq_t[part] << 24) + pos_t[part])[:, None] * width + heads[None, :]
+        index = ((keys[part] << 24) + pos_t[part])[:, None] * width + heads[None, :]
         q[part] = (values.uniform(case.data_seed, "q", index) * _Q_SPREAD).to(q.dtype)
     q = q.view(len(seq_of), g.num_q_heads, g.head_size)
     compact = compact_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t

@@ -279,6 +279,13 @@ def cache_sides(case: Case) -> tuple[tuple[str, bool], ...]:
     return (("k", p.hits_k), ("v", p.hits_v))
 
 
+def query_key_of(case: Case, seq: torch.Tensor) -> torch.Tensor:
+    """The key each token's query values are hashed under, from its sequence's index ``seq``."""
+    if case.query_keys is None:
+        return seq
+    return torch.tensor(case.query_keys, dtype=torch.int64, device=seq.device)[seq]
+
+
 def token_layout(case: Case) -> tuple[list[int], list[int]]:
     """For each query token in order: its sequence and its absolute position."""
     seq_of, pos_of = [], []
@@ -349,7 +356,7 @@ def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -
 
     seq_t, pos_t = host["seq"], host["pos"]
     heads = torch.arange(g.num_q_heads * g.head_size, device=device, dtype=torch.int64)
-    q_index = ((seq_t << 24) + pos_t)[:, None] * (g.num_q_heads * g.head_size) + heads[None, :]
+    q_index = ((query_key_of(case, seq_t) << 24) + pos_t)[:, None] * (g.num_q_heads * g.head_size) + heads[None, :]
     q = (values.uniform(case.data_seed, "q", q_index) * _Q_SPREAD).to(TORCH_DTYPES[g.dtype])
     q = q.view(len(seq_of), g.num_q_heads, g.head_size)
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case, Geometry, Poison, PoisonSite, Sequence
 from nanfuzz.reference.errors import CaseError
+from nanfuzz.reference.device_build import build_on_device
 from nanfuzz.reference.materialize import live_mask, materialize
 from nanfuzz.reference.semantics import Dead, allowed, allowed_mask, poison_dead_slots_only, slot_reasons
 from nanfuzz.strategies import paged_cases
@@ -74,6 +75,27 @@ def test_dead_slot_classes():
     assert not reasons[1][3] and reasons[1][2] & Dead.OUT_OF_WINDOW        # key 7 live, key 6: 9 - 6 >= 3
 
 
+def test_a_sequence_cut_out_of_its_batch_keeps_its_queries_values():
+    g = Geometry(4, 2, 32, 8, 8, "float16")
+    batch = Case(g, (Sequence(2, 5, (1, 0)), Sequence(3, 11, (2, 3)), Sequence(1, 9, (4, 5)))).validate()
+    starts = batch.query_start_loc()
+    whole = materialize(batch).q
+    for index in (1, 2):
+        alone = replace(batch, sequences=(batch.sequences[index],), query_keys=(index,)).validate()
+        assert torch.equal(materialize(alone).q, whole[starts[index]:starts[index + 1]])
+        renumbered = replace(alone, query_keys=None)  # under the index it has alone: other values
+        assert not torch.equal(materialize(renumbered).q, whole[starts[index]:starts[index + 1]])
+        assert Case.from_json(alone.to_json()) == alone
+        assert "query_keys" not in renumbered.to_dict()  # a case without keys reads as it always did
+
+
+def test_a_large_case_hashes_its_queries_under_their_keys_as_the_host_does():
+    g = Geometry(4, 2, 32, 8, 8, "float16")
+    case = Case(g, (Sequence(3, 11, (2, 3)), Sequence(1, 9, (4, 5))), query_keys=(7, 2)).validate()
+    host, device = materialize(case), build_on_device(case, "cpu")
+    assert torch.equal(host.allocations["q"].base.view(torch.int16), device.small["q"].base.view(torch.int16))
+
+
 def test_a_changed_case_keeps_only_the_poison_sites_still_dead():
     g = Geometry(1, 1, 32, 4, 4, "float16")
     # two sequences: keys 0-4 on blocks 1, 2 (block 2 holds key 4), keys 0-1 on block 3
@@ -97,6 +119,8 @@ def test_a_changed_case_keeps_only_the_poison_sites_still_dead():
     (dict(poison=Poison("nan", "v", (PoisonSite(1, 0),))), "is live"),
     (dict(poison=Poison("nan", "w", None)), "poison tensors"),
     (dict(padding_block=1, sequences=(Sequence(1, 4, (1, 1)),)), "holds live keys"),
+    (dict(query_keys=(0, 1)), "query_keys has 2 entries for 1 sequences"),
+    (dict(query_keys=(-1,)), "must lie in 0.."),
 ])
 def test_invalid_cases_name_the_rule(change, message):
     g = Geometry(1, 1, 32, 8, 3, "float16")

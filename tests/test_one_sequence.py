@@ -84,3 +84,14 @@ def test_a_campaign_s_repro_of_a_long_sequence_bug_is_that_sequence_alone(tmp_pa
     as_found = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=1, use_database=False,
                     state_dir=tmp_path / "unshrunk", shrink=False)
     assert as_found.failed and not any("fails alone" in note for note in as_found.notes)
+
+
+def test_a_sequence_cut_alone_keeps_its_queries_values(tmp_path):
+    # seed 0's shrunk case holds three one-key sequences before the long one, whose failure rests on its
+    # numbers: alone under index 0 its queries took other values and it did not fail the same way (the
+    # shrunk case of four stood); under its key from the batch it does
+    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=0, use_database=True,
+                    state_dir=tmp_path)
+    assert campaign.failed and _lengths(campaign.failing_case) == [(1, 1025)], _lengths(campaign.failing_case)
+    assert campaign.failing_case.query_keys == (3,)
+    assert any("sequence 3 of 4 fails alone with the same verdict" in note for note in campaign.notes)

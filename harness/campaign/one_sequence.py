@@ -7,8 +7,8 @@ a move it does not make.  Here each sequence of the shrunk case, longest first, 
 (the same geometry, cache and poison, the other sequences' blocks now dead and poisoned); the
 first that gives the same verdict becomes the repro.  A case alone that the kernel does not take,
 or that passes, or is declined for memory, changes nothing: the shrunk failure stands.  Alone, a
-sequence's query tokens come first in the batch and so take other values; a failure that rests on
-its numbers, not on the batch's shape, may pass alone and keep its shrunk case.
+sequence keeps its query key (``Case.query_keys``), so its queries keep their values: every number
+the kernel reads for it is the one it read in the batch.
 """
 from __future__ import annotations
 
@@ -28,8 +28,11 @@ MOST_TRIED = 4
 
 
 def alone(case: Case, index: int) -> Case:
-    """``case`` with sequence ``index`` alone, or NanfuzzError where that is no valid batch."""
-    single = poison_dead_slots_only(replace(case, sequences=(case.sequences[index],)))
+    """``case`` with sequence ``index`` alone, its queries' values kept, or NanfuzzError where that is no
+    valid batch."""
+    key = case.query_keys[index] if case.query_keys is not None else index
+    single = replace(case, sequences=(case.sequences[index],), query_keys=(key,) if key else None)
+    single = poison_dead_slots_only(single)
     return single.validate()
 
 
