@@ -33,9 +33,9 @@ from nanfuzz.reference import asymmetric, quantization, redzones, rotation, valu
 from nanfuzz.reference.batch import PagedBatch, latent_values
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.features import poisoned_mask
-from nanfuzz.reference.materialize import (_Q_SPREAD, PARAMETER_CACHES, TORCH_DTYPES, _derive, _fill_dead_codes,
+from nanfuzz.reference.materialize import (PARAMETER_CACHES, TORCH_DTYPES, _derive, _fill_dead_codes,
                                            _fill_poison, _garbage, _margin_fill, _poison_values, _surround_small,
-                                           cache_sides, new_tokens, per_tensor_scales, poison_columns, query_key_of,
+                                           cache_sides, new_tokens, per_tensor_scales, poison_columns, query_values,
                                            token_layout)
 from nanfuzz.reference.semantics import liveness
 
@@ -256,12 +256,9 @@ def _small_inputs(case: Case, device: torch.device, caches: dict[str, torch.Tens
     pos_t = torch.tensor(pos_of, dtype=torch.int64, device=device)
     width = g.num_q_heads * g.head_size
     q = torch.empty(len(seq_of), width, dtype=TORCH_DTYPES[g.dtype], device=device)
-    heads = torch.arange(width, device=device, dtype=torch.int64)
     rows = torch.arange(len(seq_of), device=device)
-    keys = query_key_of(case, seq_t)
     for part in _chunks(rows, width):
-        index = ((keys[part] << 24) + pos_t[part])[:, None] * width + heads[None, :]
-        q[part] = (values.uniform(case.data_seed, "q", index) * _Q_SPREAD).to(q.dtype)
+        q[part] = query_values(case, seq_t[part], pos_t[part])
     q = q.view(len(seq_of), g.num_q_heads, g.head_size)
     compact = compact_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t
     slots = compact * g.block_size + pos_t % g.block_size

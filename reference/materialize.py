@@ -279,11 +279,16 @@ def cache_sides(case: Case) -> tuple[tuple[str, bool], ...]:
     return (("k", p.hits_k), ("v", p.hits_v))
 
 
-def query_key_of(case: Case, seq: torch.Tensor) -> torch.Tensor:
-    """The key each token's query values are hashed under, from its sequence's index ``seq``."""
-    if case.query_keys is None:
-        return seq
-    return torch.tensor(case.query_keys, dtype=torch.int64, device=seq.device)[seq]
+def query_values(case: Case, seq: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """``[tokens, num_q_heads * head_size]`` in the case's dtype: the query values of the tokens at
+    positions ``pos`` of the sequences ``seq`` (indices into the batch), hashed under each
+    sequence's query key (``Case.query_keys``) on the tensors' device."""
+    g = case.geometry
+    keys = seq if case.query_keys is None else torch.tensor(case.query_keys, dtype=torch.int64, device=seq.device)[seq]
+    width = g.num_q_heads * g.head_size
+    heads = torch.arange(width, device=seq.device, dtype=torch.int64)
+    index = ((keys << 24) + pos)[:, None] * width + heads[None, :]
+    return (values.uniform(case.data_seed, "q", index) * _Q_SPREAD).to(TORCH_DTYPES[g.dtype])
 
 
 def token_layout(case: Case) -> tuple[list[int], list[int]]:
@@ -355,10 +360,7 @@ def build_on_host(case: Case, *, garbage_seed: int = 0, poisoned: bool = True) -
     value_cache, v_scale_cache, v_zero_cache = cache("v") if not g.latent else (None, None, None)
 
     seq_t, pos_t = host["seq"], host["pos"]
-    heads = torch.arange(g.num_q_heads * g.head_size, device=device, dtype=torch.int64)
-    q_index = ((query_key_of(case, seq_t) << 24) + pos_t)[:, None] * (g.num_q_heads * g.head_size) + heads[None, :]
-    q = (values.uniform(case.data_seed, "q", q_index) * _Q_SPREAD).to(TORCH_DTYPES[g.dtype])
-    q = q.view(len(seq_of), g.num_q_heads, g.head_size)
+    q = query_values(case, seq_t, pos_t).view(len(seq_of), g.num_q_heads, g.head_size)
 
     block_table = host["table"].to(torch.int32)
     blocks = block_table.long()[seq_t, pos_t // g.block_size] if seq_of else seq_t

@@ -178,6 +178,11 @@ _GATHER_COPIES, _UNSIGNED_GATHER_COPIES, _SCORE_COPIES = 3, 5, 4
 _ORACLE_FLOOR = 16 << 20  # index tensors, outputs and the allocator's own granules
 
 
+def _score_rows(sequences: int, q_heads: int, keys: int) -> int:
+    """Query rows a step of scores holds, within ``_SCORE_ELEMENTS``."""
+    return max(1, _SCORE_ELEMENTS // max(1, sequences * q_heads * keys))
+
+
 def oracle_bytes(case: Case) -> int:
     """About the most the oracle and the same-precision reference hold at once while judging ``case``
     (:func:`attend_and_measure` in two arithmetics): a chunk's gather and its working copies, and one
@@ -186,7 +191,7 @@ def oracle_bytes(case: Case) -> int:
     n = min(chunk_sequences(case), len(case.sequences))
     keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
     gather = 8 * n * (keys * g.num_kv_heads * (g.head_size + g.v_head_size) + queries * g.num_q_heads * g.head_size)
-    rows = min(queries, max(1, _SCORE_ELEMENTS // max(1, n * g.num_q_heads * keys)))
+    rows = min(queries, _score_rows(n, g.num_q_heads, keys))
     scores = 8 * n * g.num_q_heads * rows * keys
     kv = case.kv_cache
     unsigned = any(kv.side(which).dtype in UNSIGNED_DTYPES for which in "kv") or kv.rotation != "none"
@@ -219,7 +224,7 @@ class _Gathered:
         g = self.case.geometry
         kv = self.case.kv_cache
         n, max_q, max_len = self.allowed.shape
-        rows = max(1, _SCORE_ELEMENTS // max(1, n * g.num_q_heads * max_len))
+        rows = _score_rows(n, g.num_q_heads, max_len)
         k, v = self.rounded if (arithmetic.dequantize_rounded and self.rounded) else (self.k, self.v)
         q, scale = self.q, self.case.scale
         if kv.rotation != "none":  # q into the cache's frame, rounded as the arithmetic rotates it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -22,7 +23,6 @@ def case_of(spec: list):
     poison = Poison("max" if kv.quantized and kv.dtype.startswith("uint") else "nan", "v", None)
     case = consecutive_case([tuple(s) for s in seqs], q_heads=q_heads, kv_heads=kv_heads, head_size=head_size,
                             block_size=block_size, dtype=dtype, poison=poison)
-    from dataclasses import replace
     return replace(case, kv_cache=kv).validate()
 
 
