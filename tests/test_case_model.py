@@ -1,4 +1,5 @@
 """Case model: validity rules, JSON round trip, deterministic materialisation."""
+import json
 from dataclasses import replace
 
 import pytest
@@ -133,6 +134,18 @@ def test_malformed_json_is_one_clear_error(text):
     with pytest.raises(CaseError) as info:
         Case.from_json(text)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("keys, message", [("[1, true]", "must be a list of integers"), ('"3"', "must be a list of integers"),
+                                           ("[4096]", "must lie in 0..4095"), ("[2]", None)])
+def test_a_case_s_query_keys_in_json_are_checked(keys, message):
+    record = Case(Geometry(1, 1, 32, 8, 3, "float16"), (Sequence(1, 4, (1,)),)).to_dict()
+    text = json.dumps(record)[:-1] + f', "query_keys": {keys}}}'
+    if message is None:
+        assert Case.from_json(text).query_keys == (2,)
+        return
+    with pytest.raises(CaseError, match=message.replace(".", r"\.")):
+        Case.from_json(text)
 
 
 @given(seq_len=st.integers(0, 12), window=st.integers(0, 6), causal=st.booleans())
