@@ -427,3 +427,56 @@ def test_a_reservation_that_never_waits_writes_no_want_for_others_to_queue_behin
     with pytest.raises(TooLargeForDevice):
         share.reserve(0, patience=0.0)
     assert written and not any(written)
+
+
+def test_a_reservation_already_allocated_is_not_set_aside_twice_beside_what_the_device_reports_free(tmp_path):
+    """A process that has built its large case says so: another process then sees that case in the
+    device's own report of free memory alone (set aside a second time, a 1 MiB case was refused on
+    an H200 with 64 GiB free)."""
+    from nanfuzz.harness.judge.ledger import Ledger
+    from nanfuzz.harness.judge.memory import Governor
+    from nanfuzz.harness.judge.device_memory import DeviceMemory
+
+    allocated = multiprocessing.get_context("fork").Value("q", 0)
+
+    class Gpu(DeviceMemory):
+        """A 16 GiB device whose report of free memory follows what the holder allocated."""
+        key, where = "gpu-test", "GPU"
+
+        def __init__(self):
+            self.holding = 0
+
+        def total(self):
+            return 16 * GiB
+
+        def free(self):
+            return 16 * GiB - allocated.value
+
+        def held(self):
+            return self.holding
+
+        def margin(self):
+            return 0
+
+    def another_process_asks_for_1_gib(_=None):
+        share = Governor(Gpu(), Ledger.open(tmp_path, Gpu.key))
+        try:
+            share.reserve(1 * GiB, patience=0.0)
+        except TooLargeForDevice:
+            os._exit(3)
+        os._exit(0)
+
+    def asked() -> int:
+        child = multiprocessing.get_context("fork").Process(target=another_process_asks_for_1_gib)
+        child.start()
+        child.join(60)
+        return child.exitcode
+
+    holder = Gpu()
+    share = Governor(holder, Ledger.open(tmp_path, Gpu.key))
+    share.reserve(12 * GiB, patience=0.0)
+    allocated.value = holder.holding = 12 * GiB  # the case's batches built
+    assert asked() == 3  # 4 GiB free, and the 12 GiB not yet known to be among what is used
+    share.built()
+    assert asked() == 0
+    share.settle()

@@ -236,6 +236,8 @@ class CaseCheck:
         case, g = self.case, self.case.geometry
         t0 = time.perf_counter()
         self._build()
+        if self.memory is not None:
+            self.memory.built()
         self.timings["materialize"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         try:

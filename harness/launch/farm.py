@@ -685,6 +685,7 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
     share.reserve(large_check_footprint(case) if case.large else 2 * case_bytes(case), patience=0.0)
     try:
         batch = _built_on_device(case, device) if case.large else materialize(case, device)
+        share.built()
         g = case.geometry
         out = torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=batch.q.dtype, device=device)
         kernel(batch, out)
