@@ -494,6 +494,7 @@ class LargeCaseCheck(CaseCheck):
         return large_check_footprint(self.case)
 
     def _build(self) -> None:
+        self._clean = False  # before anything that can fail: ``_release`` reads it
         self.pool = process_pool()
         self.build = build_on_device(self.case, self.device)
         self.caches = self.pool.attach(self.build)
@@ -501,7 +502,6 @@ class LargeCaseCheck(CaseCheck):
         self.snapshot_small = clone_together(self.small)
         self.batch = self._batch(self.small)
         self.pristine = self._pristine_copy()
-        self._clean = False
 
     def _batch(self, small) -> PagedBatch:
         return PagedBatch.from_allocations(self.case, {**small, **self.caches})
