@@ -281,7 +281,7 @@ PAST_THE_TAIL = ("out-of-window", "null-block", "padding", "unreferenced")
 @pytest.mark.parametrize("name", ["lmdeploy:decode", "lmdeploy:decode@block", "lmdeploy:prefill"])
 def test_a_gpu_campaign_past_the_findings_passes(name, tmp_path):
     """On the GPU, beyond the findings on file: no NaN in a tail, no window edge inside a block, and for
-    the block decode an unquantized cache; the prefill with no window's expired slots poisoned."""
+    the block decode an unquantized cache; the prefill with every dead slot poisoned and no window."""
     from nanfuzz.harness.campaign.runner import fuzz
 
     if name == "lmdeploy:prefill" and not BLOCK_POINTERS:
@@ -289,10 +289,15 @@ def test_a_gpu_campaign_past_the_findings_passes(name, tmp_path):
     caps = kernel(name).capabilities
     if name.endswith("@block"):
         caps = caps.restrict(kv_cache_dtypes=("auto",))
+    if name == "lmdeploy:prefill":
+        # its window finding on file left out: a query tile starts at the tile of keys where its first
+        # query's window starts, so a window whose start is not a tile's first key loads expired keys
+        # (a live block's, or a freed block's where the tile spans several pages)
+        caps = caps.restrict(sliding_window=False)
     decode = name != "lmdeploy:prefill"
     chosen = dataclasses.replace(kernel(name), supports=_no_window_edge_inside_a_block if decode else None,
                                  capabilities=caps)
-    poison = PAST_THE_TAIL if decode else ("tail", "null-block", "padding", "unreferenced")
+    poison = PAST_THE_TAIL if decode else None
     campaign = fuzz(chosen, device="cuda", max_examples=300, seed=1, use_database=False, state_dir=tmp_path,
                     focus=Focus(poison_classes=poison))
     assert not campaign.failed, campaign.failure.summary
