@@ -19,11 +19,17 @@ What each leaves out, and the repro on file that is why:
   holds live keys (aiter_pa_prefill-window-expired-slots-of-a-live-block.json) and computes a context
   block's element offset in int32 (aiter_pa_prefill-block-offset-past-2-31-crash.json): no window, no cache
   whose block offsets pass 2^31 elements;
+- ``chunked_pa_prefill_prefills_without_windows``: AITER's chunked_pa_prefill decodes with a kernel that
+  loads every block whole, its tail included, so NaN there or stale finite values overflow
+  (aiter_chunked_pa_prefill-decode-tail-*.json), and prefills with pa_prefill's kernel, window finding
+  included (aiter_chunked_pa_prefill-prefill-window-expired-slots.json): its prefill chunks (every
+  scheduled sequence of two new tokens or more) with no window and no cache past 2^31 elements;
 - ``unified_attention_without_windows``: AITER's unified_attention loads V past ``seq_len`` unmasked
   (aiter_unified_attention-*-tail-past-seq-len.json), reads a window's expired slots and the null block
   (aiter_unified_attention-window-*.json), and fails to compile its 3D merge for a head size that is not
   a power of two (80 on file, 96 as well) and its decode for 48-slot blocks
-  (aiter_unified_attention-*-crash.json): no window, heads of 32, 64, 128 or 256, no 48-slot block, run
+  (aiter_unified_attention-*-crash.json), and its float32 tiles for a head of 256 need 256 KiB of shared
+  memory (docs/libraries.md): no window, heads of 32, 64, 128 or 256 (256 not in float32), no 48-slot block, run
   with ``--poison null-block --poison padding --poison unreferenced`` so that the tails, which nearly
   every batch holds, keep finite values (the tail finding is on file);
 - ``fa_contiguous_one_tile``: FlashAttention's AMD decode ignores the window and masks later tiles from
@@ -72,9 +78,22 @@ pa_decode_float16 = _past(_pa_decode, "in float16 without 48-slot blocks", suppo
                           block_sizes=tuple(b for b in _pa_decode.capabilities.block_sizes if b != 48))
 pa_prefill_without_windows = _past(aiter.kernel("aiter:pa_prefill", os.environ.get("NANFUZZ_AITER_SRC") or None),
                                    "without windows", supports=_offsets_past_2_31, sliding_window=False)
+chunked_pa_prefill_prefills_without_windows = _past(
+    aiter.kernel("aiter:chunked_pa_prefill", os.environ.get("NANFUZZ_AITER_SRC") or None),
+    "prefill chunks without windows", supports=_offsets_past_2_31, sliding_window=False, min_query_len=2)
 _unified = aiter.kernel("aiter:unified_attention", os.environ.get("NANFUZZ_AITER_SRC") or None)
+
+
+def _float32_past_head_128(case):
+    g = case.geometry
+    if g.dtype == "float32" and g.head_size > 128:
+        return "float32 with a head past 128: tiles that need 256 KiB of shared memory (seen on an H200)"
+    return None
+
+
 unified_attention_without_windows = _past(
-    _unified, "without windows, with power-of-two heads and no 48-slot block", sliding_window=False,
+    _unified, "without windows, with power-of-two heads and no 48-slot block", supports=_float32_past_head_128,
+    sliding_window=False,
     head_sizes=tuple(h for h in _unified.capabilities.head_sizes if h & (h - 1) == 0),
     block_sizes=tuple(b for b in _unified.capabilities.block_sizes if b != 48))
 fa_contiguous_one_tile = _past(fa_amd.kernel("fa_amd:kvcache@contiguous", os.environ.get("NANFUZZ_FA_SRC") or None),

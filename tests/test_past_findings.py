@@ -22,6 +22,9 @@ DECLINED = {
                           "aiter_pa_decode-v2-block-48-padding-lanes-mismatch"],
     "pa_prefill_without_windows": ["aiter_pa_prefill-block-offset-past-2-31-crash",
                                    "aiter_pa_prefill-window-expired-slots-of-a-live-block"],
+    "chunked_pa_prefill_prefills_without_windows": ["aiter_chunked_pa_prefill-decode-tail-finite-garbage-overflows",
+                                                    "aiter_chunked_pa_prefill-decode-tail-past-seq-len",
+                                                    "aiter_chunked_pa_prefill-prefill-window-expired-slots"],
     "unified_attention_without_windows": ["aiter_unified_attention-3d-head-80-crash",
                                           "aiter_unified_attention-decode-block-48-crash",
                                           "aiter_unified_attention-window-expired-slots-of-a-live-block",
@@ -72,7 +75,7 @@ def test_the_tail_findings_a_subject_stands_past_poison_tails_alone(past, name):
 
 
 @pytest.mark.parametrize("name", ["pa_decode_float16", "pa_prefill_without_windows", "unified_attention_without_windows",
-                                  "fa_contiguous_one_tile"])
+                                  "chunked_pa_prefill_prefills_without_windows", "fa_contiguous_one_tile"])
 def test_a_subject_takes_most_of_what_its_campaign_draws(past, name, tmp_path):
     subject = getattr(past, name)
     settings = Settings(device="cpu", state_dir=tmp_path, size="production")
