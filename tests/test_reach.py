@@ -1,6 +1,7 @@
 """A campaign steers toward the production targets it has not met, grows and rotates its pool, and
 says which targets it did not reach and why.  Campaigns here run on a subject that judges nothing
 (``tests.draw_only``), at the GPU's production sizes: what a search reaches, in the time its draws take."""
+import dataclasses
 import json
 
 import pytest
@@ -238,3 +239,34 @@ def test_the_reach_script_reads_what_each_campaign_reached_from_its_summary(tmp_
     (tmp_path / "pa_decode.json").write_text(json.dumps({"kernels": [entry]}))
     assert not script._report("pa_decode", tmp_path)
     assert not script._report("triton_attn", tmp_path)  # no summary: the campaign did not finish
+
+
+def _int32_offsets(case):
+    g = case.geometry
+    return "an int32 block offset" if g.num_blocks * g.block_size * g.num_kv_heads * g.slot_width >= 1 << 31 else None
+
+
+def _declining(tmp_path, examples: int):
+    caps = aiter.PA_DECODE_CAPABILITIES
+    chosen = dataclasses.replace(kernel_like("aiter:pa_decode", caps), supports=_int32_offsets)
+    return fuzz(chosen, device="cuda", size="production", focus=Focus(dtype="float16"), max_examples=examples, seed=7,
+                use_database=False, state_dir=tmp_path, subject=DrawOnly(), check_leftovers=False)
+
+
+def test_targets_the_kernel_declines_stop_drawing_the_search_and_are_named_with_why(tmp_path, monkeypatch):
+    """A kernel whose supports() declines caches past 2^31 elements: once the cases steered at that
+    target have been declined ``DECLINED_QUOTA`` times, the search aims elsewhere, and the campaign
+    names the target as declined by the kernel rather than left to the budget."""
+    aimed = _declining(tmp_path / "aimed", 120)
+    stats = aimed.statistics
+    offsets = [name for name in stats.targets.within_reach() if name.endswith("offsets>2^31")]
+    assert offsets and all(stats.declined_targets[name] >= reach.DECLINED_QUOTA for name in offsets)
+    missed = dict(stats.unreached())
+    assert all(missed[name].startswith("supports(): the kernel declined") for name in offsets), missed
+    assert not set(offsets) & set(reach.unmet(stats.targets, stats))
+    again = Statistics.from_dict(json.loads(json.dumps(stats.to_dict())))
+    assert again.declined_targets == stats.declined_targets
+    monkeypatch.setattr(reach, "DECLINED_QUOTA", 10 ** 9)  # aimed at for ever, as before
+    stubborn = _declining(tmp_path / "stubborn", 120)
+    assert sum(stats.declined.values()) < sum(stubborn.statistics.declined.values()) / 2, (
+        sum(stats.declined.values()), sum(stubborn.statistics.declined.values()))

@@ -24,17 +24,32 @@ EXAMPLES_PER_ENTRY = 10
 GROWTH_SECONDS = 120.0
 
 
+# A target whose drawn cases the kernel's supports() declined this often, none of them met, is no
+# longer aimed at: a kernel that declines caches past 2^31 elements (its int32 offsets on file)
+# otherwise had most of its production draws steered there and declined.
+DECLINED_QUOTA = 8
+
+
+def declined(targets: Targets, statistics: Statistics) -> list[str]:
+    """The targets within reach that the kernel's supports() keeps declining (``DECLINED_QUOTA``)."""
+    return [name for name in targets.within_reach()
+            if statistics.target_count(name) == 0 and statistics.declined_targets[name] >= DECLINED_QUOTA]
+
+
 def unmet(targets: Targets, statistics: Statistics) -> list[str]:
-    """The targets within reach that fewer than ``QUOTA`` examples reached."""
-    return [name for name in targets.within_reach() if statistics.target_count(name) < QUOTA]
+    """The targets within reach that fewer than ``QUOTA`` examples reached, less those declined."""
+    given_up = set(declined(targets, statistics))
+    return [name for name in targets.within_reach() if statistics.target_count(name) < QUOTA and name not in given_up]
 
 
 def aims(targets: Targets, statistics: Statistics) -> Aims:
-    """What the next chunk's production draw aims at: the unmet targets, urgently; else all of them."""
+    """What the next chunk's production draw aims at: the unmet targets, urgently; else all of them
+    but those the kernel declines."""
     left = unmet(targets, statistics)
     if left:
         return Aims(targets.aims(left), urgent=True)
-    return Aims(targets.aims(targets.within_reach()), urgent=False)
+    given_up = set(declined(targets, statistics))
+    return Aims(targets.aims([name for name in targets.within_reach() if name not in given_up]), urgent=False)
 
 
 def pool_growth_due(examples_since: int, seconds_since: float, pool_entries: int, growths: int) -> bool:

@@ -335,7 +335,7 @@ class Search:
             raise _Aborted(exc) from None
         if reason is not None:
             if self.replay is None:
-                self.campaign.statistics.decline(reason)
+                self.campaign.statistics.decline(reason, case)
             reject()
 
     def _stop_if_asked(self) -> None:

@@ -120,6 +120,8 @@ class Statistics:
     excluded: frozenset = frozenset()
     declined: Counter = field(default_factory=Counter)  # drawn cases the kernel's supports() declined, by reason
     targets: Targets = Targets()  # the production targets the campaign declares (``strategies.targets``)
+    # the targets within reach that the cases its supports() declined would have reached, by target
+    declined_targets: Counter = field(default_factory=Counter)
 
     @classmethod
     def for_capabilities(cls, caps, targets: Targets = Targets()) -> "Statistics":
@@ -140,8 +142,11 @@ class Statistics:
         self.examples += 1
         self.seconds += time.perf_counter() - start
 
-    def decline(self, reason: str) -> None:
+    def decline(self, reason: str, case: Case | None = None) -> None:
+        """Tally a drawn case the kernel's supports() declined, and the targets it would have reached."""
         self.declined[reason] += 1
+        if case is not None and self.targets:
+            self.declined_targets.update(self.targets.met(features(case), case.geometry.head_size))
 
     def paths(self) -> list[str]:
         """The Triton kernels some example launched."""
@@ -155,6 +160,7 @@ class Statistics:
         self.seconds += other.seconds
         self.specialisations.update(other.specialisations)
         self.declined.update(other.declined)
+        self.declined_targets.update(other.declined_targets)
         self.targets = self.targets.merge(other.targets)
         return self
 
@@ -168,6 +174,8 @@ class Statistics:
         for name, why in self.targets.table:
             if why is not None:
                 found.append((name, why))
+            elif not self.counts[TARGET + name] and self.declined_targets[name]:
+                found.append((name, "supports(): the kernel declined every drawn case that reached it"))
             elif not self.counts[TARGET + name]:
                 found.append((name, f"budget: not met in {self.examples} example{'s' if self.examples != 1 else ''}"))
         return found
@@ -244,8 +252,8 @@ class Statistics:
                        for title, rows in self.groups()},
             "specialisations": dict(self.specialisations.most_common()),
             "declined": dict(self.declined.most_common()),
-            "targets": [{"target": name, "count": self.counts[TARGET + name], "out_of_reach": why}
-                        for name, why in self.targets.table],
+            "targets": [{"target": name, "count": self.counts[TARGET + name], "out_of_reach": why,
+                         "declined": self.declined_targets[name]} for name, why in self.targets.table],
         }
 
     @classmethod
@@ -260,6 +268,8 @@ class Statistics:
                    specialisations=Counter(data.get("specialisations", {})),
                    excluded=frozenset(data.get("excluded", ())),
                    declined=Counter(data.get("declined", {})),
+                   declined_targets=Counter({entry["target"]: entry["declined"] for entry in targets
+                                             if entry.get("declined")}),
                    targets=Targets(tuple((entry["target"], entry["out_of_reach"]) for entry in targets)))
 
     def table(self) -> str:
