@@ -163,3 +163,21 @@ def test_a_compile_error_s_crash_names_the_kernel_s_line_and_the_cause():
                        "ValueError(\"arange's range must be a power of 2\")")
     assert one_line(RuntimeError("first line\nsecond line")) == "RuntimeError: first line"
     assert one_line(KeyError()) == "KeyError"
+
+
+def test_a_crash_s_traceback_names_files_without_this_machine_s_folders():
+    """A repro is a file users commit and share: its traceback names nanfuzz's files from nanfuzz's
+    root, installed packages from site-packages/ and the rest of the home folder as ~/."""
+    from pathlib import Path
+
+    from nanfuzz.harness.judge.outcome import portable_path
+
+    crash = check(torch_kernel("raise"), WINDOWED, "cpu")
+    assert crash.verdict is Verdict.CRASH
+    root = str(Path(__file__).resolve().parents[1])
+    files = [line.strip() for line in crash.evidence["traceback"].splitlines() if line.strip().startswith("File ")]
+    assert files and not any(root in line for line in files), files
+    assert any('"tests/torch_kernels.py"' in line for line in files), files
+    assert portable_path("/usr/lib/python3/site-packages/triton/runtime/jit.py") == "site-packages/triton/runtime/jit.py"
+    assert portable_path(str(Path.home() / ".cache" / "k.py")) == "~/.cache/k.py"
+    assert portable_path("/srv/elsewhere/k.py") == "/srv/elsewhere/k.py"

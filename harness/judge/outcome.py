@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import enum
+import os
 import re
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 class Verdict(str, enum.Enum):
@@ -95,11 +97,32 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {text}"[:limit]
 
 
+# A traceback's file, as a repro (a file a user commits and shares) names it
+_TRACEBACK_FILE = re.compile(r'File "([^"]+)"')
+_NANFUZZ_ROOT = str(Path(__file__).resolve().parents[2]) + os.sep
+
+
+def portable_path(path: str) -> str:
+    """``path`` without what is this machine's: nanfuzz's own files from its root
+    (``harness/judge/runs.py``), installed packages from ``site-packages/``, the rest of the
+    home folder as ``~/``."""
+    if path.startswith(_NANFUZZ_ROOT):
+        return path[len(_NANFUZZ_ROOT):]
+    marker = f"site-packages{os.sep}"
+    if marker in path:
+        return marker + path.split(marker, 1)[1]
+    home = os.path.expanduser("~")
+    if home not in ("", os.sep, "~") and path.startswith(home + os.sep):
+        return "~" + path[len(home):]
+    return path
+
+
 def crash(exc: BaseException, when: str) -> Outcome:
     """The CRASH of a launch that raised ``exc``; one whose allocation failed says so."""
     from nanfuzz.harness.judge.memory import out_of_memory
 
-    frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    frames = [_TRACEBACK_FILE.sub(lambda m: f'File "{portable_path(m.group(1))}"', frame)
+              for frame in traceback.format_exception(type(exc), exc, exc.__traceback__)]
     message = one_line(exc)
     fatal = device_fault(exc)
     evidence = {"error": message, "traceback": "".join(frames[-6:])[-4000:], "device_fault": fatal}
