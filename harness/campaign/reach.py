@@ -36,20 +36,25 @@ def declined(targets: Targets, statistics: Statistics) -> list[str]:
             if statistics.target_count(name) == 0 and statistics.declined_targets[name] >= DECLINED_QUOTA]
 
 
+def _aimable(targets: Targets, statistics: Statistics) -> list[str]:
+    """The targets within reach but those the kernel declines."""
+    given_up = set(declined(targets, statistics))
+    return [name for name in targets.within_reach() if name not in given_up]
+
+
 def unmet(targets: Targets, statistics: Statistics) -> list[str]:
     """The targets within reach that fewer than ``QUOTA`` examples reached, less those declined."""
-    given_up = set(declined(targets, statistics))
-    return [name for name in targets.within_reach() if statistics.target_count(name) < QUOTA and name not in given_up]
+    return [name for name in _aimable(targets, statistics) if statistics.target_count(name) < QUOTA]
 
 
 def aims(targets: Targets, statistics: Statistics) -> Aims:
     """What the next chunk's production draw aims at: the unmet targets, urgently; else all of them
     but those the kernel declines."""
-    left = unmet(targets, statistics)
+    aimable = _aimable(targets, statistics)
+    left = [name for name in aimable if statistics.target_count(name) < QUOTA]
     if left:
         return Aims(targets.aims(left), urgent=True)
-    given_up = set(declined(targets, statistics))
-    return Aims(targets.aims([name for name in targets.within_reach() if name not in given_up]), urgent=False)
+    return Aims(targets.aims(aimable), urgent=False)
 
 
 def pool_growth_due(examples_since: int, seconds_since: float, pool_entries: int, growths: int) -> bool:

@@ -24,6 +24,7 @@ from nanfuzz.harness.adapters.interpreter_builtins import cannot_run_reason
 from nanfuzz.harness.judge import encodings, reads
 from nanfuzz.harness.judge.evidence import classes_line, describe_rows, span
 from nanfuzz.harness.judge.outcome import Outcome, Verdict, crash as _crash, device_fault as _device_fault
+from nanfuzz.harness.judge.own_fault import own_fault
 from nanfuzz.harness.judge.paths import recording_launches
 from nanfuzz.harness.judge.runs import await_runs as _await_runs, check_footprint, digest, launch, no_events
 from nanfuzz.harness.judge.accuracy import size_tier
@@ -75,7 +76,8 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     nanfuzz's own allocation fails while judging, or the kernel's during its launch, the check
     runs once more with this process's caches given back and the memory reserved again: a
     harness that still fails is ``TooLargeForDevice`` (never a verdict), a kernel that still
-    fails is its CRASH."""
+    fails is its CRASH.  A programming error of nanfuzz's own judging code is a ``NanfuzzError``
+    naming it (``harness.judge.own_fault``), never a verdict."""
     started = time.process_time()
     device = torch.device(device)
     interpreter = device.type == "cpu" if interpreter is None else interpreter
@@ -87,8 +89,14 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     wait = policy.search_wait if patience is None else patience
 
     def judged() -> Outcome:
-        return kind(kernel, case, device, interpreter, events, strict_reads=strict_reads, trace_reads=tracing,
-                    memory=share, patience=wait).judge(digest_pass, explain)
+        try:
+            return kind(kernel, case, device, interpreter, events, strict_reads=strict_reads, trace_reads=tracing,
+                        memory=share, patience=wait).judge(digest_pass, explain)
+        except Exception as exc:
+            fault = own_fault(exc)  # nanfuzz's bug: a usage-level error (exit 2, or a note after a finding)
+            if fault:
+                raise NanfuzzError(fault) from exc
+            raise
 
     waited = share.waited
     try:

@@ -12,7 +12,7 @@ import sysconfig
 import traceback
 from pathlib import Path
 
-from nanfuzz.harness.judge.outcome import device_fault, one_line
+from nanfuzz.harness.judge.outcome import device_fault, one_line, portable_path
 
 _PROGRAMMING_ERRORS = (AttributeError, NameError, TypeError, KeyError, IndexError, AssertionError, ZeroDivisionError)
 _HARNESS = Path(__file__).resolve().parents[1]
@@ -41,10 +41,5 @@ def own_fault(exc: BaseException) -> str | None:
     if not frames or not _own(frames[0].filename) or not all(_nanfuzz_s_or_python_s(f.filename) for f in frames):
         return None
     where = next(frame for frame in reversed(frames) if _own(frame.filename))
-    place = Path(where.filename).resolve()
-    try:
-        place = place.relative_to(_HARNESS.parent)
-    except ValueError:
-        pass
     return (f"nanfuzz's own error while judging this case, not the kernel's (a bug in nanfuzz; please report it): "
-            f"{one_line(exc)} at {place}:{where.lineno}")
+            f"{one_line(exc)} at {portable_path(str(Path(where.filename).resolve()))}:{where.lineno}")

@@ -195,13 +195,6 @@ class InProcess:
                          strict_reads=self.strict_reads, memory=self.memory, patience=patience)
         except TooLargeForDevice as exc:
             return declined(exc)
-        except Exception as exc:
-            from nanfuzz.harness.judge.own_fault import own_fault
-
-            fault = own_fault(exc)
-            if fault:
-                raise NanfuzzError(fault) from exc
-            raise
 
     def close(self) -> None:
         self._stack.close()
@@ -491,15 +484,10 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
                 except BaseException as exc:  # the kernel broke our judging (e.g. returned something odd)
                     from nanfuzz.harness.judge.memory import out_of_memory
                     from nanfuzz.harness.judge.outcome import crash as _crash
-                    from nanfuzz.harness.judge.own_fault import own_fault
 
                     if out_of_memory(exc):  # nanfuzz's own allocation: never the kernel's verdict
                         conn.send(("declined", (f"nanfuzz ran out of memory judging this case "
                                                 f"({type(exc).__name__}); declined", True)))
-                        continue
-                    fault = own_fault(exc)
-                    if fault:  # nanfuzz's bug: a usage-level error (exit 2, or a note after a finding), never a CRASH
-                        conn.send(("error", fault))
                         continue
                     outcome = _crash(exc, "while judging the output")
                 finally:
