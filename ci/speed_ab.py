@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict")
+PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict",
+          "memory wait", "admission", "handoff", "tally")  # the last four: installs that measure them
 
 
 @dataclass
@@ -167,7 +168,8 @@ def figures(side: Install) -> dict[str, float | None]:
         found["examples/s"] = _median(t["examples_per_second"] for t in bench)
         found["first example s"] = _median(t["time_to_first_example_s"] for t in bench)
         for phase in PHASES:
-            found[f"ms/ex {phase}"] = _median(1e3 * t["seconds_per_example"][phase] for t in bench)
+            found[f"ms/ex {phase}"] = _median(1e3 * t["seconds_per_example"][phase] for t in bench
+                                              if phase in t["seconds_per_example"])
         for who in ("campaign", "judging"):
             found[f"cpu ms/ex {who}"] = _median(1e3 * t["cpu_seconds_per_example"][who] for t in bench
                                                 if "cpu_seconds_per_example" in t)

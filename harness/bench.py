@@ -2,10 +2,15 @@
 
 Throughput: examples per second of fuzz campaigns (no shrinking, no example
 database), after a warm-up campaign that takes the first compiles, split
-into generation (Hypothesis's own time and the loop's bookkeeping: a
-campaign's time outside the measured phases), materialisation, kernel,
-oracle, reference (the same-precision yardstick of MISMATCH) and verdict.  A known-bad kernel ends a campaign at its first
-failure, so its campaigns repeat with new seeds until the count is reached.
+into generation (Hypothesis's drawing and its engine, the journal: a
+campaign's time outside every measured phase), materialisation, kernel,
+oracle, reference (the same-precision yardstick of MISMATCH), verdict, and
+around the checks: memory wait (for device memory), admission (the rest of
+the judging process's time for a check: the memory ledger, set-up and
+clean-up), handoff (the case to the worker and the outcome back) and tally
+(statistics, accuracy and Hypothesis's targets after each check).  A known-bad
+kernel ends a campaign at its first failure, so its campaigns repeat with new
+seeds until the count is reached.
 
 With ``jobs``, the throughput is that of several campaigns sharing the
 device, one process each (see ``harness.campaign.jobs``).
@@ -36,7 +41,8 @@ from nanfuzz.harness.campaign.jobs import fuzz_parallel
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 
-PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict")
+PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict",
+          "memory wait", "admission", "handoff", "tally")
 WARMUP_EXAMPLES = 5
 DETECT_EXAMPLES = 300  # the CI profile's campaign length: a bug not caught by then counts as missed
 _WARMUP_SEED = 1_000_003  # apart from the measured seeds 0, 1, ...
@@ -326,7 +332,7 @@ def _s(x: float | None) -> str:
 
 def _throughput_cells(throughput: Throughput | None) -> list[str]:
     if throughput is None:
-        return ["-"] * 11
+        return ["-"] * (len(PHASES) + 5)
     t = throughput.to_dict()
     per = t["seconds_per_example"]
     specs = "-" if t["specialisations_after_warmup"] is None else str(t["specialisations_after_warmup"])
@@ -337,11 +343,12 @@ def _throughput_cells(throughput: Throughput | None) -> list[str]:
 
 
 def table_rows(results: list[KernelBench]) -> list[tuple]:
-    rows = [("kernel", "expect", "ex/s", "ms/ex: gen", "mat", "kernel", "oracle", "ref", "verdict", "wait",
+    rows = [("kernel", "expect", "ex/s", "ms/ex: gen", "mat", "kernel", "oracle", "ref", "verdict", "mem wait",
+             "admit", "handoff", "tally", "wait",
              "new specs", "1st ex s", "farm s", "caught", "detect s med/max", "shrink s med/max")]
     for r in results:
         if r.skipped:
-            rows.append((r.kernel, r.expect, "skipped", *[""] * 13))
+            rows.append((r.kernel, r.expect, "skipped", *[""] * (len(rows[0]) - 3)))
             continue
         caught = detect = shrink = "-"
         if r.detection is not None:

@@ -114,6 +114,23 @@ def first_chunk(max_examples: int, time_budget: float | None, device: str, aimin
     return min(first, _AIMED_CHUNK) if aiming else first
 
 
+def split_check_time(phase_times: dict[str, float], outcome: Outcome, round_trip: float) -> None:
+    """Where a check's wall time went beside its phases (``check``'s timings), into ``phase_times``:
+    waiting for device memory, admission (the rest of the judging process's time for it: the memory
+    ledger, setting up and cleaning up) and the handoff (the case to the worker and the outcome
+    back, the worker's own loop; ``round_trip`` is the search's wall time for the check).
+    ``nanfuzz bench`` counts what is left of a campaign's time as generation."""
+    phases = sum(outcome.timings.values())
+    within = outcome.seconds or phases + outcome.memory_waited
+    spend(phase_times, "memory wait", outcome.memory_waited)
+    spend(phase_times, "admission", within - phases - outcome.memory_waited)
+    spend(phase_times, "handoff", round_trip - within)
+
+
+def spend(phase_times: dict[str, float], phase: str, seconds: float) -> None:
+    phase_times[phase] = phase_times.get(phase, 0.0) + max(0.0, seconds)
+
+
 class Search:
     """One campaign's search, over the state its runner holds (kernel, subject, journal, clock...)."""
 
@@ -254,7 +271,9 @@ class Search:
         run.waiting(case, self.campaign)
         outcome = self._judge(case, self._deferring())
         if outcome is not None:
+            tallied = time.perf_counter()
             self._target(outcome)
+            self._spent("tally", time.perf_counter() - tallied)
         if outcome is not None and outcome.failed:
             raise _FAILURE_TYPES[outcome.verdict](outcome, case)
 
@@ -294,6 +313,7 @@ class Search:
                        else run.subject.check(case, patience=patience))
         except NanfuzzError as exc:
             raise _Aborted(exc) from None
+        round_trip = time.perf_counter() - checked
         if (self.first is None and not isinstance(outcome, (Deferred, Declined)) and outcome.failed
                 and outcome.may_be_the_machine_s):
             try:
@@ -307,7 +327,9 @@ class Search:
         if isinstance(outcome, Declined):
             campaign.declined(outcome, shrinking=self.first is not None)
             return None
-        campaign.note_early(outcome, checked - run.start, time.perf_counter() - checked)
+        returned = time.perf_counter()
+        campaign.note_early(outcome, checked - run.start, returned - checked)
+        split_check_time(campaign.phase_times, outcome, round_trip)
         campaign.count(outcome)
         if campaign.time_to_first_example is None:
             campaign.time_to_first_example = time.perf_counter() - run.start
@@ -322,9 +344,13 @@ class Search:
                 self.best = (outcome, case)
         if self.first is None:
             self.judged[case] = outcome
+        self._spent("tally", time.perf_counter() - returned)
         if run.hooks.on_example is not None:
             run.hooks.on_example(campaign)
         return outcome
+
+    def _spent(self, phase: str, seconds: float) -> None:
+        spend(self.campaign.phase_times, phase, seconds)
 
     def _decline_if_asked(self, case: Case) -> None:
         """A case the kernel's ``supports()`` declines is counted (once, not again in a replay) and

@@ -78,7 +78,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
     harness that still fails is ``TooLargeForDevice`` (never a verdict), a kernel that still
     fails is its CRASH.  A programming error of nanfuzz's own judging code is a ``NanfuzzError``
     naming it (``harness.judge.own_fault``), never a verdict."""
-    started = time.process_time()
+    started, wall = time.process_time(), time.perf_counter()
     device = torch.device(device)
     interpreter = device.type == "cpu" if interpreter is None else interpreter
     kind = LargeCaseCheck if case.large else CaseCheck
@@ -114,6 +114,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
             outcome.evidence["out_of_memory_twice"] = True  # again with this process's caches given back
     outcome.cpu_seconds = time.process_time() - started
     outcome.memory_waited = share.waited - waited
+    outcome.seconds = time.perf_counter() - wall
     return outcome
 
 

@@ -1,0 +1,74 @@
+"""Where a check's time goes beside its phases: waiting for memory, admission, the handoff to the
+worker and the tallies after it, each counted in its own phase, so that ``nanfuzz bench``'s
+generation (what is left) is Hypothesis's drawing and engine alone."""
+import time
+
+import pytest
+
+from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.campaign.search import split_check_time
+from nanfuzz.harness.judge import memory
+from nanfuzz.harness.judge.outcome import Outcome, Verdict
+from tests.torch_kernels import torch_kernel
+
+SLOW = 0.03  # seconds a slowed stage adds to every check
+
+
+def _outcome(seconds: float, waited: float = 0.0, **timings: float) -> Outcome:
+    outcome = Outcome(Verdict.PASS, "PASS", timings=timings, memory_waited=waited)
+    outcome.seconds = seconds
+    return outcome
+
+
+def test_a_check_s_wall_time_divides_into_memory_wait_admission_and_handoff():
+    times = {}
+    split_check_time(times, _outcome(0.05, waited=0.02, kernel=0.004, oracle=0.006), round_trip=0.08)
+    assert times == pytest.approx({"memory wait": 0.02, "admission": 0.02, "handoff": 0.03})
+    # an outcome the supervisor made of a dead worker ran no check to its end: all the rest is handoff
+    split_check_time(times, _outcome(0.0, kernel=0.01), round_trip=0.5)
+    assert times == pytest.approx({"memory wait": 0.02, "admission": 0.02, "handoff": 0.52})
+    split_check_time(times, _outcome(0.01, kernel=0.02), round_trip=0.005)  # clocks a hair apart: never negative
+    assert min(times.values()) >= 0.0
+
+
+@pytest.fixture
+def private_state(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def _campaign(**options):
+    return fuzz(torch_kernel(), device="cpu", max_examples=6, seed=3, use_database=False, isolation=False, **options)
+
+
+def test_time_the_memory_ledger_takes_is_admission_not_generation(private_state, monkeypatch):
+    plain = _campaign()
+    settle = memory.Governor.settle
+
+    def slow_settle(self):
+        time.sleep(SLOW)
+        settle(self)
+
+    monkeypatch.setattr(memory.Governor, "settle", slow_settle)
+    slowed = _campaign()
+    assert slowed.examples == plain.examples == 6
+    added = (slowed.phase_times["admission"] - plain.phase_times["admission"]) / slowed.examples
+    assert added >= SLOW * 0.9
+    outside = sum(plain.phase_times.values())
+    assert plain.phase_times["admission"] < outside and plain.phase_times["tally"] > 0
+
+
+def test_time_spent_on_statistics_after_a_check_is_tally(private_state, monkeypatch):
+    from nanfuzz.harness.report import statistics
+
+    plain = _campaign()
+    add = statistics.Statistics.add
+
+    def slow_add(self, *args, **kwargs):
+        time.sleep(SLOW)
+        return add(self, *args, **kwargs)
+
+    monkeypatch.setattr(statistics.Statistics, "add", slow_add)
+    slowed = _campaign()
+    added = (slowed.phase_times["tally"] - plain.phase_times["tally"]) / slowed.examples
+    assert added >= SLOW * 0.9
+    assert abs(slowed.phase_times["admission"] - plain.phase_times["admission"]) / slowed.examples < SLOW / 2
