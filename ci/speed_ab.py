@@ -14,7 +14,9 @@ the rounds) and their ratio A/B:
 
 - ``nanfuzz bench --jobs N --seconds S --warmup 0 --seeds 0``: examples per second, seconds
   to the first example (from the start, workers and farm included), milliseconds per example
-  by phase, CPU milliseconds per example of the campaigns and of judging.  ``--size`` goes
+  by phase (and outside the checks' phases: an install from before memory wait, admission,
+  handoff and tally were measured counts them as generation), CPU milliseconds per example
+  of the campaigns and of judging.  ``--size`` goes
   to an install whose bench takes it (one from before size tiers draws small cases only);
 - ``--self-check``: ``nanfuzz fuzz`` (every built-in kernel) from an empty Triton cache and
   state folder, seconds from the command's start to its end, and its compile farm's tasks;
@@ -42,6 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict",
           "memory wait", "admission", "handoff", "tally")  # the last four: installs that measure them
+# what an install that does not measure them counts as generation: the one figure both sides give
+AROUND_CHECKS = ("generation", "memory wait", "admission", "handoff", "tally")
 
 
 @dataclass
@@ -170,6 +174,8 @@ def figures(side: Install) -> dict[str, float | None]:
         for phase in PHASES:
             found[f"ms/ex {phase}"] = _median(1e3 * t["seconds_per_example"][phase] for t in bench
                                               if phase in t["seconds_per_example"])
+        found["ms/ex outside the checks' phases"] = _median(
+            1e3 * sum(t["seconds_per_example"].get(p, 0.0) for p in AROUND_CHECKS) for t in bench)
         for who in ("campaign", "judging"):
             found[f"cpu ms/ex {who}"] = _median(1e3 * t["cpu_seconds_per_example"][who] for t in bench
                                                 if "cpu_seconds_per_example" in t)

@@ -18,9 +18,11 @@ def _script():
     return sys.modules["speed_ab"]
 
 
-def _throughput(per_second: float, first: float, materialize_ms: float) -> dict:
+def _throughput(per_second: float, first: float, materialize_ms: float, around_checks: bool = True) -> dict:
     phases = dict.fromkeys(("generation", "materialize", "kernel", "oracle", "reference", "verdict"), 0.001)
     phases["materialize"] = materialize_ms / 1e3
+    if around_checks:  # an install that measures the time around its checks
+        phases.update({"memory wait": 0.0, "admission": 0.0, "handoff": 0.002, "tally": 0.0})
     return {"examples_per_second": per_second, "time_to_first_example_s": first, "seconds_per_example": phases,
             "cpu_seconds_per_example": {"campaign": 0.002, "judging": 0.004}}
 
@@ -29,7 +31,7 @@ def test_the_table_gives_each_side_s_median_and_their_ratio(tmp_path):
     ab = _script()
     a, b = ab.Install("A", "python", tmp_path), ab.Install("B", "python", tmp_path)
     a.results["bench"] = [_throughput(600, 3.0, 4.0), _throughput(500, 5.0, 6.0), _throughput(700, 4.0, 5.0)]
-    b.results["bench"] = [_throughput(400, 8.0, 8.0)]
+    b.results["bench"] = [_throughput(400, 8.0, 8.0, around_checks=False)]
     b.results["self_check"] = [{"seconds": 70.0, "tasks": 528, "compile_seconds": 400.0}]
     a.results["self_check"] = [{"seconds": 21.0, "tasks": 300, "compile_seconds": 90.0}]
     rows = {row[0]: row[1:] for row in ab.table(a, b)}
@@ -37,6 +39,8 @@ def test_the_table_gives_each_side_s_median_and_their_ratio(tmp_path):
     assert rows["examples/s"] == ("600", "400", "1.50")           # A's median of three rounds against B's one
     assert rows["first example s"] == ("4", "8", "0.50")
     assert rows["ms/ex materialize"] == ("5", "8", "0.62")
+    assert rows["ms/ex handoff"] == ("2", "-", "-")  # B's install does not measure it
+    assert rows["ms/ex outside the checks' phases"] == ("3", "1", "3.00")  # B counts it as generation
     assert rows["self-check s"] == ("21", "70", "0.30")
     assert "detect s median" not in rows  # not measured: no row
 
