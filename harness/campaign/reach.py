@@ -42,16 +42,20 @@ def _aimable(targets: Targets, statistics: Statistics) -> list[str]:
     return [name for name in targets.within_reach() if name not in given_up]
 
 
+def _below_quota(names: list[str], statistics: Statistics) -> list[str]:
+    return [name for name in names if statistics.target_count(name) < QUOTA]
+
+
 def unmet(targets: Targets, statistics: Statistics) -> list[str]:
     """The targets within reach that fewer than ``QUOTA`` examples reached, less those declined."""
-    return [name for name in _aimable(targets, statistics) if statistics.target_count(name) < QUOTA]
+    return _below_quota(_aimable(targets, statistics), statistics)
 
 
 def aims(targets: Targets, statistics: Statistics) -> Aims:
     """What the next chunk's production draw aims at: the unmet targets, urgently; else all of them
     but those the kernel declines."""
     aimable = _aimable(targets, statistics)
-    left = [name for name in aimable if statistics.target_count(name) < QUOTA]
+    left = _below_quota(aimable, statistics)
     if left:
         return Aims(targets.aims(left), urgent=True)
     return Aims(targets.aims(aimable), urgent=False)

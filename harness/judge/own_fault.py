@@ -24,13 +24,16 @@ _STDLIB = str(Path(sysconfig.get_paths()["stdlib"]).resolve())
 
 
 def _own(filename: str) -> bool:
-    path = str(Path(filename).resolve())
+    return _own_path(str(Path(filename).resolve()))
+
+
+def _own_path(path: str) -> bool:
     return path.startswith(_OWN_ROOTS) and not path.startswith(_KERNEL_SIDE)
 
 
 def _nanfuzz_s_or_python_s(filename: str) -> bool:
     path = str(Path(filename).resolve())
-    return _own(filename) or (path.startswith(_STDLIB) and "site-packages" not in path)
+    return _own_path(path) or (path.startswith(_STDLIB) and "site-packages" not in path)
 
 
 def own_fault(exc: BaseException) -> str | None:
