@@ -27,6 +27,7 @@ DECLINED = {
                                                     "aiter_chunked_pa_prefill-prefill-window-expired-slots"],
     "unified_attention_without_windows": ["aiter_unified_attention-3d-head-80-crash",
                                           "aiter_unified_attention-decode-block-48-crash",
+                                          "aiter_unified_attention-prefill-float32-head-256-shared-memory-crash",
                                           "aiter_unified_attention-window-expired-slots-of-a-live-block",
                                           "aiter_unified_attention-window-null-block-in-the-first-tile"],
     "triton_attn_int4_without_windows": ["vllm_triton_attn_int4-nan-v-scale-below-window"],
