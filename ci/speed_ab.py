@@ -15,7 +15,7 @@ the rounds) and their ratio A/B:
 - ``nanfuzz bench --jobs N --seconds S --warmup 0 --seeds 0``: examples per second, seconds
   to the first example (from the start, workers and farm included), milliseconds per example
   by phase (and outside the checks' phases: an install from before memory wait, admission,
-  handoff and tally were measured counts them as generation), CPU milliseconds per example
+  handoff, tally, startup and close were measured counts them as generation), CPU milliseconds per example
   of the campaigns and of judging.  ``--size`` goes
   to an install whose bench takes it (one from before size tiers draws small cases only);
 - ``--self-check``: ``nanfuzz fuzz`` (every built-in kernel) from an empty Triton cache and
@@ -43,9 +43,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict",
-          "memory wait", "admission", "handoff", "tally")  # the last four: installs that measure them
+          "memory wait", "admission", "handoff", "tally", "startup", "close")  # the last six: installs that measure them
 # what an install that does not measure them counts as generation: the one figure both sides give
-AROUND_CHECKS = ("generation", "memory wait", "admission", "handoff", "tally")
+AROUND_CHECKS = ("generation", "memory wait", "admission", "handoff", "tally", "startup", "close")
 
 
 @dataclass

@@ -8,7 +8,9 @@ oracle, reference (the same-precision yardstick of MISMATCH), verdict, and
 around the checks: memory wait (for device memory), admission (the rest of
 the judging process's time for a check: the memory ledger, set-up and
 clean-up), handoff (the case to the worker and the outcome back) and tally
-(statistics, accuracy and Hypothesis's targets after each check).  A known-bad
+(statistics, accuracy and Hypothesis's targets after each check); and a
+campaign's startup (its worker started and ready, its compile farm started,
+its first cases drawn ahead) and close (worker and farm stopped).  A known-bad
 kernel ends a campaign at its first failure, so its campaigns repeat with new
 seeds until the count is reached.
 
@@ -42,7 +44,7 @@ from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 
 PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict",
-          "memory wait", "admission", "handoff", "tally")
+          "memory wait", "admission", "handoff", "tally", "startup", "close")
 WARMUP_EXAMPLES = 5
 DETECT_EXAMPLES = 300  # the CI profile's campaign length: a bug not caught by then counts as missed
 _WARMUP_SEED = 1_000_003  # apart from the measured seeds 0, 1, ...
@@ -344,7 +346,7 @@ def _throughput_cells(throughput: Throughput | None) -> list[str]:
 
 def table_rows(results: list[KernelBench]) -> list[tuple]:
     rows = [("kernel", "expect", "ex/s", "ms/ex: gen", "mat", "kernel", "oracle", "ref", "verdict", "mem wait",
-             "admit", "handoff", "tally", "wait",
+             "admit", "handoff", "tally", "start", "close", "wait",
              "new specs", "1st ex s", "farm s", "caught", "detect s med/max", "shrink s med/max")]
     for r in results:
         if r.skipped:

@@ -645,7 +645,8 @@ def _bench(args, settings) -> int:
     specs = "each a compile, or a load from Triton's cache" if device == "cuda" else "each would be a compile on a GPU"
     print(f"\nms/ex: milliseconds per example by phase (gen: Hypothesis's drawing and engine; mem wait: for device "
           f"memory; admit: the judging process's time beside its phases, the memory ledger included; handoff: the "
-          f"case to the worker and back; tally: statistics and targets after each check; wait: for a binary "
+          f"case to the worker and back; tally: statistics and targets after each check; start, close: a campaign's worker and farm started "
+          f"(the first cases drawn ahead) and stopped; wait: for a binary "
           f"another process was compiling); new specs: kernel specialisations after the warm-up ({specs}); 1st ex s: seconds to the first "
           f"example; farm s: the compile farm's wall time; load average at the end "
           f"{summary['machine_at_end']['load_average']}")

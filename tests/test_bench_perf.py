@@ -10,7 +10,7 @@ from nanfuzz.harness.kernel import Kernel
 
 MASKED = next(k for k in DECODE_KERNELS if k.name == "paged_decode@masked")
 PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict",
-          "memory wait", "admission", "handoff", "tally")
+          "memory wait", "admission", "handoff", "tally", "startup", "close")
 SPENT_EVERY_EXAMPLE = tuple(p for p in PHASES if p != "memory wait")  # no check waits for memory here
 
 

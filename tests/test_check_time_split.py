@@ -1,6 +1,7 @@
 """Where a check's time goes beside its phases: waiting for memory, admission, the handoff to the
-worker and the tallies after it, each counted in its own phase, so that ``nanfuzz bench``'s
-generation (what is left) is Hypothesis's drawing and engine alone."""
+worker and the tallies after it, each counted in its own phase, and so are a campaign's startup
+and close, so that ``nanfuzz bench``'s generation (what is left) is Hypothesis's drawing and
+engine alone."""
 import time
 
 import pytest
@@ -72,3 +73,30 @@ def test_time_spent_on_statistics_after_a_check_is_tally(private_state, monkeypa
     added = (slowed.phase_times["tally"] - plain.phase_times["tally"]) / slowed.examples
     assert added >= SLOW * 0.9
     assert abs(slowed.phase_times["admission"] - plain.phase_times["admission"]) / slowed.examples < SLOW / 2
+
+
+def _generation(campaign) -> float:
+    return campaign.elapsed - sum(campaign.phase_times.values())
+
+
+def test_a_campaign_s_startup_and_close_are_their_own_phases_not_generation(private_state, monkeypatch):
+    from nanfuzz.harness.campaign.runner import CampaignRunner
+
+    plain = _campaign()
+    prepare, close = CampaignRunner.prepare, CampaignRunner.close
+
+    def slow_prepare(self):
+        time.sleep(10 * SLOW)
+        prepare(self)
+
+    def slow_close(self):
+        time.sleep(10 * SLOW)
+        close(self)
+
+    monkeypatch.setattr(CampaignRunner, "prepare", slow_prepare)
+    monkeypatch.setattr(CampaignRunner, "close", slow_close)
+    slowed = _campaign()
+    assert slowed.examples == plain.examples == 6
+    for phase in ("startup", "close"):
+        assert slowed.phase_times[phase] - plain.phase_times[phase] >= 10 * SLOW * 0.9, phase
+    assert _generation(slowed) - _generation(plain) < 5 * SLOW

@@ -170,6 +170,8 @@ class CampaignRunner:
                 if leftover is not None:
                     return leftover
                 self.database = self._open_database()
+                # the worker's start, the farm's, the first cases drawn ahead: no example's own time
+                self._spent("startup", time.perf_counter() - self.start)
                 if not self.replay_known_failures():
                     Search(self)()
                     self._judged_something()
@@ -179,7 +181,9 @@ class CampaignRunner:
                 raise
             self.campaign.interrupted = True  # the failure found stands, unconfirmed
         finally:
+            closing = time.perf_counter()
             self.close()
+            self._spent("close", time.perf_counter() - closing)
         if self._own_subject and self.settings.remember_paths:  # jobs' paths: the run that merges them
             note_paths(self.campaign, self.settings.state_dir)
         return self.summarise()
@@ -442,6 +446,10 @@ class CampaignRunner:
             self.campaign.note_unreached()
 
     # -- helpers -------------------------------------------------------------------------
+    def _spent(self, phase: str, seconds: float) -> None:
+        times = self.campaign.phase_times
+        times[phase] = times.get(phase, 0.0) + seconds
+
     def _judged_something(self) -> None:
         """A usage error for a campaign whose every case was declined for memory: no pass.  (A job's
         campaign leaves it to its run, which merges every job's.)"""
