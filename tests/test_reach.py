@@ -64,7 +64,7 @@ def test_a_production_campaign_meets_every_target_within_reach_a_few_times(label
 def test_without_aims_the_same_examples_leave_targets_unmet(tmp_path, monkeypatch):
     name, caps, focus = CAMPAIGNS["vllm:triton_attn --causal-only --kv-cache-dtype auto"]
     aimed = _simulated(name, caps, focus, tmp_path / "aimed", 250)
-    monkeypatch.setattr(reach, "aims", lambda targets, statistics: Aims())
+    monkeypatch.setattr(reach, "aims", lambda targets, statistics, forgiven=None: Aims())
     free = _simulated(name, caps, focus, tmp_path / "free", aimed.examples)
     assert reach.unmet(free.statistics.targets, free.statistics)
     assert any(why.startswith("budget") for _, why in free.statistics.unreached())
@@ -270,3 +270,58 @@ def test_targets_the_kernel_declines_stop_drawing_the_search_and_are_named_with_
     stubborn = _declining(tmp_path / "stubborn", 120)
     assert sum(stats.declined.values()) < sum(stubborn.statistics.declined.values()) / 2, (
         sum(stats.declined.values()), sum(stubborn.statistics.declined.values()))
+
+
+def _wide(case_or_entry) -> bool:
+    shape = getattr(case_or_entry, "shape", None) or case_or_entry.geometry
+    return shape.num_q_heads // shape.num_kv_heads > 16
+
+
+def _declining_the_pool_s_wide_entries(name: str, caps, focus: Focus, tmp_path, max_examples: int):
+    """A kernel whose supports() declines a group past 16 in the dtype and head size of every such
+    entry its campaign's pool starts with (as AITER's unified_attention past its findings declines
+    float32 at head 256, a seed's only wide entry)."""
+    from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of, campaign_tier
+
+    kernel = kernel_like(name, caps)
+    settings = Settings(device="cuda", size="production", focus=focus, seed=7, use_database=False)
+    pool, _ = campaign_pool_of(campaign_capabilities(kernel, settings)[0], settings, None,
+                               campaign_tier(kernel, settings))
+    refused = {(e.shape.dtype, e.shape.head_size) for e in pool if _wide(e)}
+
+    def no_wide_group_here(case):
+        g = case.geometry
+        return "no such group here" if _wide(case) and (g.dtype, g.head_size) in refused else None
+
+    chosen = dataclasses.replace(kernel, supports=no_wide_group_here)
+    done = {}
+    campaign = fuzz(chosen, device="cuda", size="production", focus=focus, max_examples=max_examples, seed=7,
+                    use_database=False, state_dir=tmp_path, subject=DrawOnly(), check_leftovers=False,
+                    hooks=Hooks(on_example=lambda c: done.update(all=_all_met(c)), should_stop=lambda: done.get("all")))
+    return campaign, refused
+
+
+def test_a_target_the_pool_s_entries_are_declined_for_gets_an_entry_the_kernel_takes(tmp_path, monkeypatch):
+    """The pool's only entries with a group past 16 are ones the kernel declines: the campaign adds an
+    entry it takes, and meets every wide-group target; without that, those targets stay declined."""
+    name, caps, focus = CAMPAIGNS["vllm:rocm_attn --no-window"]
+    campaign, refused = _declining_the_pool_s_wide_entries(name, caps, focus, tmp_path / "mended", 400)
+    stats = campaign.statistics
+    wide = [t for t in stats.targets.within_reach() if t.endswith("gqa-group>16")]
+    assert refused and wide
+    assert all(stats.target_count(t) >= reach.QUOTA for t in wide), stats.unreached_line()
+    assert not reach.unmet(stats.targets, stats), stats.unreached_line()
+    assert any("the pool took an entry it takes" in note for note in campaign.notes), campaign.notes
+
+    from nanfuzz.harness.campaign.runner import CampaignRunner
+
+    monkeypatch.setattr(CampaignRunner, "add_entries_it_takes", lambda self: None)
+    before, _ = _declining_the_pool_s_wide_entries(name, caps, focus, tmp_path / "before", campaign.examples)
+    missed = dict(before.statistics.unreached())
+    assert any(missed.get(t, "").startswith("supports(): the kernel declined") for t in wide), missed
+
+
+def test_a_kernel_that_declines_the_situation_itself_gets_no_entry_for_it(tmp_path):
+    """Caches past 2^31 elements declined on int32 offsets: no candidate entry is taken, nothing is added."""
+    campaign = _declining(tmp_path, 120)
+    assert not any("the pool took an entry" in note for note in campaign.notes), campaign.notes

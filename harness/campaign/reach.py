@@ -10,6 +10,8 @@ says when a long campaign adds a few entries to its specialisation pool (``strat
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.strategies.aims import Aims
 from nanfuzz.strategies.targets import Targets
@@ -30,15 +32,18 @@ GROWTH_SECONDS = 120.0
 DECLINED_QUOTA = 8
 
 
-def declined(targets: Targets, statistics: Statistics) -> list[str]:
-    """The targets within reach that the kernel's supports() keeps declining (``DECLINED_QUOTA``)."""
-    return [name for name in targets.within_reach()
-            if statistics.target_count(name) == 0 and statistics.declined_targets[name] >= DECLINED_QUOTA]
+def declined(targets: Targets, statistics: Statistics, forgiven: Mapping[str, int] | None = None) -> list[str]:
+    """The targets within reach that the kernel's supports() keeps declining (``DECLINED_QUOTA``),
+    counting for each only the declines past ``forgiven`` (those before the pool took an entry
+    the kernel takes for it: ``harness.campaign.accepted_entry``)."""
+    forgiven = forgiven or {}
+    return [name for name in targets.within_reach() if statistics.target_count(name) == 0
+            and statistics.declined_targets[name] - forgiven.get(name, 0) >= DECLINED_QUOTA]
 
 
-def _aimable(targets: Targets, statistics: Statistics) -> list[str]:
+def _aimable(targets: Targets, statistics: Statistics, forgiven: Mapping[str, int] | None) -> list[str]:
     """The targets within reach but those the kernel declines."""
-    given_up = set(declined(targets, statistics))
+    given_up = set(declined(targets, statistics, forgiven))
     return [name for name in targets.within_reach() if name not in given_up]
 
 
@@ -46,15 +51,15 @@ def _below_quota(names: list[str], statistics: Statistics) -> list[str]:
     return [name for name in names if statistics.target_count(name) < QUOTA]
 
 
-def unmet(targets: Targets, statistics: Statistics) -> list[str]:
+def unmet(targets: Targets, statistics: Statistics, forgiven: Mapping[str, int] | None = None) -> list[str]:
     """The targets within reach that fewer than ``QUOTA`` examples reached, less those declined."""
-    return _below_quota(_aimable(targets, statistics), statistics)
+    return _below_quota(_aimable(targets, statistics, forgiven), statistics)
 
 
-def aims(targets: Targets, statistics: Statistics) -> Aims:
+def aims(targets: Targets, statistics: Statistics, forgiven: Mapping[str, int] | None = None) -> Aims:
     """What the next chunk's production draw aims at: the unmet targets, urgently; else all of them
     but those the kernel declines."""
-    aimable = _aimable(targets, statistics)
+    aimable = _aimable(targets, statistics, forgiven)
     left = _below_quota(aimable, statistics)
     if left:
         return Aims(targets.aims(left), urgent=True)

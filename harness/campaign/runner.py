@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from nanfuzz.harness.campaign import known_failures, paths_seen, reach
+from nanfuzz.harness.campaign.accepted_entry import entry_it_takes
 from nanfuzz.harness.campaign.capability_hint import name_the_capability
 from nanfuzz.harness.campaign.hypothesis_home import hypothesis_files_in
 from nanfuzz.harness.campaign.journal import Journal
@@ -139,6 +140,11 @@ class CampaignRunner:
         self.pool, self.pool_seed = campaign_pool_of(self.caps, settings, tier=self.tier)
         # how often the pool grew, and the examples run and the clock when it last did (or the campaign began)
         self.pool_growth, self._grown_at, self._grown_when = 0, 0, time.perf_counter()
+        # targets the kernel kept declining: looked at once each (``add_entries_it_takes``), the entries
+        # the pool took for them, and each such target's declines before it did
+        self._looked_at: set[str] = set()
+        self._taken: tuple = ()
+        self._forgiven: dict[str, int] = {}
         self.targets = campaign_targets(self.caps, settings, self.pool, self.tier)
         self.max_examples = settings.max_examples or self.profile.max_examples
         self.time_budget = settings.time_budget if settings.time_budget is not None else self.profile.time_budget
@@ -422,13 +428,14 @@ class CampaignRunner:
         """What the next Hypothesis run draws from: the pool as it stands, its production cases aimed
         at the targets the examples so far have not met (``harness.campaign.reach``)."""
         return campaign_strategy(self.caps, self.settings, self.pool, self.tier,
-                                 reach.aims(self.targets, self.campaign.statistics) if self.targets else None)
+                                 reach.aims(self.targets, self.campaign.statistics, self._forgiven)
+                                 if self.targets else None)
 
     @property
     def aiming(self) -> bool:
         """Are targets within reach still unmet?  Then Hypothesis runs stay short, so that each one
         aims at what the ones before it left."""
-        return bool(self.targets) and bool(reach.unmet(self.targets, self.campaign.statistics))
+        return bool(self.targets) and bool(reach.unmet(self.targets, self.campaign.statistics, self._forgiven))
 
     def grow_pool(self) -> None:
         """Between Hypothesis runs: a few entries more for a pool the campaign has drawn from long
@@ -439,7 +446,35 @@ class CampaignRunner:
             return
         self.pool_growth += 1
         self._grown_at, self._grown_when = self.campaign.examples, now
-        self.pool, _ = campaign_pool_of(self.caps, self.settings, self.pool_seed, self.tier, self.pool_growth)
+        grown, _ = campaign_pool_of(self.caps, self.settings, self.pool_seed, self.tier, self.pool_growth)
+        self.pool = grown + tuple(entry for entry in self._taken if entry not in grown)
+
+    def add_entries_it_takes(self) -> None:
+        """Between Hypothesis runs: for each target the kernel's supports() keeps declining (looked at
+        once), an entry with its situation that the kernel takes (``harness.campaign.accepted_entry``)
+        joins the pool, and the search aims at the target again."""
+        if not self.pool or not self.targets:
+            return
+        statistics = self.campaign.statistics
+        served: dict = {}  # entry taken: the targets it was taken for
+        for name in reach.declined(self.targets, statistics, self._forgiven):
+            if name in self._looked_at:
+                continue
+            self._looked_at.add(name)
+            entry = entry_it_takes(name, self.targets, self.caps, self.settings, self.pool, f"{self.pool_seed}:{name}",
+                                   lambda case: self.kernel.declines(case) is None, tried_first=self._taken)
+            if entry is None:
+                continue
+            if entry not in self.pool:
+                self.pool, self._taken = self.pool + (entry,), self._taken + (entry,)
+            self._forgiven[name] = statistics.declined_targets[name]
+            served.setdefault(entry, []).append(name)
+        for entry, names in served.items():
+            shape = entry.shape
+            self.campaign.notes.append(
+                f"{self.kernel.name}: the kernel declined every drawn case reaching {', '.join(names)}; the pool took "
+                f"an entry it takes ({shape.dtype}, {shape.num_q_heads} query heads over {shape.num_kv_heads}, head "
+                f"{shape.head_size}, {shape.block_size}-slot blocks)")
 
     def note_unreached(self) -> None:
         if self.targets:

@@ -187,6 +187,7 @@ class Search:
         self.judged.clear()
         if chunk_index:
             run.grow_pool()
+            run.add_entries_it_takes()
         self.strategy = run.strategy()
         try:
             while True:
