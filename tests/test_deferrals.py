@@ -233,6 +233,8 @@ def test_while_a_farm_runs_nothing_waits_for_a_binary_and_the_end_of_the_run_wai
     assert all(defer == UNBUILT for defer, running in asked if running)  # never a blocking check meanwhile
     assert any(defer is None for defer, running in asked if not running)  # the rest, once the farm is done
     assert len(set(map(repr, subject.checked))) == len(set(map(repr, subject.asked)))
+    # the end of the run, polling for the farm's binaries, is waiting for compiles, not generation
+    assert campaign.phase_times.get("compile", 0.0) > 0.005, campaign.phase_times
 
 
 def test_a_late_failure_the_redrawn_run_never_meets_stands_unshrunk_with_a_note(tmp_path, monkeypatch):

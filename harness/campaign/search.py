@@ -406,7 +406,9 @@ class Search:
             self._stop_if_asked()
             if self.run.waiting.farm_running():
                 self._check_landed()
+                polled = time.perf_counter()
                 time.sleep(_LANDING_POLL)
+                self._spent("compile", time.perf_counter() - polled)  # waiting for binaries being compiled
                 continue
             for case in self.deferrals.remaining():
                 self._judge_late(case, None)
