@@ -325,3 +325,29 @@ def test_a_kernel_that_declines_the_situation_itself_gets_no_entry_for_it(tmp_pa
     """Caches past 2^31 elements declined on int32 offsets: no candidate entry is taken, nothing is added."""
     campaign = _declining(tmp_path, 120)
     assert not any("the pool took an entry" in note for note in campaign.notes), campaign.notes
+
+
+def test_a_candidate_entry_with_no_drawable_aimed_case_is_passed_over(monkeypatch):
+    from hypothesis.errors import Unsatisfiable
+
+    from nanfuzz.harness.campaign import accepted_entry
+    from nanfuzz.harness.campaign.scope import campaign_production_size
+
+    draws = []
+    real = accepted_entry.drawn
+
+    def first_unsatisfiable(strategy, count):
+        draws.append(count)
+        if len(draws) == 1:
+            raise Unsatisfiable("no case of this entry reaches the aim")
+        return real(strategy, count)
+
+    monkeypatch.setattr(accepted_entry, "drawn", first_unsatisfiable)
+    caps = vllm.ROCM_ATTN_CAPABILITIES
+    settings = Settings(device="cuda", size="production")
+    targets = production_targets(caps, campaign_production_size(settings))
+    entry = accepted_entry.entry_it_takes("decode:gqa-group>16", targets, caps, settings, (), "k", lambda case: True)
+    assert len(draws) == 2 and entry.shape.num_q_heads // entry.shape.num_kv_heads > 16
+    taken_by_none = accepted_entry.entry_it_takes("decode:gqa-group>16", targets, caps, settings, (), "k",
+                                                  lambda case: False)
+    assert taken_by_none is None and len(draws) == 2 + accepted_entry.CANDIDATES

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from hypothesis.errors import HypothesisException
+
 from nanfuzz.harness.campaign.scope import campaign_production_size, campaign_strategy
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.capabilities import Capabilities
@@ -45,7 +47,10 @@ def entry_it_takes(target: str, targets: Targets, caps: Capabilities, settings: 
     candidates = [e for e in (*tried_first, *fresh) if entry_provides(e, situation, size.bound(caps), size, kind)]
     aims = Aims((Aim(kind, frozenset({situation})),), urgent=True)
     for entry in candidates[:CANDIDATES]:
-        for case in drawn(campaign_strategy(caps, settings, (entry,), "production", aims), DRAWS):
-            if target in targets.met(case_features(case), case.geometry.head_size) and takes(case):
-                return entry
+        try:
+            cases = drawn(campaign_strategy(caps, settings, (entry,), "production", aims), DRAWS)
+        except HypothesisException:  # no valid case of it aimed so (Unsatisfiable): the next one
+            continue
+        if any(target in targets.met(case_features(case), case.geometry.head_size) and takes(case) for case in cases):
+            return entry
     return None
