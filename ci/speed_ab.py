@@ -16,7 +16,8 @@ the rounds) and their ratio A/B:
   to the first example (from the start, workers and farm included), milliseconds per example
   by phase (and outside the checks' phases: an install from before memory wait, admission,
   handoff, tally, startup and close were measured counts them as generation), CPU milliseconds per example
-  of the campaigns and of judging.  ``--size`` goes
+  of the campaigns and of judging, and the milliseconds a campaign's search waited for a core
+  (run queue; Linux).  ``--size`` goes
   to an install whose bench takes it (one from before size tiers draws small cases only);
 - ``--self-check``: ``nanfuzz fuzz`` (every built-in kernel) from an empty Triton cache and
   state folder, seconds from the command's start to its end, and its compile farm's tasks;
@@ -179,6 +180,8 @@ def figures(side: Install) -> dict[str, float | None]:
         for who in ("campaign", "judging"):
             found[f"cpu ms/ex {who}"] = _median(1e3 * t["cpu_seconds_per_example"][who] for t in bench
                                                 if "cpu_seconds_per_example" in t)
+        queued = [(t.get("run_queue_seconds_per_example") or {}).get("campaign") for t in bench]
+        found["run-queue ms/ex campaign"] = _median(None if q is None else 1e3 * q for q in queued)
         # where the first example's time goes (an install that reports them)
         found["worker ready s"] = _median((t.get("startup_s") or {}).get("worker_ready_s") for t in bench)
         found["farm first built s"] = _median((t.get("compile_farm") or {}).get("first_built_seconds") for t in bench)

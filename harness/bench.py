@@ -65,6 +65,7 @@ class Throughput:
     farm: dict | None = None  # what the compile farm did (harness.launch.farm.Farm.summary)
     cpu_seconds: float = 0.0          # the campaigns' own processes
     judging_cpu_seconds: float = 0.0  # judging the examples, wherever it ran (the workers)
+    run_queue_seconds: float | None = None  # the campaigns' searches waiting for a core (Linux)
     # seconds from the start to each step of it (Campaign.startup): the first worker loaded and ready,
     # the farm started; with the farm's first task built (farm's summary), where the first example waits
     startup: dict[str, float] | None = None
@@ -74,6 +75,8 @@ class Throughput:
         busy = campaign.busy_seconds if campaign.busy_seconds is not None else campaign.elapsed
         self.cpu_seconds += campaign.cpu_seconds
         self.judging_cpu_seconds += campaign.judging_cpu_seconds
+        if campaign.run_queue_seconds is not None:
+            self.run_queue_seconds = (self.run_queue_seconds or 0.0) + campaign.run_queue_seconds
         self.campaigns += campaigns
         self.examples += campaign.examples
         self.seconds += campaign.elapsed
@@ -108,6 +111,10 @@ class Throughput:
             "compile_farm": self.farm,
             # CPU per example: far below the phases' seconds, the processes wait (device, scheduler)
             "cpu_seconds_per_example": {"campaign": self.cpu_seconds / n, "judging": self.judging_cpu_seconds / n},
+            # the campaigns' searches runnable but without a core: beside their CPU, how much of
+            # generation's wall time is the host's cores being busy rather than a wait of their own
+            "run_queue_seconds_per_example": {
+                "campaign": None if self.run_queue_seconds is None else self.run_queue_seconds / n},
         }
 
 

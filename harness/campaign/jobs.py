@@ -372,6 +372,8 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.busy_seconds += campaign.elapsed
         merged.cpu_seconds += campaign.cpu_seconds
         merged.judging_cpu_seconds += campaign.judging_cpu_seconds
+        if campaign.run_queue_seconds is not None:
+            merged.run_queue_seconds = (merged.run_queue_seconds or 0.0) + campaign.run_queue_seconds
         merged.examples += campaign.examples
         merged.notes += [note for note in campaign.notes if note not in merged.notes]  # each job says the same
         merged.worker_restarts += campaign.worker_restarts

@@ -60,6 +60,7 @@ class Campaign:
     # judging of its examples wherever it ran; against elapsed time they show a busy or a waiting host
     cpu_seconds: float = 0.0
     judging_cpu_seconds: float = 0.0
+    run_queue_seconds: float | None = None  # its search's thread runnable but waiting for a core (Linux)
     # wall-clock times of the steps of its start that it saw: started, worker_loaded and worker_ready
     # (its worker had imported the kernel; had opened its device too), farm_started (its own farm)
     startup: dict[str, float] = field(default_factory=dict)

@@ -41,7 +41,7 @@ from nanfuzz.harness.judge.outcome import Outcome
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, FarmHandle, Plan
-from nanfuzz.harness.launch.processes import fork_server_context
+from nanfuzz.harness.launch.processes import fork_server_context, run_queue_seconds
 from nanfuzz.harness.launch.subjects import subject_for, worker_spec
 from nanfuzz.harness.launch.worker import Declined
 from nanfuzz.reference.case import Case
@@ -157,6 +157,7 @@ class CampaignRunner:
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
         self._check_read_tracing()
         self.start, self._cpu_start = time.perf_counter(), time.process_time()
+        self._queued_start = run_queue_seconds()
         self.campaign.startup["started"] = time.time()
         self.subject, self._own_subject = subject, subject is None
         self.farm, self._own_farm = farm, None
@@ -403,6 +404,9 @@ class CampaignRunner:
         campaign = self.campaign
         campaign.elapsed = time.perf_counter() - self.start
         campaign.cpu_seconds = time.process_time() - self._cpu_start
+        queued = run_queue_seconds()
+        if queued is not None and self._queued_start is not None:
+            campaign.run_queue_seconds = queued - self._queued_start
         campaign.note_declines()
         campaign.note_reads()
         self.note_unreached()

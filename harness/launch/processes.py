@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 
 from nanfuzz.harness.launch.isolation import interrupts_held
@@ -133,6 +134,17 @@ def fork_server_end() -> str | None:
         return f"killed by {signal.Signals(ended.si_status).name}"
     except ValueError:
         return f"killed by signal {ended.si_status}"
+
+
+def run_queue_seconds() -> float | None:
+    """Seconds the calling thread has waited on a CPU's run queue, runnable but not running (Linux'
+    ``schedstat``); None where the kernel does not say.  Against its wall time beside its CPU time,
+    it tells a process short of cores from one that sleeps or blocks."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def running(pid: int) -> bool:
