@@ -66,6 +66,7 @@ class Throughput:
     cpu_seconds: float = 0.0          # the campaigns' own processes
     judging_cpu_seconds: float = 0.0  # judging the examples, wherever it ran (the workers)
     run_queue_seconds: float | None = None  # the campaigns' searches waiting for a core (Linux)
+    declined_for_memory: int = 0  # cases drawn and declined for memory (their wait is "memory wait")
     # seconds from the start to each step of it (Campaign.startup): the first worker loaded and ready,
     # the farm started; with the farm's first task built (farm's summary), where the first example waits
     startup: dict[str, float] | None = None
@@ -75,6 +76,7 @@ class Throughput:
         busy = campaign.busy_seconds if campaign.busy_seconds is not None else campaign.elapsed
         self.cpu_seconds += campaign.cpu_seconds
         self.judging_cpu_seconds += campaign.judging_cpu_seconds
+        self.declined_for_memory += campaign.declined_for_memory
         if campaign.run_queue_seconds is not None:
             self.run_queue_seconds = (self.run_queue_seconds or 0.0) + campaign.run_queue_seconds
         self.campaigns += campaigns
@@ -105,6 +107,7 @@ class Throughput:
             "seconds_per_example": {p: s / n for p, s in self.phase_seconds.items()},
             "share": {p: (s / busy if busy > 0 else 0.0) for p, s in self.phase_seconds.items()},
             "busy_seconds": self.busy_seconds,
+            "declined_for_memory": self.declined_for_memory,
             "specialisations_after_warmup": self.specialisations,
             "time_to_first_example_s": self.first_example_s,
             "startup_s": self.startup,

@@ -48,6 +48,7 @@ def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_
         assert sum(t["share"].values()) == pytest.approx(1.0, rel=1e-6)
         assert t["specialisations_after_warmup"] is None or t["specialisations_after_warmup"] >= 0
         assert t["cpu_seconds_per_example"]["judging"] > 0 and t["cpu_seconds_per_example"]["campaign"] > 0
+        assert t["declined_for_memory"] == 0  # nothing waits for device memory here
         queued = t["run_queue_seconds_per_example"]["campaign"]
         assert (queued is not None and queued >= 0) == os.path.exists("/proc/self/schedstat")
     assert by_name["paged_decode@masked"]["detection"] is None  # a fixed kernel has nothing to detect

@@ -100,3 +100,40 @@ def test_a_campaign_s_startup_and_close_are_their_own_phases_not_generation(priv
     for phase in ("startup", "close"):
         assert slowed.phase_times[phase] - plain.phase_times[phase] >= 10 * SLOW * 0.9, phase
     assert _generation(slowed) - _generation(plain) < 5 * SLOW
+
+
+class _DecliningEveryThird:
+    """Judges as an in-process subject would, but every third case waits ``SLOW`` for memory that
+    never comes free and is declined."""
+
+    defers = False
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def check(self, case, **options):
+        from nanfuzz.harness.launch.worker import Declined
+
+        self.calls += 1
+        if self.calls % 3 == 0:
+            time.sleep(10 * SLOW)
+            return Declined("this case needs more memory than is free; declined")
+        return self.inner.check(case, **options)
+
+    def close(self):
+        self.inner.close()
+
+
+def test_the_wait_of_a_case_declined_for_memory_is_memory_wait_not_generation(private_state):
+    from nanfuzz.harness.campaign.settings import Settings
+    from nanfuzz.harness.launch.subjects import make_subject
+
+    kernel = torch_kernel()
+    plain = _campaign()
+    subject = _DecliningEveryThird(make_subject(kernel, Settings(device="cpu", isolation=False)))
+    declining = fuzz(kernel, device="cpu", max_examples=6, seed=3, use_database=False, isolation=False,
+                     subject=subject)
+    assert declining.examples == 6 and declining.declined_for_memory >= 2
+    waited = declining.phase_times.get("memory wait", 0.0)
+    assert waited >= declining.declined_for_memory * 10 * SLOW * 0.9, declining.phase_times
+    assert _generation(declining) - _generation(plain) < 5 * SLOW

@@ -323,9 +323,11 @@ class Search:
                 raise _Aborted(exc) from None
         run.journal.clear()
         if isinstance(outcome, Deferred):
+            self._spent("handoff", round_trip)  # the case to the worker, and back put off
             self.deferrals.add(case, outcome.skipped)
             return None
         if isinstance(outcome, Declined):
+            self._spent("memory wait", round_trip)  # the wait for memory that did not come free
             campaign.declined(outcome, shrinking=self.first is not None)
             return None
         returned = time.perf_counter()
