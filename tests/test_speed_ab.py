@@ -42,6 +42,7 @@ def test_the_table_gives_each_side_s_median_and_their_ratio(tmp_path):
     assert rows["ms/ex handoff"] == ("2", "-", "-")  # B's install does not measure it
     assert rows["ms/ex outside the checks' phases"] == ("3", "1", "3.00")  # B counts it as generation
     assert rows["self-check s"] == ("21", "70", "0.30")
+    assert rows["cases declined for memory"] == ("-", "-", "-")  # neither install's bench said
     assert "detect s median" not in rows  # not measured: no row
 
 
