@@ -32,7 +32,7 @@ from nanfuzz.harness.campaign.profiles import Profile, get_profile
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool_of, campaign_strategy,
                                             campaign_targets, campaign_tier, plan_for, start_farm)
-from nanfuzz.harness.campaign.search import Search, chunk_seed, first_chunk, search_seed
+from nanfuzz.harness.campaign.search import Search, chunk_seed, first_chunk, search_seed, spend
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
 from nanfuzz.harness.judge import reads
@@ -178,7 +178,7 @@ class CampaignRunner:
                     return leftover
                 self.database = self._open_database()
                 # the worker's start, the farm's, the first cases drawn ahead: no example's own time
-                self._spent("startup", time.perf_counter() - self.start)
+                spend(self.campaign.phase_times, "startup", time.perf_counter() - self.start)
                 if not self.replay_known_failures():
                     Search(self)()
                     self._judged_something()
@@ -190,7 +190,7 @@ class CampaignRunner:
         finally:
             closing = time.perf_counter()
             self.close()
-            self._spent("close", time.perf_counter() - closing)
+            spend(self.campaign.phase_times, "close", time.perf_counter() - closing)
         if self._own_subject and self.settings.remember_paths:  # jobs' paths: the run that merges them
             note_paths(self.campaign, self.settings.state_dir)
         return self.summarise()
@@ -485,10 +485,6 @@ class CampaignRunner:
             self.campaign.note_unreached()
 
     # -- helpers -------------------------------------------------------------------------
-    def _spent(self, phase: str, seconds: float) -> None:
-        times = self.campaign.phase_times
-        times[phase] = times.get(phase, 0.0) + seconds
-
     def _judged_something(self) -> None:
         """A usage error for a campaign whose every case was declined for memory: no pass.  (A job's
         campaign leaves it to its run, which merges every job's.)"""

@@ -327,7 +327,7 @@ class Search:
             self.deferrals.add(case, outcome.skipped)
             return None
         if isinstance(outcome, Declined):
-            self._spent("memory wait", round_trip)  # the wait for memory that did not come free
+            self._spent("memory wait", round_trip)  # waiting for memory that did not come free (or judging out of it)
             campaign.declined(outcome, shrinking=self.first is not None)
             return None
         returned = time.perf_counter()
