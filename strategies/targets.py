@@ -58,8 +58,7 @@ class Targets:
         """Aims at ``names`` (targets of this table): one per batch kind, with that kind's situations."""
         by_kind: dict[str, set[str]] = {}
         for name in names:
-            kind, _, label = name.partition(":")
-            by_kind.setdefault(kind, set()).add(LARGEST_HEAD if label.startswith("head-size=") else label)
+            by_kind.setdefault(name.partition(":")[0], set()).add(situation_of(name))
         return tuple(Aim(kind, frozenset(by_kind[kind])) for kind in BATCH_KINDS if kind in by_kind)
 
     def merge(self, other: "Targets") -> "Targets":
@@ -69,6 +68,12 @@ class Targets:
             if name not in why or reason is None:
                 why[name] = reason
         return Targets(tuple(why.items()))
+
+
+def situation_of(target: str) -> str:
+    """The situation (``strategies.aims``) a target names: ``decode:head-size=256`` is the largest head size."""
+    label = target.partition(":")[2]
+    return LARGEST_HEAD if label.startswith("head-size=") else label
 
 
 def batch_kinds(caps: Capabilities) -> tuple[str, ...]:

@@ -21,18 +21,13 @@ from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.reference.features import case_features
-from nanfuzz.strategies.aims import LARGEST_HEAD, Aim, Aims
+from nanfuzz.strategies.aims import Aim, Aims
 from nanfuzz.strategies.production import entry_provides, wide_entries
 from nanfuzz.strategies.steady import drawn
-from nanfuzz.strategies.targets import Targets
+from nanfuzz.strategies.targets import Targets, situation_of
 
 CANDIDATES = 8  # entries with the situation tried, in the order a seeded draw gives them
 DRAWS = 3        # cases of each drawn aimed at the target: one the kernel takes is enough
-
-
-def situation_of(target: str) -> str:
-    label = target.partition(":")[2]
-    return LARGEST_HEAD if label.startswith("head-size=") else label
 
 
 def entry_it_takes(target: str, targets: Targets, caps: Capabilities, settings: Settings, pool: tuple,
@@ -42,9 +37,9 @@ def entry_it_takes(target: str, targets: Targets, caps: Capabilities, settings: 
     None when no candidate is taken."""
     kind, situation = target.partition(":")[0], situation_of(target)
     size = campaign_production_size(settings)
-    interpreter = settings.device == "cpu"
-    fresh = wide_entries(caps, 8 * CANDIDATES, key, interpreter=interpreter, known=pool)
-    candidates = [e for e in (*tried_first, *fresh) if entry_provides(e, situation, size.bound(caps), size, kind)]
+    bound = size.bound(caps)
+    fresh = wide_entries(caps, 8 * CANDIDATES, key, interpreter=settings.device == "cpu", known=pool)
+    candidates = [e for e in (*tried_first, *fresh) if entry_provides(e, situation, bound, size, kind)]
     aims = Aims((Aim(kind, frozenset({situation})),), urgent=True)
     for entry in candidates[:CANDIDATES]:
         try:
