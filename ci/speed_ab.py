@@ -144,9 +144,22 @@ def _self_check(side: Install, a, workdir: Path, round_: int) -> None:
                                     *(["--device", a.device] if a.device else [])], _env(str(cold), str(state)))
     if code != 0:
         raise SystemExit(f"{side.label}: the self-check exited {code}:\n{text[-3000:]}")
-    farm = json.loads(out.read_text()).get("compile_farm") or {}
+    summary = json.loads(out.read_text())
+    farm = summary.get("compile_farm") or {}
     side.results["self_check"].append({"seconds": seconds, "tasks": farm.get("tasks"),
-                                       "compile_seconds": farm.get("compile_seconds")})
+                                       "compile_seconds": farm.get("compile_seconds"),
+                                       "campaigns": [_campaign_figures(k) for k in summary.get("kernels", [])]})
+
+
+# What the self-check's JSON keeps of each of its campaigns: where its seconds went, to the shrink's
+# examples one by one (an install's summary that lacks a field gives None).
+CAMPAIGN_FIGURES = ("kernel", "verdict", "elapsed_s", "examples", "examples_to_first_failure",
+                    "time_to_first_failure_s", "shrink_s", "time_to_first_example_s", "phase_seconds", "compiles",
+                    "deferred", "early_examples")
+
+
+def _campaign_figures(entry: dict) -> dict:
+    return {name: entry.get(name) for name in CAMPAIGN_FIGURES}
 
 
 def _detect(side: Install, a, workdir: Path, round_: int) -> None:
@@ -189,6 +202,8 @@ def figures(side: Install) -> dict[str, float | None]:
     if side.results["self_check"]:
         found["self-check s"] = _median(r["seconds"] for r in side.results["self_check"])
         found["self-check farm tasks"] = _median(r["tasks"] for r in side.results["self_check"])
+        shrinks = [[c["shrink_s"] or 0.0 for c in r["campaigns"]] for r in side.results["self_check"] if r.get("campaigns")]
+        found["self-check shrink s"] = _median(sum(s) for s in shrinks)
     if side.results["detect"]:
         found["detect s median"] = _median(d["time_to_first_failure_s"]["median"] for d in side.results["detect"])
         found["detect s max"] = _median(d["time_to_first_failure_s"]["max"] for d in side.results["detect"])

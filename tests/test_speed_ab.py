@@ -33,7 +33,9 @@ def test_the_table_gives_each_side_s_median_and_their_ratio(tmp_path):
     a.results["bench"] = [_throughput(600, 3.0, 4.0), _throughput(500, 5.0, 6.0), _throughput(700, 4.0, 5.0)]
     b.results["bench"] = [_throughput(400, 8.0, 8.0, around_checks=False)]
     b.results["self_check"] = [{"seconds": 70.0, "tasks": 528, "compile_seconds": 400.0}]
-    a.results["self_check"] = [{"seconds": 21.0, "tasks": 300, "compile_seconds": 90.0}]
+    a.results["self_check"] = [{"seconds": 21.0, "tasks": 300, "compile_seconds": 90.0,
+                                "campaigns": [ab._campaign_figures({"kernel": "k@old", "shrink_s": 3.5}),
+                                              ab._campaign_figures({"kernel": "k@fixed", "shrink_s": None})]}]
     rows = {row[0]: row[1:] for row in ab.table(a, b)}
     assert rows["figure"] == ("A", "B", "A/B")
     assert rows["examples/s"] == ("600", "400", "1.50")           # A's median of three rounds against B's one
@@ -42,6 +44,7 @@ def test_the_table_gives_each_side_s_median_and_their_ratio(tmp_path):
     assert rows["ms/ex handoff"] == ("2", "-", "-")  # B's install does not measure it
     assert rows["ms/ex outside the checks' phases"] == ("3", "1", "3.00")  # B counts it as generation
     assert rows["self-check s"] == ("21", "70", "0.30")
+    assert rows["self-check shrink s"] == ("3.5", "-", "-")  # B's runs kept no campaign's figures
     assert rows["cases declined for memory"] == ("-", "-", "-")  # neither install's bench said
     assert "detect s median" not in rows  # not measured: no row
 
@@ -69,3 +72,13 @@ def test_two_installs_run_side_by_side_and_the_table_is_printed(tmp_path):
     found = json.loads(out.read_text())
     assert found["figures"]["A"]["examples/s"] > 0 and found["figures"]["B"]["examples/s"] > 0
     assert any(line.startswith("examples/s ") for line in proc.stdout.splitlines())
+
+
+def test_the_self_check_keeps_each_campaign_s_figures():
+    ab = _script()
+    entry = {"kernel": "split_decode@drops-last-partition", "verdict": "NONFINITE", "elapsed_s": 34.3, "shrink_s": 33.0,
+             "early_examples": [{"at_s": 0.1, "seconds": 0.2, "phases": {"materialize": 0.15}}], "repro": ["x.json"]}
+    kept = ab._campaign_figures(entry)
+    assert kept["shrink_s"] == 33.0 and kept["early_examples"] == entry["early_examples"]
+    assert "repro" not in kept  # where its time went, not what it found
+    assert kept["phase_seconds"] is None  # an older install's summary without the field

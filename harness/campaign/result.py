@@ -79,12 +79,14 @@ class Campaign:
     def note_early(self, outcome: Outcome, started: float, seconds: float) -> None:
         """One of the campaign's first examples: when its check started (seconds from the campaign's
         start), how long it took, how much of that it waited for a binary another process was
-        compiling, and how much its worker spent compiling (or loading) binaries itself."""
+        compiling, how much its worker spent compiling (or loading) binaries itself, and its check's
+        phases (materialise, kernel, oracle...)."""
         if len(self.early_examples) < EARLY_EXAMPLES:
             self.early_examples.append({
                 "at_s": round(started, 3), "seconds": round(seconds, 3),
                 "farm_wait_s": round(outcome.timings.get("compile", 0.0), 3),
-                "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value})
+                "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value,
+                "phases": {phase: round(spent, 4) for phase, spent in outcome.timings.items()}})
 
     def declined(self, declined, shrinking: bool = False) -> None:
         """A case declined for memory (a ``harness.launch.worker.Declined``): counted, and the first
