@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,5 @@ def test_memory_pressure_stops_a_campaign_past_its_grace_so_that_the_failure_it_
     assert (hangs["exit"], hangs["verdict"], hangs["repro"], hangs["ok"]) == (1, "HANG", "on disk", False), hangs
     assert (correct["exit"], correct["verdict"], correct["ok"]) == (0, "PASS", True), correct
     assert (masked["exit"], masked["verdict"], masked["repro"], masked["ok"]) == (1, "NONFINITE", "on disk", True), masked
+    assert re.fullmatch(r"\d+ ex/\d+\.\ds", masked["first_failure"]) and masked["shrink_s"] >= 0, masked
+    assert (correct["first_failure"], correct["shrink_s"]) == ("-", None), correct
