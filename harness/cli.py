@@ -25,9 +25,11 @@ SELF_CHECK_PRODUCTION_EXAMPLES = 24
 # fixed one, which passes: all the cases its search draws (None), drawn ahead in milliseconds each, so
 # that the farm compiles what the campaign runs and its worker compiles nothing itself (one case per
 # entry left the worker of unified@masked a dozen compiles, 15 of its 25 s on an H200); after each
-# campaign's first cases, one case of each of its pool entries: its simplest, where a shrink heads.
+# campaign's first cases, one case of each of its pool entries: its simplest, where a shrink heads,
+# and in a campaign of production cases also its production one: the split-KV family's bug needs a
+# sequence past one partition, so its shrink heads to each entry's split path, not its simplest case.
 SELF_CHECK_FIRST_CASES = {"caught": 16, "pass": None}
-SELF_CHECK_SAMPLES = 1
+SELF_CHECK_SAMPLES = {"small": 1, "mixed": 2, "production": 2}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -398,7 +400,7 @@ def _fuzz(args, settings) -> int:
         from nanfuzz.harness.campaign.compile_ahead import compile_ahead
 
         ahead = compile_ahead([(k, _self_check_settings(k, settings, profile)) for k in kernels], settings,
-                              _self_check_first_cases, SELF_CHECK_SAMPLES)
+                              _self_check_first_cases, SELF_CHECK_SAMPLES.__getitem__)
     try:
         return _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead)
     finally:

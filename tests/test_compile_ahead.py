@@ -10,7 +10,7 @@ from nanfuzz.harness.campaign.compile_ahead import compile_ahead
 from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks, fuzz
 from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of
 from nanfuzz.harness.campaign.settings import Settings
-from nanfuzz.harness.launch.farm import BuiltMarks, Farm, FarmHandle, Plan, entry_of
+from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, BuiltMarks, Farm, FarmHandle, Plan, entry_of, sample_cases
 from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import worker_spec
 from nanfuzz.harness.registry import resolve
@@ -62,7 +62,7 @@ def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(mon
     slow, raises = resolve("tests.farm_subjects:slow"), resolve("tests.farm_subjects:raises")
     runs = [(slow, base), (torch_kernel(), base.replace(pool_size=0)), (raises, base.replace(jobs=2))]
     first = {slow.name: 5, raises.name: 7}
-    ahead = compile_ahead(runs, base, lambda kernel: first.get(kernel.name, 64), samples=1)
+    ahead = compile_ahead(runs, base, lambda kernel: first.get(kernel.name, 64), samples=lambda tier: 1)
     (plans,), (first_cases,) = planned, scheduled
     assert ahead.plans == [0, None, 1]  # a kernel that draws freely compiles nothing ahead
     assert [p.spec.kernel for p in plans] == ["tests.farm_subjects:slow", "tests.farm_subjects:raises"]
@@ -71,7 +71,7 @@ def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(mon
     # a campaign of several jobs draws its seeds in its jobs: no first cases, no seed picked here
     assert first_cases[1] == () and ahead.seeds[2] is None and isinstance(ahead.seeds[0], int)
     assert ahead.handle(0).plan == 0 and ahead.handle(1) is None and ahead.handle(2).plan == 1
-    cpu = compile_ahead(runs, base.replace(device="cpu"), lambda kernel: 8, samples=1)
+    cpu = compile_ahead(runs, base.replace(device="cpu"), lambda kernel: 8, samples=lambda tier: 1)
     assert cpu.farm is None and cpu.plans == [None] * 3 and len(planned) == 1  # nothing compiles ahead on a CPU
 
 
@@ -86,6 +86,47 @@ def test_a_plan_without_samples_builds_its_first_cases_alone(tmp_path):
         summary = farm.summary()
     assert tasks == [(0, 0, "u0"), (0, 1, "u1")] + [(1, e, 0) for e in range(len(sampled.entries))]
     assert summary["compiled"] == len(tasks) and summary["given_up"] == 0 and summary["unbuilt"] == 0
+
+
+def test_a_plan_of_production_cases_keeps_its_production_sample_among_fewer(tmp_path):
+    small = _plan("tests.farm_subjects:slow", samples=2)
+    production = dataclasses.replace(small, tier="production")
+    assert small.sample_numbers() == (0, 1)
+    assert production.sample_numbers() == (0, SAMPLES_PER_ENTRY - 1)  # the last sample is the production one
+    assert dataclasses.replace(production, samples=1).sample_numbers() == (0,)
+    assert dataclasses.replace(production, samples=SAMPLES_PER_ENTRY).sample_numbers() == tuple(range(SAMPLES_PER_ENTRY))
+    held = fork_server_context().Event()  # never set: nothing is built here
+    with Farm([production], processes=1, marks=BuiltMarks(tmp_path), after=held, device_wait=3600.0) as farm:
+        assert sorted(farm._tasks) == sorted((0, e, i) for e in range(len(production.entries)) for i in (0, 3))
+
+
+def test_the_self_check_builds_the_production_sample_of_a_family_whose_bug_lives_at_production_size(monkeypatch):
+    # split_decode's bug needs a sequence past one partition: its shrink heads to each entry's split
+    # path, which the entry's simplest case never launches
+    from nanfuzz.harness import cli
+    from nanfuzz.harness.campaign.profiles import get_profile
+    from nanfuzz.harness.kernels import split_decode
+    from nanfuzz.harness.registry import builtin_kernels
+
+    planned = []
+
+    class _Farm:
+        handle = FarmHandle("a folder")
+        awaits_first_cases = False
+
+        def __init__(self, plans):
+            planned.append(plans)
+
+    monkeypatch.setattr(ahead_module, "start_farm", lambda plans, settings, first_cases_later: _Farm(plans))
+    settings = Settings(device="cuda", use_database=False)
+    kernels = [builtin_kernels()[name] for name in ("paged_decode@masked", "split_decode@drops-last-partition")]
+    runs = [(k, cli._self_check_settings(k, settings, get_profile("dev"))) for k in kernels]
+    compile_ahead(runs, settings, lambda kernel: 0, cli.SELF_CHECK_SAMPLES.__getitem__)
+    ((masking, split),) = planned
+    assert masking.sample_numbers() == (0,)
+    assert split.sample_numbers() == (0, SAMPLES_PER_ENTRY - 1)
+    for entry in split.entries:
+        assert sample_cases(split, entry)[-1].max_seq_len > split_decode.PARTITION_KEYS
 
 
 def test_a_farm_starts_its_processes_before_it_is_given_the_first_cases(tmp_path):
@@ -175,6 +216,6 @@ def test_a_campaign_whose_first_cases_are_none_has_every_case_of_its_search_buil
     monkeypatch.setattr(ahead_module, "start_farm", lambda plans, settings, first_cases_later: _Farm(plans))
     run = Settings(device="cuda", pool_size=3, max_examples=30, use_database=False)
     slow = resolve("tests.farm_subjects:slow")
-    compile_ahead([(slow, run)], run, lambda kernel: None, samples=1)
+    compile_ahead([(slow, run)], run, lambda kernel: None, samples=lambda tier: 1)
     (first_cases,) = scheduled
     assert len(first_cases[0]) == 30

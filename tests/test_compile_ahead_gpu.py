@@ -43,7 +43,8 @@ def test_the_self_check_farm_builds_each_campaign_s_first_cases_in_turn(tmp_path
     kernels = [resolve("paged_decode@unmasked"), resolve("paged_decode@masked")]
     base = Settings(device="cuda", state_dir=tmp_path, use_database=False, size="small", max_examples=60,
                     memory=_own_ledger(tmp_path))
-    ahead = compile_ahead([(k, base) for k in kernels], base, lambda k: 16 if k.expect == "caught" else 32, samples=1)
+    ahead = compile_ahead([(k, base) for k in kernels], base, lambda k: 16 if k.expect == "caught" else 32,
+                          samples=lambda tier: 1)
     try:
         campaigns = [fuzz(k, base, farm=ahead.handle(i), search_seed=ahead.seeds[i]) for i, k in enumerate(kernels)]
     finally:

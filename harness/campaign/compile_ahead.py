@@ -47,10 +47,10 @@ class Ahead:
 
 
 def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
-                  first_cases: Callable[[Kernel], int | None], samples: int) -> Ahead:
+                  first_cases: Callable[[Kernel], int | None], samples: Callable[[str], int]) -> Ahead:
     """A farm for ``runs`` (kernel, its campaign's settings), run in this order: ``first_cases(kernel)``
     of each campaign's first cases (None: every case its first search run draws while all pass),
-    then ``samples`` cases of each pool entry.  A campaign of several
+    then ``samples(tier)`` cases of each pool entry (``tier``: the campaign's size tier).  A campaign of several
     jobs picks its seeds in its jobs: the farm builds its samples alone."""
     plans, planners, ahead = [], [], Ahead(None)
     if settings.device == "cpu" or settings.compile_jobs == 0:  # nothing compiles ahead (``scope.plan_for``)
@@ -64,7 +64,7 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
             ahead.plans.append(None)
             continue
         spec = worker_spec(kernel, run) if runner.pool else None
-        plan = runner.farm_plan(spec, samples) if spec is not None else None
+        plan = runner.farm_plan(spec, samples(runner.tier)) if spec is not None else None
         ahead.seeds.append(runner.search_seed if alone else None)
         ahead.plans.append(len(plans) if plan is not None else None)
         if plan is not None:

@@ -25,7 +25,8 @@ goes on to the case's next launch, so a mixed batch's decode and prefill
 kernels compile side by side rather than one after the other.  Then the
 samples go out sample by sample: every entry's first case before any
 entry's second, so no entry's binaries queue behind one another while
-processes are free.  A plan may ask for fewer samples (``Plan.samples``), and a
+processes are free.  A plan may ask for fewer samples (``Plan.samples``; where its
+campaign draws production cases, its production sample stays among them), and a
 campaign that shares the farm with others waits for its own plan alone
 (``FarmHandle.for_plan``).
 
@@ -101,6 +102,14 @@ class Plan:
     tier: str = "small"              # the campaign's size tier: with production cases, each entry gets one
     samples: int = SAMPLES_PER_ENTRY  # sample cases built per entry after the upcoming ones (0: none)
 
+    def sample_numbers(self) -> tuple[int, ...]:
+        """Which of an entry's ``sample_cases`` the plan builds: its first ``samples``, except that
+        where the campaign draws production cases, the last of fewer than all is the production one
+        (the launches a long sequence switches to, which a shrink of a production failure keeps)."""
+        if self.tier == "small" or not 1 < self.samples < SAMPLES_PER_ENTRY:
+            return tuple(range(self.samples))
+        return (*range(self.samples - 1), SAMPLES_PER_ENTRY - 1)
+
 
 def entry_of(case: Case) -> Specialisation:
     """The pool entry a case was drawn from: its compile-time part."""
@@ -130,7 +139,7 @@ class BuiltMarks:
     so an edited kernel is built again; an entry, while each of its samples is.
     """
 
-    VERSION = 2
+    VERSION = 3  # 3: an entry's production sample is its longest draw
 
     def __init__(self, folder: Path | None = None):
         self.folder = Path(folder) if folder is not None else _triton_cache_dir() / "nanfuzz-built"
@@ -263,7 +272,7 @@ class Farm:
         self._plans = list(plans)
         self.task_timeout = task_timeout
         self._marks = marks or BuiltMarks()
-        every = [(p, e, i) for p, plan in enumerate(plans) for i in range(plan.samples)
+        every = [(p, e, i) for p, plan in enumerate(plans) for i in plan.sample_numbers()
                  for e in range(len(plan.entries))]
         self._samples = [(p, e, i) for p, e, i in every if not self._marks.is_built(plans[p], plans[p].entries[e], i)]
         # A farm that runs anyway takes every upcoming case: an entry's built mark covers its
@@ -654,7 +663,8 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
     """``count`` cases of ``entry`` as the campaign draws them, the simplest first (same every time),
     and where the campaign draws production cases, the last of them one at production size (the
     launches real kernels switch to for long sequences; never a huge cache: farm processes share
-    the device).  That one is the last of a few derandomized draws, whose first are the smallest."""
+    the device).  That one is the case with the longest sequence of a few derandomized draws (the
+    last of them had 387 keys in some entries, short of a split-KV partition's 1024)."""
     from nanfuzz.strategies import paged_cases
     from nanfuzz.strategies.production import PRODUCTION_SIZE
     from nanfuzz.strategies.steady import drawn
@@ -662,10 +672,10 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
     production = plan.tier != "small" and count > 1
     found = drawn(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,)), count - production)
     if production:
-        found += drawn(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,),
-                                   tier="production",
-                                   production=replace(PRODUCTION_SIZE, huge_cache_bytes=0, max_live_keys=1 << 17)),
-                       8)[-1:]
+        large = drawn(paged_cases(plan.capabilities, poison_classes=plan.poison_classes, pool=(entry,),
+                                  tier="production",
+                                  production=replace(PRODUCTION_SIZE, huge_cache_bytes=0, max_live_keys=1 << 17)), 8)
+        found.append(max(large, key=lambda case: case.max_seq_len))
     return found
 
 
