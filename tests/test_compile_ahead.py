@@ -43,14 +43,16 @@ def test_a_campaign_run_with_the_seed_its_cases_were_drawn_with_meets_them_first
     assert other.first_cases(6) != first
 
 
-def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(monkeypatch):
+def _record_farms(monkeypatch, awaits_first_cases: bool = True) -> tuple[list, list]:
+    """Stand in for the farm ``compile_ahead`` starts: what it was given, and when (its plans at its
+    start, their first cases after)."""
     planned, scheduled = [], []
 
-    class _Farm:  # what the farm was given, and when: its plans at its start, their first cases after
+    class _Farm:
         handle = FarmHandle("a folder")
-        awaits_first_cases = True
 
         def __init__(self, plans):
+            self.awaits_first_cases = awaits_first_cases
             planned.append(plans)
 
         def schedule(self, first_cases):
@@ -58,6 +60,11 @@ def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(mon
 
     monkeypatch.setattr(ahead_module, "start_farm",
                         lambda plans, settings, first_cases_later: _Farm(plans) if first_cases_later else None)
+    return planned, scheduled
+
+
+def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(monkeypatch):
+    planned, scheduled = _record_farms(monkeypatch)
     base = Settings(device="cuda", pool_size=3, max_examples=20, use_database=False)
     slow, raises = resolve("tests.farm_subjects:slow"), resolve("tests.farm_subjects:raises")
     runs = [(slow, base), (torch_kernel(), base.replace(pool_size=0)), (raises, base.replace(jobs=2))]
@@ -108,16 +115,7 @@ def test_the_self_check_builds_the_production_sample_of_a_family_whose_bug_lives
     from nanfuzz.harness.kernels import split_decode
     from nanfuzz.harness.registry import builtin_kernels
 
-    planned = []
-
-    class _Farm:
-        handle = FarmHandle("a folder")
-        awaits_first_cases = False
-
-        def __init__(self, plans):
-            planned.append(plans)
-
-    monkeypatch.setattr(ahead_module, "start_farm", lambda plans, settings, first_cases_later: _Farm(plans))
+    planned, _ = _record_farms(monkeypatch, awaits_first_cases=False)
     settings = Settings(device="cuda", use_database=False)
     kernels = [builtin_kernels()[name] for name in ("paged_decode@masked", "split_decode@drops-last-partition")]
     runs = [(k, cli._self_check_settings(k, settings, get_profile("dev"))) for k in kernels]
