@@ -33,14 +33,26 @@ What each leaves out, and the repro on file that is why:
   with ``--poison null-block --poison padding --poison unreferenced`` so that the tails, which nearly
   every batch holds, keep finite values (the tail finding is on file);
 - ``fa_contiguous_one_tile``: FlashAttention's AMD decode ignores the window and masks later tiles from
-  the tile's start (fa_amd_kvcache-contiguous-*.json): no window, sequences of one 64-key tile.
+  the tile's start (fa_amd_kvcache-contiguous-*.json): no window, sequences of one 64-key tile;
+- ``lmdeploy_decode_without_windows``: lmdeploy's decode loads each block's V whole, tail included
+  (lmdeploy_decode-*tail-past-seq-len.json), and a window's first block with its expired keys
+  (lmdeploy_decode-window-expired-slots-of-a-live-block.json): no window, run with ``--poison null-block
+  --poison padding --poison unreferenced`` so that the tails, which nearly every batch holds, keep finite
+  values;
+- ``lmdeploy_block_decode_unquantized``: the same kernel as a dLLM's block decode, the same way, and over an
+  fp8 cache its quantized kernel reads other tokens' queries and unwritten scratch (a test in
+  tests/test_lmdeploy_adapters.py): unquantized caches;
+- ``lmdeploy_prefill_without_windows``: lmdeploy's prefill weighs the expired keys of a query tile's first
+  block (lmdeploy_prefill-window-expired-slots-of-a-live-block.json): no window.
+
+lmdeploy's subjects load when named (``NANFUZZ_LMDEPLOY_SRC``): its prefill cannot load on Triton 3.9.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 
-from nanfuzz.harness.adapters import aiter, fa_amd, vllm
+from nanfuzz.harness.adapters import aiter, fa_amd, lmdeploy, vllm
 
 
 def _past(kernel, what: str, supports=None, **capabilities):
@@ -98,3 +110,18 @@ unified_attention_without_windows = _past(
     block_sizes=tuple(b for b in _unified.capabilities.block_sizes if b != 48))
 fa_contiguous_one_tile = _past(fa_amd.kernel("fa_amd:kvcache@contiguous", os.environ.get("NANFUZZ_FA_SRC") or None),
                                "without windows, sequences of one 64-key tile", sliding_window=False, max_seq_len=64)
+
+# name: (lmdeploy's kernel, what is left out, the capabilities that leave it out)
+_LMDEPLOY = {
+    "lmdeploy_decode_without_windows": ("lmdeploy:decode", "without windows", dict(sliding_window=False)),
+    "lmdeploy_block_decode_unquantized": ("lmdeploy:decode@block", "over unquantized caches",
+                                          dict(kv_cache_dtypes=("auto",))),
+    "lmdeploy_prefill_without_windows": ("lmdeploy:prefill", "without windows", dict(sliding_window=False)),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LMDEPLOY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    kernel, what, capabilities = _LMDEPLOY[name]
+    return _past(lmdeploy.kernel(kernel, os.environ.get("NANFUZZ_LMDEPLOY_SRC") or None), what, **capabilities)

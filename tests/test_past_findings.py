@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nanfuzz.harness.adapters.lmdeploy import block_pointers_removed
 from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of, campaign_strategy
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.report.repro import load_repro
@@ -34,25 +35,36 @@ DECLINED = {
     "rocm_segmented_attn_without_windows": ["vllm_rocm_segmented_attn-window-first-tile-loads-expired-v"],
     "triton_mla_two_heads": ["../near_bound/vllm_triton_mla-per-head-stage-1-sums-qk-in-bf16"],
     "fa_contiguous_one_tile": ["fa_amd_kvcache-contiguous-tail-in-a-later-tile", "fa_amd_kvcache-contiguous-window-ignored"],
+    "lmdeploy_decode_without_windows": ["lmdeploy_decode-window-expired-slots-of-a-live-block"],
+    "lmdeploy_prefill_without_windows": ["lmdeploy_prefill-window-expired-slots-of-a-live-block"],
 }
 # subject: the repros on file its campaigns stand past by leaving tails unpoisoned (``--poison`` without tail)
 TAILS_LEFT_FINITE = {
     "unified_attention_without_windows": ["aiter_unified_attention-3d-tail-past-seq-len",
                                           "aiter_unified_attention-decode-tail-past-seq-len",
                                           "aiter_unified_attention-prefill-block-64-tail-past-seq-len"],
+    "lmdeploy_decode_without_windows": ["lmdeploy_decode-tail-past-seq-len", "lmdeploy_decode-fp8-tail-past-seq-len"],
 }
 
 
 @pytest.fixture(scope="module")
-def past(vllm_source, aiter_source, fa_amd_source):
+def past(vllm_source, aiter_source, fa_amd_source, lmdeploy_source):
     patch = pytest.MonkeyPatch()
     patch.setenv("NANFUZZ_VLLM_SRC", str(vllm_source))
     patch.setenv("NANFUZZ_AITER_SRC", str(aiter_source))
     patch.setenv("NANFUZZ_FA_SRC", str(fa_amd_source))
+    patch.setenv("NANFUZZ_LMDEPLOY_SRC", str(lmdeploy_source))
     import tests.past_findings as module
 
     yield importlib.reload(module)  # its subjects read the sources as it is imported
     patch.undo()
+
+
+def _subject(past, name: str):
+    """The subject ``name``; lmdeploy's prefill only where Triton still has block pointers."""
+    if name == "lmdeploy_prefill_without_windows" and block_pointers_removed():
+        pytest.skip("lmdeploy's prefill cannot load on this Triton (no tl.make_block_ptr)")
+    return getattr(past, name)
 
 
 def declines(subject, case) -> str | None:
@@ -61,7 +73,7 @@ def declines(subject, case) -> str | None:
 
 @pytest.mark.parametrize("name", DECLINED)
 def test_a_subject_declines_the_findings_it_stands_past(past, name):
-    subject = getattr(past, name)
+    subject = _subject(past, name)
     for stem in DECLINED[name]:
         case = load_repro(HERE / "regressions" / f"{stem}.json")["case"]
         assert declines(subject, case), f"{name} takes {stem}"
@@ -76,9 +88,11 @@ def test_the_tail_findings_a_subject_stands_past_poison_tails_alone(past, name):
 
 
 @pytest.mark.parametrize("name", ["pa_decode_float16", "pa_prefill_without_windows", "unified_attention_without_windows",
-                                  "chunked_pa_prefill_prefills_without_windows", "fa_contiguous_one_tile"])
+                                  "chunked_pa_prefill_prefills_without_windows", "fa_contiguous_one_tile",
+                                  "lmdeploy_decode_without_windows", "lmdeploy_block_decode_unquantized",
+                                  "lmdeploy_prefill_without_windows"])
 def test_a_subject_takes_most_of_what_its_campaign_draws(past, name, tmp_path):
-    subject = getattr(past, name)
+    subject = _subject(past, name)
     settings = Settings(device="cpu", state_dir=tmp_path, size="production")
     caps, _ = campaign_capabilities(subject, settings)
     pool, _ = campaign_pool_of(caps, settings, tier="production")
