@@ -3,17 +3,16 @@ runs them: every one must end with exit 0, or with exit 1 and its repro; none wi
 
     python ci/memory_pressure.py --time-budget 600 --out pressure/
     python ci/memory_pressure.py --kernel "vllm:rocm_attn --no-window" --kernel aiter:pa_decode ... --vllm-src ...
-    python ci/memory_pressure.py --size mixed --time-budget 150 --kernel lmdeploy:decode \
-        --kernel "lmdeploy:decode --poison unreferenced" ...    # a table of kernels, each beside its control
+    python ci/memory_pressure.py --size mixed --kernel K --kernel "K --poison unreferenced" ...  # K beside its control
 
-Each campaign is a separate ``nanfuzz fuzz --size production`` command (``--size`` another tier) in a folder of its own (its
-own state folder, example database and repros, as separate CI jobs have); they share the device
-through the memory governor's ledger (``harness/judge/memory.py``; ``--memory-dir``, else the
-default folder).  By default the nine are the built-in variants at production size, fixed and old:
-an old variant's finding must survive the pressure whole (shrunk, replayed, written).  Prints one
-row per campaign (exit status, verdict, examples, the first failure and its shrink, checks that waited
-for memory and for how long, cases declined for memory, whether its repro is on disk) and exits 0 only when every campaign ended
-with 0, or with 1 and a repro.  Run it from the repository root.
+Each campaign is a separate ``nanfuzz fuzz --size production`` command (``--size`` another tier) in a folder
+of its own (its own state folder, example database and repros, as separate CI jobs have); they share the
+device through the memory governor's ledger (``harness/judge/memory.py``; ``--memory-dir``, else the default
+folder). By default the nine are the built-in variants at production size, fixed and old: an old variant's
+finding must survive the pressure whole (shrunk, replayed, written). Prints one row per campaign (exit status,
+verdict, examples, the first failure and its shrink, checks that waited for memory and for how long, cases
+declined for memory, whether its repro is on disk) and exits 0 only when every campaign ended with 0, or with
+1 and a repro. Run it from the repository root.
 """
 from __future__ import annotations
 

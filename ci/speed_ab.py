@@ -202,8 +202,9 @@ def figures(side: Install) -> dict[str, float | None]:
     if side.results["self_check"]:
         found["self-check s"] = _median(r["seconds"] for r in side.results["self_check"])
         found["self-check farm tasks"] = _median(r["tasks"] for r in side.results["self_check"])
-        shrinks = [[c["shrink_s"] or 0.0 for c in r["campaigns"]] for r in side.results["self_check"] if r.get("campaigns")]
-        found["self-check shrink s"] = _median(sum(s) for s in shrinks)
+        shrinks = [sum(c["shrink_s"] or 0.0 for c in r["campaigns"]) for r in side.results["self_check"]
+                   if r.get("campaigns")]
+        found["self-check shrink s"] = _median(shrinks)
     if side.results["detect"]:
         found["detect s median"] = _median(d["time_to_first_failure_s"]["median"] for d in side.results["detect"])
         found["detect s max"] = _median(d["time_to_first_failure_s"]["max"] for d in side.results["detect"])

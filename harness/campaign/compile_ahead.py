@@ -50,8 +50,8 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
                   first_cases: Callable[[Kernel], int | None], samples: Callable[[str], int]) -> Ahead:
     """A farm for ``runs`` (kernel, its campaign's settings), run in this order: ``first_cases(kernel)``
     of each campaign's first cases (None: every case its first search run draws while all pass),
-    then ``samples(tier)`` cases of each pool entry (``tier``: the campaign's size tier).  A campaign of several
-    jobs picks its seeds in its jobs: the farm builds its samples alone."""
+    then ``samples(tier)`` cases of each pool entry (``tier``: the campaign's size tier).  A campaign
+    of several jobs picks its seeds in its jobs: the farm builds its samples alone."""
     plans, planners, ahead = [], [], Ahead(None)
     if settings.device == "cpu" or settings.compile_jobs == 0:  # nothing compiles ahead (``scope.plan_for``)
         return Ahead(None, [None] * len(runs), [None] * len(runs))
