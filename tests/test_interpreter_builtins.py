@@ -105,3 +105,34 @@ def test_libdevice_and_ocml_names_map_to_numpy_s_functions():
                          ("__ocml_tanh_f32", "tanh"), ("__nv_expf", "exp")):
         assert interpreter_builtins._math_name(symbol) == name and name in interpreter_builtins.LIBDEVICE_MATH
     assert interpreter_builtins._math_name("__nv_erfinvf") not in interpreter_builtins.LIBDEVICE_MATH
+
+
+def test_a_scalar_held_in_a_one_element_array_indexes_as_its_element(monkeypatch):
+    # Triton 3.6's interpreter converts a scalar used as an integer with int() of its array, which
+    # NumPy 2.4 refuses for a one-element array (lmdeploy's prefill loops over range(loop_start, ...))
+    import operator
+    import types
+    import warnings
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    def like_triton_3_6(tensor, scope):
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", like_triton_3_6)
+
+    class Scalar:
+        def __init__(self, data):
+            self.handle = types.SimpleNamespace(data=data)
+
+    scope = interpreter._LangPatchScope()
+    with warnings.catch_warnings(), interpreter_builtins.interpretable_launches():
+        warnings.simplefilter("error")  # an older NumPy only warns
+        interpreter._patch_lang_tensor(Scalar, scope)
+        try:
+            assert operator.index(Scalar(np.array([5], dtype=np.int32))) == 5
+            assert list(range(Scalar(np.array(2)), Scalar(np.array([4])))) == [2, 3]
+        finally:
+            scope.restore()
+    assert interpreter._patch_lang_tensor is like_triton_3_6  # put back after the launches

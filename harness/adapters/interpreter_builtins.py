@@ -13,6 +13,12 @@ you forget to add @triton.jit ?", though the kernel runs on a GPU:
 - a builtin of ``triton.language.extra`` (``tl.extra.cuda.libdevice.tanh``,
   ``tl.extra.cuda.gdc_wait``), which the interpreter never patches.
 
+A third fails in some interpreters only: a scalar a kernel computes, used where Python wants an
+integer (``range(loop_start, loop_end, BLOCK_N)`` in lmdeploy's prefill).  Triton 3.6's interpreter
+converts it with ``int()`` of its one-element array, which NumPy 2.4 refuses ("only 0-dimensional
+arrays can be converted to Python scalars"); Triton 3.9's takes the element.  Within
+``interpretable_launches`` every interpreter takes the element.
+
 ``make_interpretable`` rebinds the first kind, in a module whose kernels were built for the
 interpreter, to a function that calls the builtin as the interpreter has it at call time; the
 kernel-file loader does so for every file it executes.  ``interpretable_launches``, around each
@@ -221,7 +227,24 @@ def _patch_extra_builtins() -> list[tuple[object, str, object]]:
     put(type(interpreter.interpreter_builder), "create_extern_elementwise", _extern_elementwise)
     for module, name, replacement in _extra_replacements():
         put(module, name, replacement)
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch_tensor is not None:
+        put(interpreter, "_patch_lang_tensor", _with_scalar_index(patch_tensor))
     return saved
+
+
+def _with_scalar_index(patch_tensor: Callable) -> Callable:
+    """The interpreter's patch of ``tl.tensor`` for a launch, then an ``__index__`` that takes a scalar's
+    one element, whatever the shape of the array holding it (see the module's notes)."""
+    def patch(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", _scalar_index)
+
+    return patch
+
+
+def _scalar_index(self) -> int:
+    return int(self.handle.data.item())
 
 
 _extra_rebound: list[tuple[types.ModuleType, str, Callable]] = []
