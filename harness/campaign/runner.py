@@ -24,6 +24,7 @@ from typing import Callable
 from nanfuzz.harness.campaign import known_failures, paths_seen, reach
 from nanfuzz.harness.campaign.accepted_entry import entry_it_takes
 from nanfuzz.harness.campaign.capability_hint import name_the_capability
+from nanfuzz.harness.campaign.expired_blocks import drop_expired_blocks
 from nanfuzz.harness.campaign.hypothesis_home import hypothesis_files_in
 from nanfuzz.harness.campaign.journal import Journal
 from nanfuzz.harness.campaign.leftovers import recover_leftovers
@@ -271,11 +272,12 @@ class CampaignRunner:
         return False
 
     def after_the_finding(self) -> None:
-        """Remember the failure, cut it down to one sequence where it can be, confirm it, name the
-        capability it hangs on: nothing here may cost the finding, so a step that cannot go on is a
-        note and the failure stands as found."""
+        """Remember the failure, cut it down to one sequence and its window's dead blocks away where it
+        can be, confirm it, name the capability it hangs on: nothing here may cost the finding, so a step
+        that cannot go on is a note and the failure stands as found."""
         steps = (("remembering it", self.remember_failure),
-                 ("cutting it down to one sequence", self.cut_to_one_sequence), ("replaying it", self.confirm),
+                 ("cutting it down to one sequence", self.cut_to_one_sequence),
+                 ("cutting the blocks below its window", self.drop_expired_blocks), ("replaying it", self.confirm),
                  ("judging it without each declared feature", self.name_the_capability))
         for what, step in steps:
             if not self.campaign.failed:
@@ -291,6 +293,13 @@ class CampaignRunner:
         if cut_to_one_sequence(self.campaign, self.caps, self._check_journaled, self.kernel,
                                self.settings.device == "cpu"):
             self.remember_failure()  # beside the shrunk one, remembered before the cut's runs
+
+    def drop_expired_blocks(self) -> None:
+        if not self.settings.shrink or self.campaign.interrupted:
+            return
+        if drop_expired_blocks(self.campaign, self.caps, self._check_journaled, self.kernel,
+                               self.settings.device == "cpu"):
+            self.remember_failure()
 
     def name_the_capability(self) -> None:
         if not self.campaign.interrupted:
