@@ -39,9 +39,9 @@ What each leaves out, and the repro on file that is why:
   (lmdeploy_decode-window-expired-slots-of-a-live-block.json): no window, run with ``--poison null-block
   --poison padding --poison unreferenced`` so that the tails, which nearly every batch holds, keep finite
   values;
-- ``lmdeploy_block_decode_unquantized``: the same kernel as a dLLM's block decode, the same way, and over an
-  fp8 cache its quantized kernel reads other tokens' queries and unwritten scratch (a test in
-  tests/test_lmdeploy_adapters.py): unquantized caches;
+- ``lmdeploy_block_decode_unquantized``: the same kernel as a dLLM's block decode loads the same tails, and
+  over an fp8 cache its quantized kernel reads other tokens' queries and unwritten scratch (a test in
+  tests/test_lmdeploy_adapters.py): unquantized caches, run with the decode's ``--poison`` options;
 - ``lmdeploy_prefill_without_windows``: lmdeploy's prefill weighs the expired keys of a query tile's first
   block (lmdeploy_prefill-window-expired-slots-of-a-live-block.json): no window.
 
