@@ -35,9 +35,10 @@ class LongBatches:
     ``2 ** coins`` (each of ``coins`` drawn booleans comes up true: a fair coin each, which
     Hypothesis generates at an even rate, where a one-in-eight integer comes up unevenly from one
     run to the next).  A long batch is a usual one lengthened: the same choices, its first
-    sequence given more keys and more sequences after it, so that a failure the usual batch of the
-    same choices shows can shrink back to it, and one only a long batch shows shrinks toward
-    its fewest sequences and keys."""
+    sequence given more keys (whole blocks more, about: its last key sits in the same slot of its
+    last block, so that its tail is the same) and more sequences after it, so that a failure the
+    usual batch of the same choices shows can shrink back to it, and one only a long batch shows
+    shrinks toward its fewest sequences and keys."""
 
     min_sequences: int
     max_sequences: int
@@ -244,7 +245,7 @@ def _small_cases(capabilities: Capabilities, interpreter: bool, size: Size | Non
         if long is not None:  # drawn whatever the coins say: the same choices either way
             keys, more = draw(longer)
             if is_long:
-                lengths = _lengthened(lengths, keys, more, long, caps)
+                lengths = _lengthened(lengths, keys, more, long, caps, bs)
         if fixed:
             causal, window, sinks = fixed.causal, fixed.window, fixed.sinks
         else:
@@ -316,11 +317,19 @@ def _longer_lengths(caps: Capabilities, size: Size, long: LongBatches):
     return st.tuples(integers(long.min_keys, max_keys), more)
 
 
-def _lengthened(lengths: list, keys: int, more: list, long: LongBatches, caps: Capabilities) -> list:
-    """A usual batch's lengths made long: its first sequence given ``keys`` keys (a prefill becomes a
-    chunked prefill of its new tokens), ``more`` sequences after the others, and decodes of one key
-    after those up to ``long.min_sequences``; never more than ``long.max_sequences``."""
+def _lengthened(lengths: list, keys: int, more: list, long: LongBatches, caps: Capabilities,
+                block_size: int) -> list:
+    """A usual batch's lengths made long: its first sequence given about ``keys`` keys, its last in the
+    same slot of a block as its usual length's (a prefill becomes a chunked prefill of its new
+    tokens), ``more`` sequences after the others, and decodes of one key after those up to
+    ``long.min_sequences``; never more than ``long.max_sequences``."""
     first = lengths[0]
+    most_keys = long.max_keys if caps.max_seq_len is None else min(long.max_keys, caps.max_seq_len)
+    same_slot = keys + (first.seq_len - keys) % block_size
+    if same_slot > most_keys:
+        same_slot -= block_size
+    if same_slot >= long.min_keys:
+        keys = same_slot
     first = Lengths(1, keys) if first.query_len == 1 else Lengths(min(first.query_len, keys - 1), keys)
     most = long.max_sequences if caps.max_sequences is None else min(long.max_sequences, caps.max_sequences)
     out = ([first] + lengths[1:] + more)[:most]

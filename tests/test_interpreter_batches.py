@@ -1,6 +1,7 @@
 """Under Triton's interpreter the default campaign draws, at a steady share, batches larger than its
 usual ones (more than four sequences, more than 1024 keys), and catches the kernels that are wrong
 only in such batches."""
+import json
 from dataclasses import replace
 
 import pytest
@@ -10,10 +11,13 @@ from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_strat
 from nanfuzz.harness.campaign.search import chunk_seed
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import upcoming_cases
+from nanfuzz.harness.cli import main
 from nanfuzz.harness.judge.check import Verdict, check
 from nanfuzz.harness.registry import builtin_kernels
+from nanfuzz.harness.report.repro import load_repro
 from nanfuzz.reference.case import Case, Geometry, Poison, Sequence
-from nanfuzz.strategies.cases import INTERPRETER_LONG, INTERPRETER_SIZE, paged_cases
+from nanfuzz.strategies.batches import Lengths
+from nanfuzz.strategies.cases import INTERPRETER_LONG, INTERPRETER_SIZE, _lengthened, paged_cases
 from tests import production_kernels
 
 
@@ -89,3 +93,28 @@ def test_a_default_cpu_campaign_catches_kernels_wrong_only_in_long_batches(kerne
         assert any(f"of {INTERPRETER_LONG.min_sequences} fails alone" in note for note in campaign.notes)
     else:  # a bug of late sequences needs them all: shrunk within the long batches, to their fewest sequences
         assert len(case.sequences) == INTERPRETER_LONG.min_sequences
+
+
+def test_a_long_batch_s_first_sequence_ends_in_the_slot_its_usual_length_ends_in():
+    caps = production_kernels.CAPS
+    for block_size in (1, 16, 48, 64):
+        for keys in (INTERPRETER_LONG.min_keys, 1100, INTERPRETER_LONG.max_keys):
+            for usual in (Lengths(1, 37), Lengths(3, 40), Lengths(1, 64)):
+                first = _lengthened([usual], keys, [], INTERPRETER_LONG, caps, block_size)[0]
+                assert first.seq_len % block_size == usual.seq_len % block_size
+                assert INTERPRETER_LONG.min_keys <= first.seq_len <= INTERPRETER_LONG.max_keys
+
+
+def test_a_tail_bug_met_in_a_long_batch_shrinks_out_of_it(tmp_path, monkeypatch):
+    # this seed's campaign meets tail-masked's NaN in a long batch, whose first sequence then ended
+    # in another slot than its usual length: the shrink stopped at 1,025 keys (65 once the blocks
+    # below its window were cut); with the same tail, the usual batch fails too and the shrink goes on
+    monkeypatch.setenv("NANFUZZ_PROFILE", "dev")  # CI's profile derandomizes: every seed is 0
+    summary = tmp_path / "summary.json"
+    code = main(["fuzz", "--kernel", "paged_decode@tail-masked", "--device", "cpu", "--seed", "1883984659",
+                 "--state-dir", str(tmp_path), "--summary-json", str(summary)])
+    (entry,) = json.loads(summary.read_text())["kernels"]
+    assert code == 1 and entry["verdict"] == "NONFINITE", entry["summary"]
+    case = load_repro(next(path for path in entry["repro"] if path.endswith(".json")))["case"]
+    assert case.max_seq_len <= 16, case.sequences
+    assert not any("cut from the front" in note for note in entry["notes"]), entry["notes"]
