@@ -40,6 +40,7 @@ from nanfuzz.harness.campaign.scope import compile_plan, start_farm
 from nanfuzz.harness.launch.subjects import make_subject
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.campaign.jobs import fuzz_parallel
+from nanfuzz.harness.campaign.result import add_known
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.reference.errors import NanfuzzError
 
@@ -77,8 +78,7 @@ class Throughput:
         self.cpu_seconds += campaign.cpu_seconds
         self.judging_cpu_seconds += campaign.judging_cpu_seconds
         self.declined_for_memory += campaign.declined_for_memory
-        if campaign.run_queue_seconds is not None:
-            self.run_queue_seconds = (self.run_queue_seconds or 0.0) + campaign.run_queue_seconds
+        self.run_queue_seconds = add_known(self.run_queue_seconds, campaign.run_queue_seconds)
         self.campaigns += campaigns
         self.examples += campaign.examples
         self.seconds += campaign.elapsed

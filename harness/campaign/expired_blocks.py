@@ -18,13 +18,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from nanfuzz.harness.campaign.one_sequence import first_failing_the_same
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.judge.check import Verdict
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.launch.worker import Declined
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
-from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.semantics import poison_dead_slots_only
 
 # The cuts tried, in order: (keys whose multiple a cut keeps positions modulo, whether the dead blocks
@@ -62,25 +61,12 @@ def drop_expired_blocks(campaign: Campaign, caps: Capabilities, check, kernel: K
     failure, case = campaign.failure, campaign.failing_case
     if failure is None or case is None or not case.sliding_window or failure.verdict is Verdict.HANG:
         return False  # a HANG's check costs a whole timeout
-    tried = set()
-    for keys, keep_poisoned in CUTS:
-        try:
-            shorter = cut(case, keys, keep_poisoned)
-        except NanfuzzError:
-            continue
-        if shorter is None or shorter in tried:
-            continue
-        tried.add(shorter)
-        if caps.unsupported(shorter, interpreter=interpreter) or kernel.declines(shorter):
-            continue
-        outcome = check(shorter)
-        if isinstance(outcome, Declined) or outcome.verdict is not failure.verdict:
-            continue
-        before = sum(s.seq_len for s in case.sequences)
-        after = sum(s.seq_len for s in shorter.sequences)
-        campaign.failure, campaign.failing_case = outcome, shorter
-        campaign.notes.append(f"{campaign.kernel}: the shrunk case fails the same with the blocks wholly below its "
-                              f"window cut from the front of its sequences ({before} keys, {after} left): the repro "
-                              "is that case")
-        return True
-    return False
+    tries = (((keys, keep), lambda keys=keys, keep=keep: cut(case, keys, keep)) for keys, keep in CUTS)
+    if first_failing_the_same(campaign, tries, caps, check, kernel, interpreter) is None:
+        return False
+    before = sum(s.seq_len for s in case.sequences)
+    after = sum(s.seq_len for s in campaign.failing_case.sequences)
+    campaign.notes.append(f"{campaign.kernel}: the shrunk case fails the same with the blocks wholly below its "
+                          f"window cut from the front of its sequences ({before} keys, {after} left): the repro "
+                          "is that case")
+    return True

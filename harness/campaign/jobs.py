@@ -364,7 +364,7 @@ def _collect(processes, links: JobLinks, done, died, deadline, on_progress=None)
 
 
 def _merge(kernel_name: str, device: str, results: list, start: float):
-    from nanfuzz.harness.campaign.result import Campaign
+    from nanfuzz.harness.campaign.result import Campaign, add_known
 
     merged = Campaign(kernel=kernel_name, device=device, busy_seconds=0.0)
     first_failure_at = None
@@ -372,8 +372,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.busy_seconds += campaign.elapsed
         merged.cpu_seconds += campaign.cpu_seconds
         merged.judging_cpu_seconds += campaign.judging_cpu_seconds
-        if campaign.run_queue_seconds is not None:
-            merged.run_queue_seconds = (merged.run_queue_seconds or 0.0) + campaign.run_queue_seconds
+        merged.run_queue_seconds = add_known(merged.run_queue_seconds, campaign.run_queue_seconds)
         merged.examples += campaign.examples
         merged.notes += [note for note in campaign.notes if note not in merged.notes]  # each job says the same
         merged.worker_restarts += campaign.worker_restarts

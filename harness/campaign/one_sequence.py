@@ -43,18 +43,34 @@ def cut_to_one_sequence(campaign: Campaign, caps: Capabilities, check, kernel: K
     if failure is None or case is None or len(case.sequences) < 2 or failure.verdict is Verdict.HANG:
         return False  # a HANG's check costs a whole timeout
     longest_first = sorted(range(len(case.sequences)), key=lambda i: (-case.sequences[i].seq_len, i))
-    for index in longest_first[:MOST_TRIED]:
+    tries = ((index, lambda index=index: alone(case, index)) for index in longest_first[:MOST_TRIED])
+    index = first_failing_the_same(campaign, tries, caps, check, kernel, interpreter)
+    if index is None:
+        return False
+    campaign.notes.append(f"{campaign.kernel}: the shrunk case's sequence {index} of {len(case.sequences)} "
+                          f"fails alone with the same verdict: the repro is that sequence alone")
+    return True
+
+
+def first_failing_the_same(campaign: Campaign, tries, caps: Capabilities, check, kernel: Kernel, interpreter: bool):
+    """Of ``tries`` (label, a function making a smaller case, NanfuzzError where it is no valid batch,
+    or None where there is none), the first case the kernel takes that fails with the campaign's
+    verdict (``check``: the campaign's check of a case) becomes the campaign's failure; its label,
+    or None where none does.  A case tried before is not tried again."""
+    tried = []
+    for label, make in tries:
         try:
-            single = alone(case, index)
+            smaller = make()
         except NanfuzzError:
             continue
-        if caps.unsupported(single, interpreter=interpreter) or kernel.declines(single):
+        if smaller is None or smaller in tried:
             continue
-        outcome = check(single)
-        if isinstance(outcome, Declined) or outcome.verdict is not failure.verdict:
+        tried.append(smaller)
+        if caps.unsupported(smaller, interpreter=interpreter) or kernel.declines(smaller):
             continue
-        campaign.failure, campaign.failing_case = outcome, single
-        campaign.notes.append(f"{campaign.kernel}: the shrunk case's sequence {index} of {len(case.sequences)} "
-                              f"fails alone with the same verdict: the repro is that sequence alone")
-        return True
-    return False
+        outcome = check(smaller)
+        if isinstance(outcome, Declined) or outcome.verdict is not campaign.failure.verdict:
+            continue
+        campaign.failure, campaign.failing_case = outcome, smaller
+        return label
+    return None

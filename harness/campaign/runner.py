@@ -288,18 +288,18 @@ class CampaignRunner:
                 self.campaign.notes.append(f"{self.kernel.name}: the failure stands as found; {what} stopped: {exc}")
 
     def cut_to_one_sequence(self) -> None:
-        if not self.settings.shrink or self.campaign.interrupted:  # --no-shrink: the case as found, at once
-            return
-        if cut_to_one_sequence(self.campaign, self.caps, self._check_journaled, self.kernel,
-                               self.settings.device == "cpu"):
-            self.remember_failure()  # beside the shrunk one, remembered before the cut's runs
+        self._cut_further(cut_to_one_sequence)
 
     def drop_expired_blocks(self) -> None:
-        if not self.settings.shrink or self.campaign.interrupted:
+        self._cut_further(drop_expired_blocks)
+
+    def _cut_further(self, cut) -> None:
+        """The shrunk failure made smaller by ``cut`` where that fails the same (``one_sequence``,
+        ``expired_blocks``), and the smaller one remembered beside it."""
+        if not self.settings.shrink or self.campaign.interrupted:  # --no-shrink: the case as found, at once
             return
-        if drop_expired_blocks(self.campaign, self.caps, self._check_journaled, self.kernel,
-                               self.settings.device == "cpu"):
-            self.remember_failure()
+        if cut(self.campaign, self.caps, self._check_journaled, self.kernel, self.settings.device == "cpu"):
+            self.remember_failure()  # beside the shrunk one, remembered before the cut's runs
 
     def name_the_capability(self) -> None:
         if not self.campaign.interrupted:
