@@ -107,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
                         "built-in kernel")
     p.add_argument("--max-examples", type=int, metavar="N", help="examples per kernel (default: from the profile)")
     p.add_argument("--seed", type=int, metavar="S", help="fix Hypothesis's seed")
+    p.add_argument("--pool-seed", type=int, metavar="P",
+                   help="the specialisation pool's seed (default: the seed, else 0)")
+    p.add_argument("--pool-round", type=int, metavar="R",
+                   help="the pool's round (default: 0 with --seed or --pool-seed, else the state folder's next "
+                        "round of the kernel's pool)")
     p.add_argument("--repro-dir", metavar="D", help=f"where repros go (default STATE/repros: {DEFAULT_REPRO_DIR})")
     p.add_argument("--profile", choices=("dev", "ci", "pr-gate", "nightly"), help="default: ci under CI=true, else dev")
     p.add_argument("--time-budget", type=float, metavar="SECONDS", help="wall-time bound per kernel")
@@ -241,7 +246,8 @@ def _main(args) -> int:
 _LEAST = {"--launch-timeout": (0.0, False), "--time-budget": (0.0, False), "--seconds": (0.0, False),
           "--threshold": (0.0, True), "--max-examples": (1, True), "--jobs": (1, True), "--pool": (0, True),
           "--compile-jobs": (0, True), "--examples": (0, True), "--seeds": (0, True), "--warmup": (0, True),
-          "--detect-examples": (1, True), "--runs": (1, True), "--min-examples": (0, True)}
+          "--detect-examples": (1, True), "--runs": (1, True), "--min-examples": (0, True),
+          "--pool-seed": (0, True), "--pool-round": (0, True)}
 
 
 def _check_numbers(args) -> None:
@@ -301,6 +307,9 @@ def _settings(args, device: str):
                        time_budget=args.time_budget, seed=args.seed, shrink=not args.no_shrink,
                        jobs=args.jobs, example_db=args.example_db, strict_reads=args.strict_reads or None,
                        targeting=False if args.no_target else None)
+        if args.pool_seed is not None or args.pool_round is not None:  # a pinned pool takes no next round
+            options.update(pool_seed=args.pool_seed if args.pool_seed is not None else args.seed or 0,
+                           pool_round=args.pool_round or 0)
     if args.command in ("fuzz", "bench"):
         options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs, size=args.size)
     settings = Settings.from_environment(**options)
@@ -467,6 +476,20 @@ def _print_coverage(args, kernel, campaign) -> None:
         print(f"{kernel.name}: {campaign.accuracy.table()}", flush=True)
 
 
+def rerun_options(campaign, kernel_settings) -> str:
+    """The options that draw ``campaign``'s cases again: its seed, and its pool's seed and round where
+    ``--seed`` alone would pick another pool (an unseeded run fuzzes pool 0 in the state folder's
+    next round), and its jobs (job i searches with seed + i)."""
+    options = [f"--seed {campaign.seed}"]
+    if campaign.pool_seed is not None and campaign.pool_seed != campaign.seed:
+        options.append(f"--pool-seed {campaign.pool_seed}")
+    if campaign.pool_round:
+        options.append(f"--pool-round {campaign.pool_round}")
+    if kernel_settings.jobs > 1:
+        options.append(f"--jobs {kernel_settings.jobs}")
+    return " ".join(options)
+
+
 def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
     """The campaign's entry in --summary-json."""
     from nanfuzz.harness.campaign.scope import campaign_tier
@@ -474,7 +497,7 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
     from nanfuzz.harness.report import coverage
 
     return {"kernel": kernel.name, "import_path": import_path(kernel), "expect": kernel.expect,
-            "seed": campaign.seed,
+            "seed": campaign.seed, "pool_seed": campaign.pool_seed, "pool_round": campaign.pool_round,
             "verdict": verdict, "examples": campaign.examples,
             "elapsed_s": round(campaign.elapsed, 3), "time_to_first_failure_s": campaign.time_to_first_failure,
             "examples_to_first_failure": campaign.examples_to_first_failure,
@@ -548,7 +571,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> 
         rows.append((kernel.name, kernel.expect if self_check else "-", verdict, campaign.examples, first, shrink,
                      f"{campaign.elapsed:.1f}s", result))
         if campaign.seed is not None:
-            print(f"{kernel.name}: seed {campaign.seed} (--seed {campaign.seed} runs the same search)", flush=True)
+            print(f"{kernel.name}: seed {campaign.seed} ({rerun_options(campaign, kernel_settings)} runs the same "
+                  "search)", flush=True)
         summary.append(_summary_entry(kernel, campaign, kernel_settings, verdict))
         if campaign.interrupted:
             interrupted = True

@@ -176,9 +176,10 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     compiles, imports, caches); the campaign's times then run from the
     earliest measured start to the last job's end.  ``farm``: a compile
     farm's handle the caller started for this campaign (else one starts here).
-    ``pool_seed`` picks the jobs' one pool (default: the seed, else 0).  ``on_progress(examples,
-    shrinking)``: told, a few times a second while the jobs run, the examples all of them have run
-    and whether one of them is shrinking a failure (``harness.report.progress`` prints it).
+    ``pool_seed`` picks the jobs' one pool (default: the settings', else the seed, else 0).
+    ``on_progress(examples, shrinking)``: told, a few times a second while the jobs run, the
+    examples all of them have run and whether one of them is shrinking a failure
+    (``harness.report.progress`` prints it).
     """
     from nanfuzz.harness.campaign.leftovers import recover_leftovers
     from nanfuzz.harness.campaign.scope import compile_plan, start_farm
@@ -195,8 +196,8 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
     seed = settings.seed
     if seed is None and profile.derandomize:
         seed = 0
-    if pool_seed is None:
-        pool_seed = seed if seed is not None else 0  # one pool for every job
+    if pool_seed is None:  # one pool for every job
+        pool_seed = settings.pool_seed if settings.pool_seed is not None else seed if seed is not None else 0
     start = time.time()
     own_farm = start_farm([compile_plan(kernel, settings, pool_seed)], settings) if farm is None else None
     try:
@@ -269,6 +270,9 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm, on_progress=None):
     measured_from = min((span[0] for _, span in finished), default=spread.start) if spread.warmup else spread.start
     merged = _merge(kernel.name, settings.device, finished, measured_from)
     merged.startup["started"] = spread.start  # its steps from the run's start, warm-ups included
+    merged.seed = spread.seed  # job i searched with seed + i (unseeded: each its own random seed)
+    if finished:
+        merged.pool_seed, merged.pool_round = finished[0][0].pool_seed, finished[0][0].pool_round
     merged.notes = notes + merged.notes + [f"{kernel.name}: a job stopped: {error}" for error in dict.fromkeys(errors)]
     if interrupted:
         merged.interrupted = True

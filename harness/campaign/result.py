@@ -35,6 +35,8 @@ class Campaign:
     kernel: str
     device: str
     seed: int | None = None  # the search's seed, so that any run can be repeated (``--seed``)
+    pool_seed: int | None = None   # its specialisation pool's seed and round, where it had a pool
+    pool_round: int | None = None  # (``--pool-seed``, ``--pool-round``)
     examples: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
     failure: Outcome | None = None

@@ -155,6 +155,8 @@ class CampaignRunner:
         self.finding_patience = settings.memory.search_wait
         self.campaign = Campaign(kernel=kernel.name, device=settings.device, seed=self.search_seed,
                                  statistics=Statistics.for_capabilities(self.caps, self.targets))
+        if self.pool is not None:
+            self.campaign.pool_seed, self.campaign.pool_round = self.pool_seed, settings.pool_round
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
         self._check_read_tracing()
         self.start, self._cpu_start = time.perf_counter(), time.process_time()

@@ -78,11 +78,12 @@ def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | No
 
 def with_next_pool_round(kernel: Kernel, settings: Settings) -> Settings:
     """``settings`` in the next round of ``kernel``'s pool (``harness.campaign.pool_rounds``) for a
-    run that pins nothing (no seed) and has a pool (on a GPU, or asked for); else as they are."""
+    run that pins nothing (no seed, no pool seed) and has a pool (on a GPU, or asked for); else as
+    they are."""
     from nanfuzz.harness.campaign import pool_rounds
 
     has_pool = settings.pool_size != 0 and (settings.device != "cpu" or settings.pool_size)
-    if settings.seed is not None or not has_pool:
+    if settings.seed is not None or settings.pool_seed is not None or not has_pool:
         return settings
     return settings.replace(pool_round=pool_rounds.take(settings.state_dir, kernel.name))
 

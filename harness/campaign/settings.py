@@ -125,7 +125,7 @@ class Settings:
 # a launch timeout of 0 s (or NaN) would switch the watchdog off, a budget of 0 s would run no example.
 _LEAST = {"launch_timeout": (0.0, False), "time_budget": (0.0, False), "shrink_budget": (0.0, False),
           "max_examples": (1, True), "jobs": (1, True), "campaigns_per_device": (1, True), "pool_size": (0, True), "compile_jobs": (0, True),
-          "pool_round": (0, True), "replays": (0, True)}
+          "pool_seed": (0, True), "pool_round": (0, True), "replays": (0, True)}
 
 
 def check_number(label: str, value, least: int | float, allowed: bool) -> None:

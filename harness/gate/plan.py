@@ -93,7 +93,9 @@ class ShardRecord:
     verdict: str = ""              # PASS, a failure verdict, ERROR
     summary: str = ""
     examples: int = 0
-    seed: int | None = None        # the campaign's search seed (--seed repeats it)
+    seed: int | None = None        # the campaign's search seed, and its pool's seed and round
+    pool_seed: int | None = None   # (--seed S --pool-seed P --pool-round R draws its cases again)
+    pool_round: int | None = None
     elapsed: float = 0.0
     rounds: int = 0                # fuzz() calls the shard made
     verdicts: dict[str, int] = field(default_factory=dict)

@@ -55,7 +55,7 @@ def run_shard(plan: Plan, kernel_name: str, slot: str, device: str) -> ShardReco
                     pool_seed=plan.pool_seed(slot))
     record.rounds = 1
     record.examples = campaign.examples
-    record.seed = campaign.seed
+    record.seed, record.pool_seed, record.pool_round = campaign.seed, campaign.pool_seed, campaign.pool_round
     record.verdicts = dict(campaign.verdicts)
     record.time_to_first_failure = campaign.time_to_first_failure
     record.examples_to_first_failure = campaign.examples_to_first_failure
