@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -42,6 +43,7 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.campaign.jobs import fuzz_parallel
 from nanfuzz.harness.campaign.result import add_known
 from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.campaign.stack_samples import in_a_check, innermost
 from nanfuzz.reference.errors import NanfuzzError
 
 PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict",
@@ -71,6 +73,7 @@ class Throughput:
     # seconds from the start to each step of it (Campaign.startup): the first worker loaded and ready,
     # the farm started; with the farm's first task built (farm's summary), where the first example waits
     startup: dict[str, float] | None = None
+    stacks: Counter | None = None  # the searches' stacks, sampled (``nanfuzz bench --stacks``)
 
     def add(self, campaign, campaigns: int = 1) -> None:
         """Count ``campaign`` in; time outside its measured phases is generation."""
@@ -78,6 +81,8 @@ class Throughput:
         self.cpu_seconds += campaign.cpu_seconds
         self.judging_cpu_seconds += campaign.judging_cpu_seconds
         self.declined_for_memory += campaign.declined_for_memory
+        if campaign.stacks is not None:
+            self.stacks = (self.stacks or Counter()) + campaign.stacks
         self.run_queue_seconds = add_known(self.run_queue_seconds, campaign.run_queue_seconds)
         self.campaigns += campaigns
         self.examples += campaign.examples
@@ -118,7 +123,19 @@ class Throughput:
             # generation's wall time is the host's cores being busy rather than a wait of their own
             "run_queue_seconds_per_example": {
                 "campaign": None if self.run_queue_seconds is None else self.run_queue_seconds / n},
+            "stack_samples": None if self.stacks is None else where_the_search_was(self.stacks, self.examples),
         }
+
+
+def where_the_search_was(stacks: Counter, examples: int) -> dict:
+    """The sampled stacks' summary (``stacks``: microseconds by stack): the seconds sampled, those
+    outside the subject's checks (generation, the journal, tally), and the innermost frames the search
+    was in most, in milliseconds per example, outside the checks and over all."""
+    per_example = 1e-3 / max(examples, 1)
+    outside = sum(us for stack, us in stacks.items() if not in_a_check(stack))
+    return {"sampled_s": 1e-6 * sum(stacks.values()), "outside_checks_s": 1e-6 * outside,
+            "ms_per_example_outside_checks": [[frame, us * per_example] for frame, us in innermost(stacks, True)],
+            "ms_per_example": [[frame, us * per_example] for frame, us in innermost(stacks)]}
 
 
 @dataclass

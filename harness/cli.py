@@ -182,6 +182,10 @@ def _parser() -> argparse.ArgumentParser:
     size_option(p)
     compile_options(p)
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--stacks", metavar="FILE",
+                   help="sample each measured campaign's search thread every 5 ms and write the stacks seen, "
+                        "with their counts, to FILE (the collapsed lines flame-graph tools read); the JSON and "
+                        "the table say where the search was between checks")
 
     p = sub.add_parser("perf", help="is kernel A slower than baseline B on realistic decode and prefill shapes?")
     common(p)
@@ -261,7 +265,7 @@ def _check_numbers(args) -> None:
 
 def _check_outputs(args) -> None:
     """A file the command writes once its run is over can be written: known now, not after the run."""
-    for flag in ("--json", "--summary-json"):
+    for flag in ("--json", "--summary-json", "--stacks"):
         value = getattr(args, flag[2:].replace("-", "_"), None)
         if value is None:
             continue
@@ -312,6 +316,10 @@ def _settings(args, device: str):
                            pool_round=args.pool_round or 0)
     if args.command in ("fuzz", "bench"):
         options.update(focus=_focus(args), pool_size=args.pool, compile_jobs=args.compile_jobs, size=args.size)
+    if args.command == "bench" and args.stacks:
+        from nanfuzz.harness.campaign.stack_samples import INTERVAL
+
+        options.update(sample_stacks=INTERVAL)
     settings = Settings.from_environment(**options)
     if args.command == "fuzz":
         from nanfuzz.harness.campaign.example_db import check
@@ -676,9 +684,30 @@ def _bench(args, settings) -> int:
           f"another process was compiling); new specs: kernel specialisations after the warm-up ({specs}); 1st ex s: seconds to the first "
           f"example; farm s: the compile farm's wall time; load average at the end "
           f"{summary['machine_at_end']['load_average']}")
+    if args.stacks:
+        _write_stacks(args.stacks, results)
     if args.json:
         _write_json("--json", args.json, summary)
     return 0
+
+
+def _write_stacks(path: str, results) -> None:
+    """``bench --stacks``: the sampled stacks to ``path``, and where each search was between checks."""
+    from nanfuzz.harness.bench import where_the_search_was
+    from nanfuzz.harness.campaign.stack_samples import collapsed
+    from nanfuzz.harness.report.atomic import write_atomically
+
+    sampled = [(r.kernel, r.throughput) for r in results if r.throughput is not None and r.throughput.stacks]
+    for kernel, throughput in sampled:
+        where = where_the_search_was(throughput.stacks, throughput.examples)
+        print(f"\n{kernel}: {where['sampled_s']:.1f} s of the search thread sampled, {where['outside_checks_s']:.1f} s "
+              "outside the subject's checks; there, ms/ex in the innermost frames it was in most:")
+        for frame, ms in where["ms_per_example_outside_checks"][:8]:
+            print(f"  {ms:8.2f}  {frame}")
+    try:
+        write_atomically(path, "".join(collapsed(t.stacks, kernel) for kernel, t in sampled))
+    except OSError as exc:
+        raise NanfuzzError(f"cannot write --stacks {path!r} ({exc.strerror})") from None
 
 
 def _scaling(args, settings, kernels) -> int:

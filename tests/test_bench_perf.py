@@ -51,6 +51,7 @@ def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_
         assert t["declined_for_memory"] == 0  # nothing waits for device memory here
         queued = t["run_queue_seconds_per_example"]["campaign"]
         assert (queued is not None and queued >= 0) == os.path.exists("/proc/self/schedstat")
+        assert t["stack_samples"] is None  # sampled only when asked (--stacks)
     assert by_name["paged_decode@masked"]["detection"] is None  # a fixed kernel has nothing to detect
     detection = by_name["paged_decode@unmasked"]["detection"]
     assert detection["seeds"] == 2 and detection["caught"] == 2
@@ -73,12 +74,21 @@ def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_
 
 
 def test_bench_with_jobs_measures_campaigns_side_by_side(tmp_path):
-    out = tmp_path / "bench.json"
+    out, stacks = tmp_path / "bench.json", tmp_path / "stacks.txt"
     argv = ["bench", "--device", "cpu", "--kernel", "tests.torch_kernels:correct", "--kernel", "tests.torch_kernels:mask_multiply",
-            "--jobs", "2", "--examples", "12", "--warmup", "2", "--seeds", "1", "--detect", "--json", str(out)]
+            "--jobs", "2", "--examples", "12", "--warmup", "2", "--seeds", "1", "--detect", "--json", str(out),
+            "--stacks", str(stacks)]
     assert main(argv) == 0
     by_name = {k["kernel"]: k for k in json.loads(out.read_text())["kernels"]}
     t = by_name["torch@correct"]["throughput"]
+    # --stacks: both jobs' search threads sampled, written as collapsed stacks under the kernel's name
+    sampled = t["stack_samples"]
+    assert 0 < sampled["outside_checks_s"] < sampled["sampled_s"] <= t["busy_seconds"]
+    assert all(ms > 0 for _, ms in sampled["ms_per_example_outside_checks"])
+    lines = [line.rpartition(" ") for line in stacks.read_text().splitlines()]
+    assert lines and all(stack.startswith(("torch@correct;", "torch@mask-multiply;")) and int(us) > 0
+                         for stack, _, us in lines)
+    assert any("nanfuzz.harness.campaign.search:Search._judge;" in stack for stack, _, _ in lines)
     assert t["examples"] == 12 and t["campaigns"] == 2 and t["busy_seconds"] >= t["seconds"] * 0.5
     assert t["cpu_seconds_per_example"]["judging"] > 0  # the jobs' workers', summed over the jobs
     assert sum(t["share"].values()) == pytest.approx(1.0, rel=1e-6)

@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -382,6 +383,8 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.worker_restarts += campaign.worker_restarts
         merged.deferred += campaign.deferred
         merged.declined_for_memory += campaign.declined_for_memory
+        if campaign.stacks is not None:
+            merged.stacks = (merged.stacks or Counter()) + campaign.stacks
         merged.judging_out_of_memory += campaign.judging_out_of_memory
         merged.memory_waits += campaign.memory_waits
         merged.memory_wait_seconds += campaign.memory_wait_seconds

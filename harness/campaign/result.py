@@ -1,6 +1,7 @@
 """What a campaign found and what it ran: the result every front door reports from."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
@@ -60,6 +61,7 @@ class Campaign:
     compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
     deferred: int = 0             # checks put off while a binary they needed compiled elsewhere (GPU)
     declined_for_memory: int = 0  # cases skipped: their device memory did not come free (harness.judge.memory)
+    stacks: Counter | None = None  # the search thread's stacks, sampled (Settings.sample_stacks)
     judging_out_of_memory: int = 0  # of those, cases whose judging ran out of memory, twice
     memory_waits: int = 0         # checks that waited for device memory before they built anything
     memory_wait_seconds: float = 0.0

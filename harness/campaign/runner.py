@@ -34,6 +34,7 @@ from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.campaign.scope import (campaign_capabilities, campaign_pool_of, campaign_strategy,
                                             campaign_targets, campaign_tier, plan_for, start_farm)
 from nanfuzz.harness.campaign.search import Search, chunk_seed, first_chunk, search_seed, spend
+from nanfuzz.harness.campaign.stack_samples import sampling_this_thread
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES, upcoming_cases
 from nanfuzz.harness.judge import reads
@@ -183,7 +184,8 @@ class CampaignRunner:
                 # the worker's start, the farm's, the first cases drawn ahead: no example's own time
                 spend(self.campaign.phase_times, "startup", time.perf_counter() - self.start)
                 if not self.replay_known_failures():
-                    Search(self)()
+                    with sampling_this_thread(self.settings.sample_stacks) as self.campaign.stacks:
+                        Search(self)()
                     self._judged_something()
                 self.after_the_finding()
         except KeyboardInterrupt:  # Ctrl-C or a stop signal outside the search (which keeps its own)
