@@ -137,3 +137,37 @@ def test_the_wait_of_a_case_declined_for_memory_is_memory_wait_not_generation(pr
     waited = declining.phase_times.get("memory wait", 0.0)
     assert waited >= declining.declined_for_memory * 10 * SLOW * 0.9, declining.phase_times
     assert _generation(declining) - _generation(plain) < 5 * SLOW
+
+
+class _HangingOnceEach:
+    """Judges as an in-process subject would, but each case's first check is a HANG (the machine's
+    kind of failure), and its replay in a fresh worker takes ``SLOW`` longer and passes."""
+
+    defers = False
+
+    def __init__(self, inner):
+        self.inner, self.seen = inner, set()
+
+    def check(self, case, **options):
+        if case not in self.seen:
+            self.seen.add(case)
+            return Outcome(Verdict.HANG, "HANG: the launch ran past its timeout")
+        time.sleep(SLOW)
+        return self.inner.check(case, **options)
+
+    def close(self):
+        self.inner.close()
+
+
+def test_a_second_look_at_a_hang_is_handoff_not_generation(private_state):
+    from nanfuzz.harness.campaign.settings import Settings
+    from nanfuzz.harness.launch.subjects import make_subject
+
+    kernel = torch_kernel()
+    plain = _campaign()
+    subject = _HangingOnceEach(make_subject(kernel, Settings(device="cpu", isolation=False)))
+    looked = fuzz(kernel, device="cpu", max_examples=6, seed=3, use_database=False, isolation=False, subject=subject)
+    assert looked.examples == 6 and not looked.failed  # every HANG passed its replay
+    added = (looked.phase_times["handoff"] - plain.phase_times["handoff"]) / looked.examples
+    assert added >= SLOW * 0.9, looked.phase_times
+    assert _generation(looked) - _generation(plain) < 2 * SLOW

@@ -314,13 +314,13 @@ class Search:
                        else run.subject.check(case, patience=patience))
         except NanfuzzError as exc:
             raise _Aborted(exc) from None
-        round_trip = time.perf_counter() - checked
         if (self.first is None and not isinstance(outcome, (Deferred, Declined)) and outcome.failed
                 and outcome.may_be_the_machine_s):
             try:
                 outcome = run.second_look(case, outcome)  # still journaled: a campaign killed now leaves it
             except NanfuzzError as exc:
                 raise _Aborted(exc) from None
+        round_trip = time.perf_counter() - checked  # a second look's replays beside the last one's phases: handoff
         run.journal.clear()
         if isinstance(outcome, Deferred):
             self._spent("handoff", round_trip)  # the case to the worker, and back put off
