@@ -124,4 +124,6 @@ def __getattr__(name: str):
     if name not in _LMDEPLOY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     kernel, what, capabilities = _LMDEPLOY[name]
-    return _past(lmdeploy.kernel(kernel, os.environ.get("NANFUZZ_LMDEPLOY_SRC") or None), what, **capabilities)
+    subject = _past(lmdeploy.kernel(kernel, os.environ.get("NANFUZZ_LMDEPLOY_SRC") or None), what, **capabilities)
+    globals()[name] = subject  # built once: later look-ups find it without this function
+    return subject
