@@ -316,12 +316,12 @@ def test_an_oom_building_a_large_case_is_retried_and_never_a_crash(monkeypatch):
     """A large case whose build on the device fails: nanfuzz's own allocation, retried (once its
     check had failed before it built anything, its clean-up raised in place of the OOM: a harness
     AttributeError reported as the kernel's CRASH on an H200)."""
-    from nanfuzz.harness.judge import check as judge
+    from nanfuzz.harness.judge import large
     from nanfuzz.reference import case as case_module
 
     monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)
     assert PLAIN.large
-    real, calls = judge.build_on_device, []
+    real, calls = large.build_on_device, []
 
     def once(*args, **kwargs):
         calls.append(1)
@@ -329,7 +329,7 @@ def test_an_oom_building_a_large_case_is_retried_and_never_a_crash(monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 916.00 MiB")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(judge, "build_on_device", once)
+    monkeypatch.setattr(large, "build_on_device", once)
     outcome = check(subjects.runs_out_of_memory, PLAIN)
     assert outcome.verdict is Verdict.PASS and len(calls) == 2, outcome.summary
 

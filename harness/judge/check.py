@@ -29,7 +29,7 @@ from nanfuzz.harness.judge.paths import recording_launches
 from nanfuzz.harness.judge.runs import await_runs as _await_runs, check_footprint, digest, launch, no_events
 from nanfuzz.harness.judge.accuracy import size_tier
 from nanfuzz.harness.judge.tolerance import effective_precision, row_errors
-from nanfuzz.harness.judge.large import large_check_footprint
+from nanfuzz.harness.judge.large import built_in_pool, large_batch, large_check_footprint
 from nanfuzz.harness.judge.memory import (HarnessOutOfMemory, JudgingOutOfMemory, MemoryPolicy, governor,
                                           out_of_memory)
 from nanfuzz.harness.judge.pool import process_pool
@@ -38,7 +38,7 @@ from nanfuzz.harness.judge.writes import (Written, any_written, differing, redzo
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.case import Case
-from nanfuzz.reference.device_build import build_on_device, refill
+from nanfuzz.reference.device_build import refill
 from nanfuzz.reference import layouts
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.materialize import build_on_host, refill_dead_slots
@@ -505,15 +505,14 @@ class LargeCaseCheck(CaseCheck):
     def _build(self) -> None:
         self._clean = False  # before anything that can fail: ``_release`` reads it
         self.pool = process_pool()
-        self.build = build_on_device(self.case, self.device)
-        self.caches = self.pool.attach(self.build)
+        self.build, self.caches = built_in_pool(self.case, self.device, self.pool)
         self.small = self.build.small
         self.snapshot_small = clone_together(self.small)
         self.batch = self._batch(self.small)
         self.pristine = self._pristine_copy()
 
     def _batch(self, small) -> PagedBatch:
-        return PagedBatch.from_allocations(self.case, {**small, **self.caches})
+        return large_batch(self.case, small, self.caches)
 
     def _pristine_copy(self) -> PagedBatch:
         """The compact build, with the small inputs as they were before the launch."""

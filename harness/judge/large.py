@@ -2,9 +2,10 @@
 cases is ``harness.judge.check.LargeCaseCheck``; ``harness.judge.memory`` reserves it)."""
 from __future__ import annotations
 
-from nanfuzz.harness.judge.pool import process_pool
+from nanfuzz.harness.judge.pool import CachePool, process_pool
 from nanfuzz.harness.judge.runs import case_bytes
-from nanfuzz.reference.device_build import written_blocks
+from nanfuzz.reference.batch import PagedBatch
+from nanfuzz.reference.device_build import DeviceBuild, build_on_device, written_blocks
 from nanfuzz.reference.oracle import oracle_bytes
 
 
@@ -24,3 +25,15 @@ def large_check_footprint(case) -> int:
     caches, and ``large_case_bytes``."""
     caches = case_bytes(case)
     return max(caches, process_pool().held_bytes()) + caches + large_case_bytes(case)
+
+
+def large_batch(case, small: dict, caches: dict) -> PagedBatch:
+    """A large case's batch: its small inputs beside its caches, views into a pool's buffers."""
+    return PagedBatch.from_allocations(case, {**small, **caches})
+
+
+def built_in_pool(case, device, pool: CachePool) -> tuple[DeviceBuild, dict]:
+    """A large case built on ``device`` as the blocks it writes, and its caches attached in ``pool``
+    (``reference.device_build``, ``harness.judge.pool``)."""
+    build = build_on_device(case, device)
+    return build, pool.attach(build)

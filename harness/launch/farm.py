@@ -709,9 +709,8 @@ def _built_on_device(case: Case, device):
     written blocks are made, on the device, in caches of a pool of this task's own, freed with it.
     Built on the host, a production case's caches take gigabytes of the host's memory in each of the
     farm's processes at once."""
+    from nanfuzz.harness.judge.large import built_in_pool, large_batch
     from nanfuzz.harness.judge.pool import CachePool
-    from nanfuzz.reference.batch import PagedBatch
-    from nanfuzz.reference.device_build import build_on_device
 
-    build = build_on_device(case, device)
-    return PagedBatch.from_allocations(case, {**build.small, **CachePool().attach(build)})
+    build, caches = built_in_pool(case, device, CachePool())
+    return large_batch(case, build.small, caches)
