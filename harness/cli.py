@@ -484,10 +484,11 @@ def _print_coverage(args, kernel, campaign) -> None:
         print(f"{kernel.name}: {campaign.accuracy.table()}", flush=True)
 
 
-def rerun_options(campaign, kernel_settings) -> str:
+def rerun_options(campaign, kernel_settings, settings=None) -> str:
     """The options that draw ``campaign``'s cases again: its seed, and its pool's seed and round where
     ``--seed`` alone would pick another pool (an unseeded run fuzzes pool 0 in the state folder's
-    next round), and its jobs (job i searches with seed + i)."""
+    next round), and its jobs (job i searches with seed + i).  ``settings``: the command's, where the
+    self-check gave the campaign a size and examples of its own (then named, with the kernel)."""
     options = [f"--seed {campaign.seed}"]
     if campaign.pool_seed is not None and campaign.pool_seed != campaign.seed:
         options.append(f"--pool-seed {campaign.pool_seed}")
@@ -495,6 +496,12 @@ def rerun_options(campaign, kernel_settings) -> str:
         options.append(f"--pool-round {campaign.pool_round}")
     if kernel_settings.jobs > 1:
         options.append(f"--jobs {kernel_settings.jobs}")
+    if settings is not None:
+        options.insert(0, f"--kernel {campaign.kernel}")
+        if kernel_settings.size != settings.size:
+            options.append(f"--size {kernel_settings.size}")
+        if kernel_settings.max_examples != settings.max_examples:
+            options.append(f"--max-examples {kernel_settings.max_examples}")
     return " ".join(options)
 
 
@@ -579,8 +586,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> 
         rows.append((kernel.name, kernel.expect if self_check else "-", verdict, campaign.examples, first, shrink,
                      f"{campaign.elapsed:.1f}s", result))
         if campaign.seed is not None:
-            print(f"{kernel.name}: seed {campaign.seed} ({rerun_options(campaign, kernel_settings)} runs the same "
-                  "search)", flush=True)
+            rerun = rerun_options(campaign, kernel_settings, settings if self_check else None)
+            print(f"{kernel.name}: seed {campaign.seed} ({rerun} runs the same search)", flush=True)
         summary.append(_summary_entry(kernel, campaign, kernel_settings, verdict))
         if campaign.interrupted:
             interrupted = True

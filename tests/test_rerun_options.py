@@ -62,3 +62,13 @@ def test_the_options_name_the_pool_only_where_the_seed_does_not_pick_it():
     assert rerun_options(Campaign("k", "cuda", seed=5, pool_seed=0, pool_round=2), settings) == \
         "--seed 5 --pool-seed 0 --pool-round 2"
     assert rerun_options(Campaign("k", "cuda", seed=5, pool_seed=5, pool_round=0), jobs) == "--seed 5 --jobs 4"
+
+
+def test_a_self_check_campaign_names_its_kernel_and_the_size_and_examples_the_self_check_gave_it():
+    command = Settings(device="cuda")
+    small = command.replace(size="small")
+    production = command.replace(max_examples=48)
+    campaign = Campaign("paged_decode@masked", "cuda", seed=5, pool_seed=0, pool_round=0)
+    assert rerun_options(campaign, small, command) == "--kernel paged_decode@masked --seed 5 --pool-seed 0 --size small"
+    assert rerun_options(campaign, production, command) == \
+        "--kernel paged_decode@masked --seed 5 --pool-seed 0 --max-examples 48"
