@@ -184,8 +184,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--stacks", metavar="FILE",
                    help="sample each measured campaign's search thread every 5 ms and write the stacks seen, "
-                        "with their counts, to FILE (the collapsed lines flame-graph tools read); the JSON and "
-                        "the table say where the search was between checks")
+                        "with the microseconds each was seen for, to FILE (the collapsed lines flame-graph tools "
+                        "read); the JSON and the output say where the search was outside the subject's checks")
 
     p = sub.add_parser("perf", help="is kernel A slower than baseline B on realistic decode and prefill shapes?")
     common(p)

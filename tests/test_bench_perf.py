@@ -86,7 +86,7 @@ def test_bench_with_jobs_measures_campaigns_side_by_side(tmp_path):
     assert 0 < sampled["outside_checks_s"] < sampled["sampled_s"] <= t["busy_seconds"]
     assert all(ms > 0 for _, ms in sampled["ms_per_example_outside_checks"])
     lines = [line.rpartition(" ") for line in stacks.read_text().splitlines()]
-    assert lines and all(stack.startswith(("torch@correct;", "torch@mask-multiply;")) and int(us) > 0
+    assert lines and all(stack.startswith(("torch@correct;", "torch@mask-multiply;")) and int(us) >= 0
                          for stack, _, us in lines)
     assert any("nanfuzz.harness.campaign.search:Search._judge;" in stack for stack, _, _ in lines)
     assert t["examples"] == 12 and t["campaigns"] == 2 and t["busy_seconds"] >= t["seconds"] * 0.5

@@ -32,7 +32,7 @@ def _share_computing(rounds: int = 150) -> float:
 
 def test_short_bursts_of_computing_get_their_share_of_the_samples():
     assert threading.current_thread() is threading.main_thread()  # where the timer's signal is handled
-    assert 0.25 < _share_computing() < 0.75  # about half the wall time
+    assert 0.2 < _share_computing() < 0.8  # about half the wall time
 
 
 def test_a_thread_looking_from_outside_would_miss_them(monkeypatch):

@@ -61,9 +61,9 @@ class Settings:
     remember_paths: bool = True              # compare the kernel paths reached with earlier campaigns'
                                              # (a gate's shards leave it to the gate, which merges them)
     check_leftovers: bool = True             # replay cases a dead campaign left in the journal first
+                                             # (jobs leave it to the run that started them)
     sample_stacks: float | None = None       # seconds between samples of the search thread's stack
                                              # (``nanfuzz bench --stacks``: harness.campaign.stack_samples)
-                                             # (jobs leave it to the run that started them)
     cuda_index: int | None = None            # pin workers to this GPU
     targeting: bool = True                   # report dead slots addressed and the error ratio to Hypothesis's target()
     strict_reads: bool = False               # a PASS whose traced loads addressed dead slots is a DEAD_READ (interpreter)
