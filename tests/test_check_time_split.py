@@ -102,14 +102,26 @@ def test_a_campaign_s_startup_and_close_are_their_own_phases_not_generation(priv
     assert _generation(slowed) - _generation(plain) < 5 * SLOW
 
 
-class _DecliningEveryThird:
-    """Judges as an in-process subject would, but every third case waits ``SLOW`` for memory that
-    never comes free and is declined."""
+class _InProcess:
+    """Judges as an in-process subject of the plain torch kernel would, but for what a subclass's
+    ``check`` does first."""
 
     defers = False
 
-    def __init__(self, inner):
-        self.inner, self.calls = inner, 0
+    def __init__(self):
+        from nanfuzz.harness.campaign.settings import Settings
+        from nanfuzz.harness.launch.subjects import make_subject
+
+        self.inner = make_subject(torch_kernel(), Settings(device="cpu", isolation=False))
+
+    def close(self):
+        self.inner.close()
+
+
+class _DecliningEveryThird(_InProcess):
+    """Every third case waits ``SLOW`` for memory that never comes free and is declined."""
+
+    calls = 0
 
     def check(self, case, **options):
         from nanfuzz.harness.launch.worker import Declined
@@ -120,33 +132,24 @@ class _DecliningEveryThird:
             return Declined("this case needs more memory than is free; declined")
         return self.inner.check(case, **options)
 
-    def close(self):
-        self.inner.close()
-
 
 def test_the_wait_of_a_case_declined_for_memory_is_memory_wait_not_generation(private_state):
-    from nanfuzz.harness.campaign.settings import Settings
-    from nanfuzz.harness.launch.subjects import make_subject
-
-    kernel = torch_kernel()
     plain = _campaign()
-    subject = _DecliningEveryThird(make_subject(kernel, Settings(device="cpu", isolation=False)))
-    declining = fuzz(kernel, device="cpu", max_examples=6, seed=3, use_database=False, isolation=False,
-                     subject=subject)
+    declining = fuzz(torch_kernel(), device="cpu", max_examples=6, seed=3, use_database=False, isolation=False,
+                     subject=_DecliningEveryThird())
     assert declining.examples == 6 and declining.declined_for_memory >= 2
     waited = declining.phase_times.get("memory wait", 0.0)
     assert waited >= declining.declined_for_memory * 10 * SLOW * 0.9, declining.phase_times
     assert _generation(declining) - _generation(plain) < 5 * SLOW
 
 
-class _HangingOnceEach:
-    """Judges as an in-process subject would, but each case's first check is a HANG (the machine's
-    kind of failure), and its replay in a fresh worker takes ``SLOW`` longer and passes."""
+class _HangingOnceEach(_InProcess):
+    """Each case's first check is a HANG (the machine's kind of failure); its replay in a fresh
+    worker takes ``SLOW`` longer and passes."""
 
-    defers = False
-
-    def __init__(self, inner):
-        self.inner, self.seen = inner, set()
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
 
     def check(self, case, **options):
         if case not in self.seen:
@@ -155,18 +158,11 @@ class _HangingOnceEach:
         time.sleep(SLOW)
         return self.inner.check(case, **options)
 
-    def close(self):
-        self.inner.close()
-
 
 def test_a_second_look_at_a_hang_is_handoff_not_generation(private_state):
-    from nanfuzz.harness.campaign.settings import Settings
-    from nanfuzz.harness.launch.subjects import make_subject
-
-    kernel = torch_kernel()
     plain = _campaign()
-    subject = _HangingOnceEach(make_subject(kernel, Settings(device="cpu", isolation=False)))
-    looked = fuzz(kernel, device="cpu", max_examples=6, seed=3, use_database=False, isolation=False, subject=subject)
+    looked = fuzz(torch_kernel(), device="cpu", max_examples=6, seed=3, use_database=False, isolation=False,
+                  subject=_HangingOnceEach())
     assert looked.examples == 6 and not looked.failed  # every HANG passed its replay
     added = (looked.phase_times["handoff"] - plain.phase_times["handoff"]) / looked.examples
     assert added >= SLOW * 0.9, looked.phase_times
