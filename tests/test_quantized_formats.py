@@ -273,7 +273,10 @@ def test_drawn_poison_fits_each_format_and_reaches_every_part():
     caps = Capabilities(head_sizes=(32, 48), kv_cache_dtypes=(), cache_formats=FORMATS)
     seen = set()
 
-    @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    # derandomized, and 300: random runs of 150 met NaN in TurboQuant's fp8 keys 1 to 20 times, and
+    # now and then never
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
     @given(paged_cases(caps, interpreter=True, size=TINY))
     def drawn(case):
         assert case.kv_cache in FORMATS  # validated as drawn: every value fits every part it fills
