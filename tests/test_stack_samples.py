@@ -62,3 +62,13 @@ def test_a_sample_is_in_a_check_when_the_search_handed_the_case_to_its_subject()
                                  ("nanfuzz.harness.campaign.journal:Journal.record", 30)]
     assert innermost(stacks, outside_checks=True) == [("nanfuzz.strategies.cases:draw", 70),
                                                       ("nanfuzz.harness.campaign.journal:Journal.record", 30)]
+
+
+def test_where_a_kernel_runs_in_the_thread_no_signal_interrupts_it(monkeypatch):
+    import signal
+
+    installed = []
+    monkeypatch.setattr(signal, "setitimer", lambda *a: installed.append(a))
+    with sampling_this_thread(0.001, signals=False) as stacks:  # --no-isolation: a thread looks instead
+        _computes_for(0.02)
+    assert not installed and sum(stacks.values()) > 0

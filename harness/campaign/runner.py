@@ -184,7 +184,8 @@ class CampaignRunner:
                 # the worker's start, the farm's, the first cases drawn ahead: no example's own time
                 spend(self.campaign.phase_times, "startup", time.perf_counter() - self.start)
                 if not self.replay_known_failures():
-                    with sampling_this_thread(self.settings.sample_stacks) as self.campaign.stacks:
+                    with sampling_this_thread(self.settings.sample_stacks, self.settings.isolation) as \
+                            self.campaign.stacks:
                         Search(self)()
                     self._judged_something()
                 self.after_the_finding()

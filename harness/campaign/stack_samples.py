@@ -103,13 +103,15 @@ def _timer_is_free() -> bool:
 
 
 @contextmanager
-def sampling_this_thread(interval: float | None) -> Iterator[Counter | None]:
+def sampling_this_thread(interval: float | None, signals: bool = True) -> Iterator[Counter | None]:
     """The stacks of the calling thread while the block runs, with the microseconds each was seen for
-    (None when ``interval`` is None)."""
+    (None when ``interval`` is None).  ``signals``: the timer's signal may interrupt the thread (not
+    where a kernel runs in it, ``--no-isolation``: a driver's call need not resume after one)."""
     if interval is None:
         yield None
         return
-    sampler = _TimerSampler(interval) if _timer_is_free() else _ThreadSampler(threading.get_ident(), interval)
+    timer = signals and _timer_is_free()
+    sampler = _TimerSampler(interval) if timer else _ThreadSampler(threading.get_ident(), interval)
     sampler.start()
     try:
         yield sampler.counts
