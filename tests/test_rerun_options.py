@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from nanfuzz.harness.campaign.result import Campaign
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.cli import main as cli, rerun_options
+from nanfuzz.harness.kernels._common import INTERPRETED
 
 KERNEL = ["--kernel", "paged_decode@masked", "--device", "cpu", "--profile", "dev", "--max-examples", "12",
           "--pool", "4"]
@@ -26,6 +29,10 @@ def _fuzz(capsys, state, *options) -> tuple[str, dict]:
     return out, entry
 
 
+CPU_CAMPAIGN = pytest.mark.skipif(not INTERPRETED, reason="a CPU campaign in a pytest of its own")
+
+
+@CPU_CAMPAIGN
 def test_an_unseeded_run_prints_the_pool_it_fuzzed_and_those_options_draw_its_cases_again(tmp_path, capsys):
     state = tmp_path / "state"
     _fuzz(capsys, state)  # round 0; the next run takes round 1
@@ -45,6 +52,7 @@ def test_an_unseeded_run_prints_the_pool_it_fuzzed_and_those_options_draw_its_ca
     assert f"(--seed {seed} runs the same search)" in out
 
 
+@CPU_CAMPAIGN
 def test_a_pinned_pool_takes_no_round_from_the_state_folder(tmp_path, capsys):
     state = tmp_path / "state"
     for _ in range(2):
