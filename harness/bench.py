@@ -43,7 +43,7 @@ from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.campaign.jobs import fuzz_parallel
 from nanfuzz.harness.campaign.result import add_known
 from nanfuzz.harness.campaign.settings import Settings
-from nanfuzz.harness.campaign.stack_samples import in_a_check, innermost
+from nanfuzz.harness.campaign.stack_samples import in_a_check, innermost, summed
 from nanfuzz.reference.errors import NanfuzzError
 
 PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict",
@@ -81,8 +81,7 @@ class Throughput:
         self.cpu_seconds += campaign.cpu_seconds
         self.judging_cpu_seconds += campaign.judging_cpu_seconds
         self.declined_for_memory += campaign.declined_for_memory
-        if campaign.stacks is not None:
-            self.stacks = (self.stacks or Counter()) + campaign.stacks
+        self.stacks = summed(self.stacks, campaign.stacks)
         self.run_queue_seconds = add_known(self.run_queue_seconds, campaign.run_queue_seconds)
         self.campaigns += campaigns
         self.examples += campaign.examples

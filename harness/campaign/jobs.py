@@ -27,7 +27,6 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -370,6 +369,7 @@ def _collect(processes, links: JobLinks, done, died, deadline, on_progress=None)
 
 def _merge(kernel_name: str, device: str, results: list, start: float):
     from nanfuzz.harness.campaign.result import Campaign, add_known
+    from nanfuzz.harness.campaign.stack_samples import summed
 
     merged = Campaign(kernel=kernel_name, device=device, busy_seconds=0.0)
     first_failure_at = None
@@ -383,8 +383,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.worker_restarts += campaign.worker_restarts
         merged.deferred += campaign.deferred
         merged.declined_for_memory += campaign.declined_for_memory
-        if campaign.stacks is not None:
-            merged.stacks = (merged.stacks or Counter()) + campaign.stacks
+        merged.stacks = summed(merged.stacks, campaign.stacks)
         merged.judging_out_of_memory += campaign.judging_out_of_memory
         merged.memory_waits += campaign.memory_waits
         merged.memory_wait_seconds += campaign.memory_wait_seconds

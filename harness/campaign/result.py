@@ -24,7 +24,6 @@ _SHRINK_DECLINE_NOTE = "a case met while shrinking did not get its device memory
 EARLY_EXAMPLES = UPCOMING_CASES
 
 
-
 def add_known(total: float | None, part: float | None) -> float | None:
     """``total`` plus ``part`` where the platform measured them (None: not measured, as a run queue
     off Linux)."""

@@ -139,6 +139,11 @@ def innermost(counts: Counter, outside_checks: bool = False, top: int = 12) -> l
     return frames.most_common(top)
 
 
+def summed(total: Counter | None, part: Counter | None) -> Counter | None:
+    """``total`` with ``part``'s samples added (None: nothing sampled), for campaigns merged."""
+    return total if part is None else (total or Counter()) + part
+
+
 def collapsed(counts: Counter, root: str) -> str:
     """Flame-graph input: one line per stack, under the frame ``root`` (the kernel's name)."""
     return "".join(f"{root};{stack} {n}\n" for stack, n in sorted(counts.items()))
