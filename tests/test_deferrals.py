@@ -199,6 +199,30 @@ def test_a_worker_puts_off_a_case_whose_binary_another_process_compiles_or_nobod
         subject.close()
 
 
+def test_a_case_whose_earlier_launch_faulted_the_device_takes_the_crash_instead_of_being_put_off(tmp_path,
+                                                                                                monkeypatch):
+    """A put-off case's output is never read, so an illegal address one of its earlier launches made
+    would surface in the next case's first CUDA call; the worker looks before putting it off."""
+    from nanfuzz.harness.launch import worker
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    claim = tmp_path / subjects.ELSEWHERE_KEY / shared_compiles.CLAIM_FILE
+    claim.parent.mkdir()
+    claim.write_text(str(os.getpid()))
+    fault = RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(worker, "_device_fault", lambda device: fault)  # a plain fork: the worker has it too
+    subject = Supervised(worker_spec(subjects.compiles_elsewhere, Settings(device="cpu")), launch_timeout=5.0,
+                         prefer_fork=True)
+    subject.defers = True
+    try:
+        outcome = subject.check(consecutive_case([(1, 20)], window=4), defer=CLAIMED)
+        assert isinstance(outcome, Outcome) and outcome.verdict is Verdict.CRASH and outcome.fatal
+        assert "illegal memory access" in outcome.summary and "put off" in outcome.summary
+        assert subject.restarts == 1  # its context is dead: the next case gets a fresh worker
+    finally:
+        subject.close()
+
+
 class FarmFinishingAfter:
     """Stands for a compile farm's handle: it runs until it has been asked ``polls`` times."""
 
