@@ -202,8 +202,8 @@ def test_a_worker_puts_off_a_case_whose_binary_another_process_compiles_or_nobod
 def test_a_case_whose_earlier_launch_faulted_the_device_takes_the_crash_instead_of_being_put_off(tmp_path,
                                                                                                 monkeypatch):
     """A put-off case's output is never read, so an illegal address one of its earlier launches made
-    would surface in the next case's first CUDA call; the worker looks before putting it off."""
-    from nanfuzz.harness.launch import worker
+    would surface in the next case's first CUDA call; a launch that raises looks for it first."""
+    from nanfuzz.harness.judge import runs
     from nanfuzz.harness.launch.processes import plain_fork_context
 
     if plain_fork_context() is None:  # a GPU session, say: its workers come from the fork server
@@ -213,7 +213,7 @@ def test_a_case_whose_earlier_launch_faulted_the_device_takes_the_crash_instead_
     claim.parent.mkdir()
     claim.write_text(str(os.getpid()))
     fault = RuntimeError("CUDA error: an illegal memory access was encountered")
-    monkeypatch.setattr(worker, "_device_fault", lambda device: fault)  # a plain fork: the worker has it too
+    monkeypatch.setattr(runs, "pending_fault", lambda device: fault)  # a plain fork: the worker has it too
     subject = Supervised(worker_spec(subjects.compiles_elsewhere, Settings(device="cpu")), launch_timeout=5.0,
                          prefer_fork=True)
     subject.defers = True
@@ -221,7 +221,7 @@ def test_a_case_whose_earlier_launch_faulted_the_device_takes_the_crash_instead_
         outcome = subject.check(consecutive_case([(1, 20)], window=4), defer=CLAIMED)
         assert subject._plain_fork
         assert isinstance(outcome, Outcome) and outcome.verdict is Verdict.CRASH and outcome.fatal
-        assert "illegal memory access" in outcome.summary and "put off" in outcome.summary
+        assert "illegal memory access" in outcome.summary and outcome.evidence["device_fault"]
         assert subject.restarts == 1  # its context is dead: the next case gets a fresh worker
     finally:
         subject.close()

@@ -68,11 +68,31 @@ def launch(kernel: Kernel, batch, device, events=no_events, *, wait: bool = True
     out = buffer[: case.num_tokens]
     events("launch")
     with standing_in_for(kernel.stands_in_for), interpretable_launches(device.type == "cpu"):
-        result = kernel(batch.for_kernel(), out)  # what the adapter rebinds on its batch is never judged
+        try:
+            result = kernel(batch.for_kernel(), out)  # what the adapter rebinds on its batch is never judged
+        except BaseException as exc:
+            # A launch before the one that raised may have faulted the device (a binary put off while
+            # it compiled elsewhere raises after the case's first kernel ran): nothing would wait for
+            # that launch, and its fault would surface in the next case.  The fault is what to report.
+            fault = None if isinstance(exc, KeyboardInterrupt) else pending_fault(device)
+            if fault is not None:
+                raise fault from exc
+            raise
     if wait or device.type != "cuda":
         sync(device)
         events("returned")
     return result, out, buffer
+
+
+def pending_fault(device: torch.device) -> BaseException | None:
+    """The device fault a launch left to surface at the next wait (None: none, or not a GPU)."""
+    if device.type != "cuda":
+        return None
+    try:
+        sync(device)
+    except Exception as exc:
+        return exc
+    return None
 
 
 def await_runs(device, events, when: str) -> Outcome | None:
