@@ -104,9 +104,14 @@ class Summands:
 
         return cls(rows(), rows(), rows(), rows(), per_row(), per_row(), per_row(), per_row())
 
-    def fill(self, at: slice, part: "Summands") -> None:
-        for name in self.__dataclass_fields__:
-            getattr(self, name)[at] = getattr(part, name)
+    @classmethod
+    def joined(cls, parts: list["Summands"], tokens: int, heads: int, v_head_size: int, device) -> "Summands":
+        """The chunks' summands, their rows in order (a single chunk's as they are)."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.empty(tokens, heads, v_head_size, device)
+        return cls(*(torch.cat([getattr(part, name) for part in parts]) for name in cls.__dataclass_fields__))
 
 
 def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
@@ -118,7 +123,7 @@ def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
     ``lap(i)`` is called when arithmetic ``i`` is done with a chunk: the work
     since the previous call (a chunk's gather, for the first) was its own.
     """
-    return _attend(batch, arithmetics, lap, None)
+    return _attend(batch, arithmetics, lap, False)[0]
 
 
 def attend_and_measure(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
@@ -127,35 +132,39 @@ def attend_and_measure(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
     pass (the oracle's float64, where the judges ask for it) and timed with it."""
     case = batch.case
     g = case.geometry
-    summands = Summands.empty(case.num_tokens, g.num_q_heads, g.v_head_size, batch.q.device)
-    return _attend(batch, arithmetics, lap, summands), summands
+    outs, measured = _attend(batch, arithmetics, lap, True)
+    return outs, Summands.joined(measured, case.num_tokens, g.num_q_heads, g.v_head_size, batch.q.device)
 
 
-def _attend(batch: PagedBatch, arithmetics: Sequence[Arithmetic], lap, summands: Summands | None):
+def _attend(batch: PagedBatch, arithmetics: Sequence[Arithmetic], lap,
+            measure: bool) -> tuple[tuple[torch.Tensor, ...], list[Summands]]:
+    """Each arithmetic's rows and (with ``measure``) each chunk's summands.  A batch of one chunk, as
+    most are, keeps its chunk's tensors: on a GPU every copy into a whole-batch buffer is a launch."""
     case = batch.case
     g = case.geometry
-    device = batch.q.device
-    outs = tuple(torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=torch.float64, device=device)
-                 for _ in arithmetics)
+    empty = (case.num_tokens, g.num_q_heads, g.v_head_size)
     if case.num_tokens == 0:
-        return outs
+        return tuple(torch.empty(empty, dtype=torch.float64, device=batch.q.device) for _ in arithmetics), []
     seq_of, _ = token_layout(case)
     chunk = chunk_sequences(case)
     starts = case.query_start_loc()
+    parts: list[list[torch.Tensor]] = [[] for _ in arithmetics]
+    measured: list[Summands] = []
     for first in range(0, len(case.sequences), chunk):
         last = min(first + chunk, len(case.sequences))
         if starts[last] == starts[first]:
             continue
         live = _gather(batch, first, last, seq_of[starts[first]:starts[last]])
-        rows = slice(starts[first], starts[last])
-        for i, (arithmetic, out) in enumerate(zip(arithmetics, outs)):
-            measure = i == 0 and summands is not None
-            out[rows], measured = live.attend(arithmetic, measure)
-            if measure:
-                summands.fill(rows, measured)
+        for i, arithmetic in enumerate(arithmetics):
+            out, summands = live.attend(arithmetic, measure and i == 0)
+            parts[i].append(out)
+            if summands is not None:
+                measured.append(summands)
             if lap is not None:
                 lap(i)
-    return outs
+    outs = tuple(rows[0] if len(rows) == 1 else torch.cat(rows) if rows else
+                 torch.empty(empty, dtype=torch.float64, device=batch.q.device) for rows in parts)
+    return outs, measured
 
 
 def chunk_sequences(case: Case) -> int:
@@ -249,13 +258,14 @@ class _Gathered:
         key_max = key_max.amax(dim=1)[:, None, :, None]                                        # [n, 1, hkv, 1]
         score_scale = scale * q.norm(dim=-1) * key_max                                         # [n, q, hkv, g]
         keys = self.allowed.sum(dim=-1).double()[:, :, None, None].expand_as(score_scale)
-
-        def rows_of(x: torch.Tensor) -> torch.Tensor:
-            x = x[self.tok_seq, self.tok_row]
-            return x.reshape(len(self.tok_seq), g.num_q_heads, *x.shape[3:]).double()
-
-        products = torch.full_like(score_scale, q.shape[-1])
-        return Summands(*(rows_of(x) for x in part), rows_of(keys), rows_of(score_scale), rows_of(products))
+        # the figures of like shape stacked, so that each step below is one operation for them all
+        tokens, heads = len(self.tok_seq), g.num_q_heads
+        spreads = torch.stack(part[:4])[:, self.tok_seq, self.tok_row]                       # [4, tokens, hkv, g, dv]
+        spreads = spreads.reshape(4, tokens, heads, spreads.shape[-1]).double().unbind()
+        per_row = torch.stack((part[4].double(), keys, score_scale))[:, self.tok_seq, self.tok_row]
+        share, keys, score_scale = per_row.reshape(3, tokens, heads).unbind()
+        products = torch.full((tokens, heads), float(q.shape[-1]), dtype=torch.float64, device=q.device)
+        return Summands(*spreads, share, keys, score_scale, products)
 
 
 def _gather(batch: PagedBatch, first: int, last: int, seq_of: list[int]) -> _Gathered:
