@@ -181,3 +181,29 @@ def test_a_crash_s_traceback_names_files_without_this_machine_s_folders():
     assert portable_path("/usr/lib/python3/site-packages/triton/runtime/jit.py") == "site-packages/triton/runtime/jit.py"
     assert portable_path(str(Path.home() / ".cache" / "k.py")) == "~/.cache/k.py"
     assert portable_path("/srv/elsewhere/k.py") == "/srv/elsewhere/k.py"
+
+
+def test_a_ctrl_c_while_waiting_for_the_device_stops_the_check_and_a_fault_there_is_its_crash(monkeypatch):
+    """Under ``--no-isolation`` the search's own thread waits for the GPU: a Ctrl-C (or a stop
+    signal's ``StopRequested``) that lands in that wait ends the campaign, never a CRASH of the case."""
+    from types import SimpleNamespace
+
+    from nanfuzz.harness.campaign.search import StopRequested
+    from nanfuzz.harness.judge import runs
+
+    gpu = SimpleNamespace(type="cuda")
+    for stop in (KeyboardInterrupt, StopRequested):
+        def interrupted(device, stop=stop):
+            raise stop()
+
+        monkeypatch.setattr(runs, "sync", interrupted)
+        with pytest.raises(stop):
+            runs.await_runs(gpu, runs.no_events, "on the poisoned run")
+
+    def faulted(device):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(runs, "sync", faulted)
+    outcome = runs.await_runs(gpu, runs.no_events, "on the poisoned run")
+    assert outcome.verdict is Verdict.CRASH and outcome.fatal
+    assert outcome.summary.startswith("CRASH on the poisoned run: RuntimeError: CUDA error: an illegal memory")

@@ -102,6 +102,8 @@ def await_runs(device, events, when: str) -> Outcome | None:
         return None
     try:
         sync(device)
+    except KeyboardInterrupt:  # a Ctrl-C or a stop signal met while waiting (``--no-isolation``): no verdict
+        raise
     except BaseException as exc:  # an asynchronous fault of the kernel surfaces here
         return crash(exc, when)
     events("returned")
