@@ -104,14 +104,9 @@ class Summands:
 
         return cls(rows(), rows(), rows(), rows(), per_row(), per_row(), per_row(), per_row())
 
-    @classmethod
-    def joined(cls, parts: list["Summands"], tokens: int, heads: int, v_head_size: int, device) -> "Summands":
-        """The chunks' summands, their rows in order (a single chunk's as they are)."""
-        if len(parts) == 1:
-            return parts[0]
-        if not parts:
-            return cls.empty(tokens, heads, v_head_size, device)
-        return cls(*(torch.cat([getattr(part, name) for part in parts]) for name in cls.__dataclass_fields__))
+    def fill(self, at: slice, part: "Summands") -> None:
+        for name in self.__dataclass_fields__:
+            getattr(self, name)[at] = getattr(part, name)
 
 
 def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
@@ -123,48 +118,51 @@ def attend_in(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
     ``lap(i)`` is called when arithmetic ``i`` is done with a chunk: the work
     since the previous call (a chunk's gather, for the first) was its own.
     """
-    return _attend(batch, arithmetics, lap, False)[0]
+    return _attend(batch, arithmetics, lap, False)
 
 
 def attend_and_measure(batch: PagedBatch, arithmetics: Sequence[Arithmetic],
                        lap: Callable[[int], None] | None = None) -> tuple[tuple[torch.Tensor, ...], Summands]:
     """:func:`attend_in`, and each row's :class:`Summands`, measured in the first arithmetic's
     pass (the oracle's float64, where the judges ask for it) and timed with it."""
-    case = batch.case
-    g = case.geometry
-    outs, measured = _attend(batch, arithmetics, lap, True)
-    return outs, Summands.joined(measured, case.num_tokens, g.num_q_heads, g.v_head_size, batch.q.device)
+    return _attend(batch, arithmetics, lap, True)
 
 
-def _attend(batch: PagedBatch, arithmetics: Sequence[Arithmetic], lap,
-            measure: bool) -> tuple[tuple[torch.Tensor, ...], list[Summands]]:
-    """Each arithmetic's rows and (with ``measure``) each chunk's summands.  A batch of one chunk, as
-    most are, keeps its chunk's tensors: on a GPU every copy into a whole-batch buffer is a launch."""
+def _attend(batch: PagedBatch, arithmetics: Sequence[Arithmetic], lap, measure: bool):
+    """Each arithmetic's rows, and with ``measure`` the :class:`Summands` too.  A batch of one chunk,
+    as most are, keeps its chunk's tensors (on a GPU each copy into a whole-batch buffer is a launch);
+    the chunks of a bigger one are written into buffers of the whole batch as they come."""
     case = batch.case
     g = case.geometry
-    empty = (case.num_tokens, g.num_q_heads, g.v_head_size)
-    if case.num_tokens == 0:
-        return tuple(torch.empty(empty, dtype=torch.float64, device=batch.q.device) for _ in arithmetics), []
-    seq_of, _ = token_layout(case)
-    chunk = chunk_sequences(case)
+    device = batch.q.device
     starts = case.query_start_loc()
-    parts: list[list[torch.Tensor]] = [[] for _ in arithmetics]
-    measured: list[Summands] = []
-    for first in range(0, len(case.sequences), chunk):
-        last = min(first + chunk, len(case.sequences))
-        if starts[last] == starts[first]:
-            continue
-        live = _gather(batch, first, last, seq_of[starts[first]:starts[last]])
+    chunk = chunk_sequences(case) if case.num_tokens else 1
+    chunks = [(first, min(first + chunk, len(case.sequences))) for first in range(0, len(case.sequences), chunk)]
+    chunks = [(first, last) for first, last in chunks if starts[last] > starts[first]]
+    if len(chunks) == 1:
+        live = _gather(batch, *chunks[0], token_layout(case)[0])
+        outs, summands = [], None
         for i, arithmetic in enumerate(arithmetics):
-            out, summands = live.attend(arithmetic, measure and i == 0)
-            parts[i].append(out)
-            if summands is not None:
-                measured.append(summands)
+            out, measured = live.attend(arithmetic, measure and i == 0)
+            outs.append(out)
+            summands = measured if measured is not None else summands
             if lap is not None:
                 lap(i)
-    outs = tuple(rows[0] if len(rows) == 1 else torch.cat(rows) if rows else
-                 torch.empty(empty, dtype=torch.float64, device=batch.q.device) for rows in parts)
-    return outs, measured
+        return (tuple(outs), summands) if measure else tuple(outs)
+    outs = tuple(torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=torch.float64, device=device)
+                 for _ in arithmetics)
+    summands = Summands.empty(case.num_tokens, g.num_q_heads, g.v_head_size, device) if measure else None
+    seq_of = token_layout(case)[0] if chunks else []
+    for first, last in chunks:
+        live = _gather(batch, first, last, seq_of[starts[first]:starts[last]])
+        rows = slice(starts[first], starts[last])
+        for i, (arithmetic, out) in enumerate(zip(arithmetics, outs)):
+            out[rows], measured = live.attend(arithmetic, measure and i == 0)
+            if measured is not None:
+                summands.fill(rows, measured)
+            if lap is not None:
+                lap(i)
+    return (outs, summands) if measure else outs
 
 
 def chunk_sequences(case: Case) -> int:
