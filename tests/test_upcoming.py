@@ -88,23 +88,3 @@ def test_the_farm_builds_the_upcoming_cases_first_in_the_campaign_s_order(tmp_pa
         marks.mark(plan, entry, [])
     with Farm([plan], processes=2, marks=marks) as farm:
         assert not farm._processes and farm.summary()["upcoming"] == 0
-
-
-def test_an_aiming_campaign_with_a_pool_meets_every_case_drawn_ahead_in_its_first_run():
-    """A campaign that aims at production targets runs short Hypothesis runs; its first run is still
-    as long as the cases drawn ahead for the compile farm, so the search meets all of them, in order,
-    before any case no farm drew ahead."""
-    from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks
-    from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
-
-    kernel = torch_kernel()
-    settings = Settings(device="cpu", seed=3, size="mixed", max_examples=UPCOMING_CASES + 8, use_database=False,
-                        pool_size=POOL_SIZE, pool_seed=POOL_SEED, shrink=False)
-    runner = CampaignRunner(kernel, settings, Hooks())
-    assert runner.pool is not None and runner.aiming  # production targets unmet: short runs
-    predicted = runner.first_cases()
-    recording = _Recording(kernel)
-    campaign = fuzz(kernel, settings, subject=recording)
-    assert not campaign.failed
-    assert len(predicted) == UPCOMING_CASES
-    assert predicted == tuple(recording.cases[:UPCOMING_CASES])

@@ -237,8 +237,7 @@ class CampaignRunner:
             return ()
         settings = self.settings
         return upcoming_cases(self.strategy(), chunk_seed(self.search_seed, 0),
-                              first_chunk(self.max_examples, self.time_budget, settings.device, self.aiming,
-                                          drawn_ahead=self.pool is not None), count,
+                              first_chunk(self.max_examples, self.time_budget, settings.device, self.aiming), count,
                               declines=self.kernel.declines)
 
     def recover_leftovers(self) -> Campaign | None:

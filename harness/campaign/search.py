@@ -46,9 +46,7 @@ _CHUNK = 250
 # Examples per Hypothesis run while production targets are unmet, whatever bounds the campaign:
 # each run aims at what the ones before it left (``harness.campaign.reach``).
 _AIMED_CHUNK = 32
-# On a GPU the first run is the cases drawn ahead for the compile farm (``harness.campaign.upcoming``):
-# its binaries are compiled first, in order, and the run puts off only cases the farm already holds.
-_FIRST_CHUNK = {"cpu": 2, "cuda": UPCOMING_CASES}
+_FIRST_CHUNK = {"cpu": 2, "cuda": 32}
 _CHUNK_SHARE = 0.5
 # How often the end of a Hypothesis run looks whether the binaries of the cases it put off have landed.
 _LANDING_POLL = 0.01
@@ -109,17 +107,11 @@ def chunk_seed(search_seed: int, chunk_index: int) -> int:
     return search_seed * 1_000_003 + chunk_index
 
 
-def first_chunk(max_examples: int, time_budget: float | None, device: str, aiming: bool = False,
-                drawn_ahead: bool = False) -> int:
+def first_chunk(max_examples: int, time_budget: float | None, device: str, aiming: bool = False) -> int:
     """How many examples the campaign's first Hypothesis run may draw (later ones fit the time left);
-    ``aiming``: at production targets still unmet, at most ``_AIMED_CHUNK``, or where a compile farm
-    builds the first cases (``drawn_ahead``: a specialisation pool), as many as are drawn ahead: that
-    run aims at nothing while they last (``Search._target``), and a run that ended before them would
-    wait for every binary it put off, then meet cases no farm drew ahead."""
+    ``aiming``: at production targets still unmet, at most ``_AIMED_CHUNK``."""
     first = max_examples if time_budget is None else max(1, min(max_examples, _CHUNK, _FIRST_CHUNK[device]))
-    if not aiming:
-        return first
-    return min(first, UPCOMING_CASES if drawn_ahead else _AIMED_CHUNK)
+    return min(first, _AIMED_CHUNK) if aiming else first
 
 
 def split_check_time(phase_times: dict[str, float], outcome: Outcome, round_trip: float) -> None:
@@ -182,7 +174,7 @@ class Search:
             return None  # at least one example, however late: a campaign that tried nothing is no pass
         aiming = run.aiming
         if not campaign.examples:
-            return first_chunk(remaining, run.time_budget, run.settings.device, aiming, run.pool is not None)
+            return first_chunk(remaining, run.time_budget, run.settings.device, aiming)
         most = min(remaining, _AIMED_CHUNK) if aiming else remaining  # then aim again at what is still unmet
         if run.time_budget is None:
             return most
