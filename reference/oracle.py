@@ -139,30 +139,34 @@ def _attend(batch: PagedBatch, arithmetics: Sequence[Arithmetic], lap, measure: 
     chunk = chunk_sequences(case) if case.num_tokens else 1
     chunks = [(first, min(first + chunk, len(case.sequences))) for first in range(0, len(case.sequences), chunk)]
     chunks = [(first, last) for first, last in chunks if starts[last] > starts[first]]
+    seq_of = token_layout(case)[0] if chunks else []
     if len(chunks) == 1:
-        live = _gather(batch, *chunks[0], token_layout(case)[0])
-        outs, summands = [], None
-        for i, arithmetic in enumerate(arithmetics):
-            out, measured = live.attend(arithmetic, measure and i == 0)
-            outs.append(out)
-            summands = measured if measured is not None else summands
-            if lap is not None:
-                lap(i)
-        return (tuple(outs), summands) if measure else tuple(outs)
+        outs, summands = _attend_chunk(_gather(batch, *chunks[0], seq_of), arithmetics, lap, measure)
+        return (outs, summands) if measure else outs
     outs = tuple(torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=torch.float64, device=device)
                  for _ in arithmetics)
     summands = Summands.empty(case.num_tokens, g.num_q_heads, g.v_head_size, device) if measure else None
-    seq_of = token_layout(case)[0] if chunks else []
     for first, last in chunks:
-        live = _gather(batch, first, last, seq_of[starts[first]:starts[last]])
         rows = slice(starts[first], starts[last])
-        for i, (arithmetic, out) in enumerate(zip(arithmetics, outs)):
-            out[rows], measured = live.attend(arithmetic, measure and i == 0)
-            if measured is not None:
-                summands.fill(rows, measured)
-            if lap is not None:
-                lap(i)
+        parts, measured = _attend_chunk(_gather(batch, first, last, seq_of[rows]), arithmetics, lap, measure)
+        for out, part in zip(outs, parts):
+            out[rows] = part
+        if measured is not None:
+            summands.fill(rows, measured)
     return (outs, summands) if measure else outs
+
+
+def _attend_chunk(live: "_Gathered", arithmetics: Sequence[Arithmetic], lap,
+                  measure: bool) -> tuple[tuple[torch.Tensor, ...], "Summands | None"]:
+    """One chunk's rows in each arithmetic, and its summands measured in the first (with ``measure``)."""
+    outs, summands = [], None
+    for i, arithmetic in enumerate(arithmetics):
+        out, measured = live.attend(arithmetic, measure and i == 0)
+        outs.append(out)
+        summands = measured if measured is not None else summands
+        if lap is not None:
+            lap(i)
+    return tuple(outs), summands
 
 
 def chunk_sequences(case: Case) -> int:
