@@ -1,6 +1,7 @@
 """``nanfuzz bench --stacks``: the search thread's stacks, sampled fairly, and which of them are checks."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter
@@ -72,3 +73,33 @@ def test_where_a_kernel_runs_in_the_thread_no_signal_interrupts_it(monkeypatch):
     with sampling_this_thread(0.001, signals=False) as stacks:  # --no-isolation: a thread looks instead
         _computes_for(0.02)
     assert not installed and sum(stacks.values()) > 0
+
+
+def test_a_signal_landing_while_a_sample_is_taken_counts_no_time_twice(monkeypatch):
+    """A second timer signal inside the handler (a thread descheduled mid-sample) runs the handler
+    inside itself: the samples must still add up to no more than the time that passed."""
+    clock = iter([1.0, 1.007, 1.009, 1.012, 1.020])  # start, then each look at the clock
+    monkeypatch.setattr(stack_samples.time, "perf_counter", lambda: next(clock))
+    sampler = stack_samples._TimerSampler(0.005)
+    sampler._last = next(clock)
+    frame = sys._getframe()
+    real_stack_of = stack_samples.stack_of
+    nested = [True]
+
+    def slow_stack_of(f):
+        if nested.pop() if nested else False:  # the signal lands while the first sample is taken
+            sampler._sample(None, frame)
+        return real_stack_of(f)
+
+    monkeypatch.setattr(stack_samples, "stack_of", slow_stack_of)
+    sampler._sample(None, frame)   # at 1.007, with a signal inside it
+    sampler._sample(None, frame)   # at 1.009
+    sampler._sample(None, frame)   # at 1.012
+    assert sum(sampler.counts.values()) == 12_000  # 1.000 to 1.012: each microsecond once
+    plain = stack_samples._TimerSampler(0.005)     # without a signal inside: every interval counted
+    clock2 = iter([2.0, 2.005, 2.011])
+    monkeypatch.setattr(stack_samples.time, "perf_counter", lambda: next(clock2))
+    plain._last = next(clock2)
+    plain._sample(None, frame)
+    plain._sample(None, frame)
+    assert sum(plain.counts.values()) == 11_000

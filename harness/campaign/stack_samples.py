@@ -50,6 +50,7 @@ class _TimerSampler:
         self.counts: Counter[str] = Counter()
         self._last = 0.0
         self._previous = None
+        self._sampling = False
 
     def start(self) -> None:
         self._previous = signal.signal(signal.SIGALRM, self._sample)
@@ -62,10 +63,19 @@ class _TimerSampler:
         signal.signal(signal.SIGALRM, self._previous)
 
     def _sample(self, signum, frame) -> None:
-        now = time.perf_counter()
-        if frame is not None:  # the time since the last sample, in the frame the thread is in now
-            self.counts[stack_of(frame)] += round(1e6 * (now - self._last))
-        self._last = now
+        # A signal can land while a sample is being taken (a thread descheduled for longer than the
+        # interval): Python runs this handler again inside the first.  That one is skipped, and the
+        # time is the next sample's; counted in both, the samples added up to more than the search ran.
+        if self._sampling:
+            return
+        self._sampling = True
+        try:
+            now = time.perf_counter()
+            since, self._last = now - self._last, now
+            if frame is not None:  # the time since the last sample, in the frame the thread is in now
+                self.counts[stack_of(frame)] += round(1e6 * since)
+        finally:
+            self._sampling = False
 
 
 class _ThreadSampler:
