@@ -133,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="campaigns at once on the device, one process each, sharing the examples and the "
                         "specialisation pool (default 1)")
+    p.add_argument("--kernels-at-once", type=int, metavar="N",
+                   help="with several kernels (the self-check, or --kernel repeated): the campaigns of N of them "
+                        "at once, one process each, reported in order (default: one per core under the "
+                        "interpreter, 1 on a GPU; with --jobs, one kernel at a time)")
     p.add_argument("--example-db", metavar="URL",
                    help="the example database that replays known failures first: a folder (default STATE/examples), "
                         "redis://HOST:PORT/DB (a Redis or Valkey server shared by a fleet; needs nanfuzz[redis]), or "
@@ -251,7 +255,7 @@ _LEAST = {"--launch-timeout": (0.0, False), "--time-budget": (0.0, False), "--se
           "--threshold": (0.0, True), "--max-examples": (1, True), "--jobs": (1, True), "--pool": (0, True),
           "--compile-jobs": (0, True), "--examples": (0, True), "--seeds": (0, True), "--warmup": (0, True),
           "--detect-examples": (1, True), "--runs": (1, True), "--min-examples": (0, True),
-          "--pool-seed": (0, True), "--pool-round": (0, True)}
+          "--pool-seed": (0, True), "--pool-round": (0, True), "--kernels-at-once": (1, True)}
 
 
 def _check_numbers(args) -> None:
@@ -416,8 +420,9 @@ def _fuzz(args, settings) -> int:
     if self_check:
         from nanfuzz.harness.campaign.compile_ahead import compile_ahead
 
-        ahead = compile_ahead([(k, _self_check_settings(k, settings, profile)) for k in kernels], settings,
-                              _self_check_first_cases, SELF_CHECK_SAMPLES.__getitem__)
+        runs = [(k, _self_check_settings(k, settings, profile)) for k in kernels]
+        ahead = compile_ahead(runs, settings, _self_check_first_cases, SELF_CHECK_SAMPLES.__getitem__,
+                              _kernels_at_once(args, settings, runs))
     try:
         return _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead)
     finally:
@@ -537,7 +542,8 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
 
 
 def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> int:
-    """Each kernel's campaign in turn (``ahead``: the self-check's compile farm); the table and the exit status."""
+    """Each kernel's campaign (``ahead``: the self-check's compile farm), several at once where
+    ``--kernels-at-once`` says so; the table and the exit status."""
     from nanfuzz.harness.campaign.scope import with_next_pool_round
     from nanfuzz.harness.report.failures import report_failure
 
@@ -547,24 +553,21 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> 
     any_incomplete = False
     interrupted = False
     farm = ahead.farm if ahead is not None else None
-    for index, kernel in enumerate(kernels):
-        # the self-check fuzzes the pools its farm compiles; a campaign of a kernel named meets the
-        # next round of its pool (no --seed: a few shapes the last run did not have)
-        kernel_settings = _self_check_settings(kernel, settings, profile) if self_check else \
-            with_next_pool_round(kernel, settings)
-        try:
-            if ahead is not None:
-                campaign = _campaign(kernel, kernel_settings, profile, ahead.handle(index), ahead.seeds[index])
-            else:
-                campaign = _campaign(kernel, kernel_settings, profile, None)
-        except NanfuzzError as exc:
-            if not any_failure:
-                raise
-            # an earlier kernel's finding stands: its exit status, this kernel's trouble on one line beside it
-            print(f"nanfuzz: {str(exc).splitlines()[0]}; the campaigns after it did not run", file=sys.stderr,
-                  flush=True)
+    # the self-check fuzzes the pools its farm compiles; a campaign of a kernel named meets the
+    # next round of its pool (no --seed: a few shapes the last run did not have)
+    runs = [(kernel, _self_check_settings(kernel, settings, profile) if self_check else
+             with_next_pool_round(kernel, settings)) for kernel in kernels]
+    errors = []
+    for index, outcome in _outcomes(args, settings, profile, runs, ahead):
+        kernel, kernel_settings = runs[index]
+        if outcome is None:  # stopped before it had a result, or never started
+            interrupted = True
+            continue
+        if isinstance(outcome, NanfuzzError):
+            errors.append(outcome)
             all_good = False
-            break
+            continue
+        campaign = outcome
         _print_coverage(args, kernel, campaign)
         # stopped before its examples or time were spent, a campaign without a failure is no pass
         stopped = campaign.interrupted and not campaign.failed
@@ -589,9 +592,11 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> 
             rerun = rerun_options(campaign, kernel_settings, settings if self_check else None)
             print(f"{kernel.name}: seed {campaign.seed} ({rerun} runs the same search)", flush=True)
         summary.append(_summary_entry(kernel, campaign, kernel_settings, verdict))
-        if campaign.interrupted:
-            interrupted = True
-            break
+        interrupted |= campaign.interrupted
+    if errors and not any_failure:
+        raise errors[0]
+    for error in errors:  # a finding stands: its exit status, each kernel's trouble on one line beside it
+        print(f"nanfuzz: {str(error).splitlines()[0]}", file=sys.stderr, flush=True)
     print()
     _table(rows)
     compiled = farm.summary() if farm is not None else None
@@ -616,6 +621,50 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> 
                                   else "UNEXPECTED results above"))
         return 0 if all_good else 1 if any_failure or not any_incomplete else 3
     return 1 if any_failure else 3 if any_incomplete else 0
+
+
+def _kernels_at_once(args, settings, runs) -> int:
+    """How many of ``runs``' campaigns run at a time: ``--kernels-at-once``, else the device's
+    default; one where a campaign has jobs (a run of jobs is its own processes)."""
+    from nanfuzz.harness.campaign.side_by_side import default_at_once
+
+    if any(run.jobs > 1 for _, run in runs):
+        return 1
+    return min(args.kernels_at_once or default_at_once(settings.device, len(runs)), len(runs))
+
+
+def _outcomes(args, settings, profile, runs, ahead):
+    """``(index, campaign or NanfuzzError or None)`` of each run in order: one after another, or
+    ``--kernels-at-once`` at a time, each in a process of its own (``harness.campaign.side_by_side``).
+    None: a campaign stopped before it had a result.  One after another, none starts after a campaign
+    stopped or raised; side by side, the others go on (a kernel's trouble is its own)."""
+    from nanfuzz.harness.campaign.side_by_side import CampaignOrders, side_by_side
+    from nanfuzz.harness.campaign.stop_signals import stop_requested
+    from nanfuzz.harness.registry import import_path
+    from nanfuzz.harness.report.progress import Progress
+
+    at_once = _kernels_at_once(args, settings, runs)
+    if at_once <= 1:
+        for index, (kernel, kernel_settings) in enumerate(runs):
+            handle, seed = (ahead.handle(index), ahead.seeds[index]) if ahead is not None else (None, None)
+            try:
+                campaign = _campaign(kernel, kernel_settings, profile, handle, seed)
+            except NanfuzzError as exc:
+                yield index, exc
+                return
+            yield index, campaign
+            if campaign.interrupted or stop_requested():
+                return
+        return
+    orders = [CampaignOrders(index, kernel.name, import_path(kernel), kernel_settings,
+                             ahead.handle(index) if ahead is not None else None,
+                             ahead.seeds[index] if ahead is not None else None, kernel.stands_in_for)
+              for index, (kernel, kernel_settings) in enumerate(runs)]
+    progress = Progress(f"{len(runs)} campaigns, {at_once} at once")
+    try:
+        yield from side_by_side(orders, at_once, on_progress=lambda examples, shrinking: progress.update(examples))
+    finally:
+        progress.finish()
 
 
 def _replay(args, settings) -> int:

@@ -55,8 +55,9 @@ def _record_farms(monkeypatch, awaits_first_cases: bool = True) -> tuple[list, l
             self.awaits_first_cases = awaits_first_cases
             planned.append(plans)
 
-        def schedule(self, first_cases):
+        def schedule(self, first_cases, at_once=1):
             scheduled.append(first_cases)
+            self.at_once = at_once
 
     monkeypatch.setattr(ahead_module, "start_farm",
                         lambda plans, settings, first_cases_later: _Farm(plans) if first_cases_later else None)
@@ -209,8 +210,9 @@ def test_a_campaign_whose_first_cases_are_none_has_every_case_of_its_search_buil
         def __init__(self, plans):
             pass
 
-        def schedule(self, first_cases):
+        def schedule(self, first_cases, at_once=1):
             scheduled.append(first_cases)
+            self.at_once = at_once
 
     monkeypatch.setattr(ahead_module, "start_farm", lambda plans, settings, first_cases_later: _Farm(plans))
     run = Settings(device="cuda", pool_size=3, max_examples=30, use_database=False)
@@ -218,3 +220,18 @@ def test_a_campaign_whose_first_cases_are_none_has_every_case_of_its_search_buil
     compile_ahead([(slow, run)], run, lambda kernel: None, samples=lambda tier: 1)
     (first_cases,) = scheduled
     assert len(first_cases[0]) == 30
+
+
+def test_plans_whose_campaigns_run_side_by_side_take_turns_first_cases_before_samples(tmp_path):
+    # campaigns that start together each wait for their first cases: no plan's samples go out before
+    # every plan's first cases, and no plan's second case before every plan's first
+    first, second = _plan("tests.farm_subjects:slow", samples=1), _plan("tests.farm_subjects:slow", samples=1)
+    held = fork_server_context().Event()
+    with Farm([first, second], processes=1, marks=BuiltMarks(tmp_path), after=held, device_wait=3600.0,
+              first_cases_later=True) as farm:
+        farm.schedule({p: tuple(_samples(plan, plan.entries[0], 2)) for p, plan in enumerate((first, second))},
+                      at_once=2)
+        tasks = list(farm._tasks)
+    entries = range(len(first.entries))
+    assert tasks == [(0, 0, "u0"), (1, 0, "u0"), (0, 0, "u1"), (1, 0, "u1"),
+                     *((p, e, 0) for e in entries for p in (0, 1))]

@@ -25,14 +25,15 @@ ROOT = Path(__file__).resolve().parents[1]
 _PATIENCE = 240.0
 
 
-def _campaign(tmp_path: Path, kernel: str, jobs: int, *more: str):
-    """``nanfuzz fuzz`` of ``kernel`` (and the ``more`` kernels after it, one campaign each)."""
+def _campaign(tmp_path: Path, kernel: str, jobs: int, *more: str, at_once: int = 1):
+    """``nanfuzz fuzz`` of ``kernel`` (and the ``more`` kernels after it, one campaign each,
+    ``at_once`` of them at a time)."""
     env, mark = marked_environment({**os.environ, "PYTHONPATH": str(ROOT)})
     env.pop("CI", None)
     kernels = [arg for name in (kernel, *more) for arg in ("--kernel", name)]
     proc = subprocess.Popen([sys.executable, "-m", "nanfuzz", "fuzz", *kernels, "--device", "cpu",
                              "--seed", "0", "--max-examples", "100000", "--jobs", str(jobs),
-                             "--state-dir", str(tmp_path / "state")],
+                             "--state-dir", str(tmp_path / "state"), "--kernels-at-once", str(at_once)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     return proc, mark
@@ -109,6 +110,24 @@ def test_sigterm_while_shrinking_writes_the_smallest_failure_so_far_and_ends_eve
     assert json.dumps(record["case"], separators=(",", ":")) in {json.dumps(json.loads(line), separators=(",", ":"))
                                                                  for line in _lines(tmp_path / "failures.txt")}
     _nothing_left(mark)
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["pid", "group"])
+def test_sigterm_to_kernels_side_by_side_writes_the_failure_one_shrinks_and_stops_the_other(tmp_path, group):
+    proc, mark = _campaign(tmp_path, "tests.subjects:starts_a_child", 1, "tests.subjects:starts_a_child_then_exits",
+                           at_once=2)
+    # the first campaign searches (its kernel's children run), the second shrinks its third failure or later
+    _when(proc, lambda: len(_lines(tmp_path / "failures.txt")) >= 3 and _lines(tmp_path / "children.txt"))
+    out, err = _stop(proc, signal.SIGTERM, group)
+    assert proc.returncode == 1, out + err
+    assert "nanfuzz: stopped by SIGTERM; the failure found before it is reported above" in err
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("hostile@starts_a_child")}
+    assert rows["hostile@starts_a_child"][2] == "STOPPED", out
+    assert rows["hostile@starts_a_child_then_exits"][2] == "CRASH", out
+    (repro,) = (tmp_path / "state" / "repros").glob("*.json")
+    assert json.loads(repro.read_text())["verdict"] == "CRASH"
+    _nothing_left(mark)
+    assert not list((tmp_path / "state" / "journal").glob("*.json"))
 
 
 def test_a_job_killed_outright_leaves_no_process_of_its_kernel_behind(tmp_path):

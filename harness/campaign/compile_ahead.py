@@ -47,11 +47,13 @@ class Ahead:
 
 
 def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
-                  first_cases: Callable[[Kernel], int | None], samples: Callable[[str], int]) -> Ahead:
+                  first_cases: Callable[[Kernel], int | None], samples: Callable[[str], int],
+                  at_once: int = 1) -> Ahead:
     """A farm for ``runs`` (kernel, its campaign's settings), run in this order: ``first_cases(kernel)``
     of each campaign's first cases (None: every case its first search run draws while all pass),
     then ``samples(tier)`` cases of each pool entry (``tier``: the campaign's size tier).  A campaign
-    of several jobs picks its seeds in its jobs: the farm builds its samples alone."""
+    of several jobs picks its seeds in its jobs: the farm builds its samples alone.  ``at_once``:
+    the campaigns run that many at a time (``Farm.schedule``)."""
     plans, planners, ahead = [], [], Ahead(None)
     if settings.device == "cpu" or settings.compile_jobs == 0:  # nothing compiles ahead (``scope.plan_for``)
         return Ahead(None, [None] * len(runs), [None] * len(runs))
@@ -74,5 +76,5 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
     # the farm's processes start while the first cases are drawn here
     ahead.farm = start_farm(plans, settings, first_cases_later=True)
     if ahead.farm is not None and ahead.farm.awaits_first_cases:
-        ahead.farm.schedule({p: runner.first_cases(count) for p, (runner, count) in enumerate(planners)})
+        ahead.farm.schedule({p: runner.first_cases(count) for p, (runner, count) in enumerate(planners)}, at_once)
     return ahead

@@ -36,11 +36,15 @@ class Stopped(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def stopping_on_signals():
+def stopping_on_signals(once: bool = False):
     """SIGTERM and SIGHUP raise ``Stopped`` once (a later one only waits for the stop under way),
-    Ctrl-C a KeyboardInterrupt each time; either waits while a child process is being started."""
+    Ctrl-C a KeyboardInterrupt each time; either waits while a child process is being started.
+    ``once``: only the first signal of all raises (a campaign of a run that stops it with Ctrl-C
+    of its own, which may follow the group's SIGTERM)."""
     def stop(signum, frame):
         _received.append(signum)
+        if once and len(_received) > 1:
+            return
         if signum == signal.SIGINT:
             interrupt = KeyboardInterrupt
         elif len([s for s in _received if s != signal.SIGINT]) == 1:

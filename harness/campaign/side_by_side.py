@@ -1,0 +1,227 @@
+"""The campaigns of a run of several kernels at once, one process each.
+
+A run of several kernels (the self-check: every built-in) used to fuzz them
+one after another, and each campaign keeps about one core busy: its worker
+runs the kernel while its search waits, so a machine with more cores idled.
+Here up to ``at_once`` campaigns run side by side, each in a process of its
+own that runs the ordinary campaign runner (``harness.campaign.runner``) with
+the settings, the compile farm's plan and the search seed the run gave it:
+the same search as one after another, the same cases.
+
+The caller meets the outcomes in the kernels' order, each as soon as it and
+every one before it have ended, so that what it prints reads as a run one
+after another would.  An outcome is the campaign, or the ``NanfuzzError`` that
+stopped it, or None: a campaign stopped by Ctrl-C or a stop signal before it
+had a result.
+
+Ctrl-C, SIGTERM or SIGHUP, to this process or to its whole group: every
+campaign under way stops as its own Ctrl-C would stop it (a failure found is
+kept, its smallest case so far reported), campaigns not yet started never
+start, and a process that does not answer within two seconds is killed.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.device import DeviceProperties
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.harness.launch.isolation import interrupts_held
+from nanfuzz.harness.launch.processes import interpret_if_cpu, start as start_process
+from nanfuzz.reference.errors import NanfuzzError
+
+_INTERRUPT_GRACE = 2.0
+_POLL = 0.2
+
+
+@dataclass(frozen=True)
+class CampaignOrders:
+    """What campaign ``index`` runs: the kernel (its name, and its import path), its settings, the
+    farm's handle for its plan (None: none) and the search seed its first cases were drawn ahead with."""
+
+    index: int
+    kernel_name: str
+    kernel_spec: str
+    settings: Settings
+    farm: object = None
+    search_seed: int | None = None
+    stands_in_for: DeviceProperties | None = None
+
+
+@dataclass(frozen=True)
+class _Links:
+    """What the campaigns share with the run: the ``results`` queue, ``listening[i]`` (campaign i's
+    signal handlers are in place), ``examples[i]`` (its examples so far) and ``shrinking[i]``."""
+
+    results: object
+    listening: object
+    examples: object
+    shrinking: object
+
+
+def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
+    """A campaign's process: puts ``(index, campaign)``, ``(index, error message)`` or ``(index, None)``."""
+    from nanfuzz.harness.campaign.stop_signals import stop_requested, stopping_on_signals
+
+    index = orders.index
+    interpret_if_cpu(orders.settings.device)  # before the kernel's module is imported
+    try:
+        # as the run's own process takes them (the search keeps what it found), but once: the run's
+        # Ctrl-C that stops its campaigns may come after the group's SIGTERM
+        with stopping_on_signals(once=True):
+            links.listening[index] = 1
+            from nanfuzz.harness.campaign.runner import Hooks, fuzz
+            from nanfuzz.harness.registry import resolve
+
+            kernel = resolve(orders.kernel_spec, **orders.settings.sources)
+            if orders.stands_in_for is not None:
+                import dataclasses
+
+                kernel = dataclasses.replace(kernel, stands_in_for=orders.stands_in_for)
+
+            def note_example(campaign) -> None:
+                links.examples[index] = campaign.examples
+                links.shrinking[index] = int(campaign.time_to_first_failure is not None)
+
+            campaign = fuzz(kernel, orders.settings, farm=orders.farm, search_seed=orders.search_seed,
+                            hooks=Hooks(on_example=note_example, interrupted=stop_requested))
+    except NanfuzzError as exc:
+        links.results.put((index, str(exc)))
+        return
+    except KeyboardInterrupt:
+        links.results.put((index, None))
+        return
+    links.results.put((index, campaign))
+
+
+def default_at_once(device: str, kernels: int) -> int:
+    """Campaigns at once by default: under the interpreter one per core (each keeps about one busy);
+    on a GPU one, as the campaigns' compiles and device memory were measured."""
+    from nanfuzz.harness.launch.backend import usable_cores
+
+    return max(1, min(kernels, usable_cores() if device == "cpu" else 1))
+
+
+def side_by_side(orders: list[CampaignOrders], at_once: int,
+                 on_progress: Callable[[int, bool], None] | None = None) -> Iterator[tuple[int, object]]:
+    """``(index, outcome)`` of each campaign in ``orders``' order (see the module notes), running up
+    to ``at_once`` of them at a time.  ``on_progress(examples, shrinking)``: told, a few times a
+    second, the examples of every campaign so far and whether one under way is shrinking.  Closing
+    the iterator early ends the campaigns still running."""
+    from nanfuzz.harness.launch.processes import fork_server_context
+
+    # Not fork: a forked child of a process that used CUDA cannot use it.  The fork server has
+    # imported torch, Triton and the campaign runner but never touched a GPU.
+    context = fork_server_context()
+    count = len(orders)
+    links = _Links(results=context.Queue(), listening=context.RawArray("b", count),
+                   examples=context.RawArray("q", count), shrinking=context.RawArray("b", count))
+    processes: dict[int, object] = {}
+    outcomes: dict[int, object] = {}
+    interrupted = False
+    next_to_start = next_to_yield = 0
+
+    def stop() -> None:
+        _stop_all(processes, outcomes, links, orders)
+        for i in range(count):
+            outcomes.setdefault(i, None)  # stopped before a result, or never started
+
+    try:
+        while next_to_yield < count:
+            try:
+                if not interrupted:
+                    while next_to_start < count and _running(processes, outcomes) < at_once:
+                        process = context.Process(target=_run_campaign, daemon=False,
+                                                  name=f"nanfuzz-campaign-{next_to_start}",
+                                                  args=(orders[next_to_start], links))
+                        processes[next_to_start] = process
+                        start_process(process)
+                        next_to_start += 1
+                _collect_once(processes, links, outcomes, orders)
+                if on_progress is not None and processes:
+                    on_progress(sum(links.examples), any(links.shrinking[i] for i in processes if i not in outcomes))
+                while next_to_yield in outcomes:
+                    index, next_to_yield = next_to_yield, next_to_yield + 1
+                    # a stop while the caller reports this outcome comes here once it is done
+                    with interrupts_held():
+                        yield index, outcomes[index]
+            except KeyboardInterrupt:
+                if not interrupted:
+                    interrupted = True
+                    stop()
+    finally:
+        _end(processes, outcomes, links, orders)
+
+
+def _running(processes, outcomes) -> int:
+    return sum(1 for i in processes if i not in outcomes)
+
+
+def _collect_once(processes, links: _Links, outcomes, orders) -> None:
+    """The results that came in (waiting up to a poll's time for one); a process gone without one died."""
+    from nanfuzz.harness.launch.processes import running
+
+    try:
+        index, payload = links.results.get(timeout=_POLL)
+        outcomes[index] = _outcome(payload)
+        while True:
+            index, payload = links.results.get_nowait()
+            outcomes[index] = _outcome(payload)
+    except queue.Empty:
+        pass
+    for i, process in processes.items():
+        # an exit status read through a fork server that died is 255 for a process still running
+        gone = process.exitcode is not None and (process.exitcode != 255 or not running(process.pid))
+        if i not in outcomes and gone and links.results.empty():
+            process.join(timeout=1)
+            try:  # a result put just before the exit may still be on its way
+                index, payload = links.results.get(timeout=0.5)
+                outcomes[index] = _outcome(payload)
+                continue
+            except queue.Empty:
+                pass
+            outcomes[i] = NanfuzzError(f"kernel {orders[i].kernel_name}: its campaign's process died outside the kernel's "
+                                       f"launches (exit status {process.exitcode}); run the kernel alone to see why")
+
+
+def _outcome(payload):
+    return NanfuzzError(payload) if isinstance(payload, str) else payload
+
+
+def _stop_all(processes, outcomes, links: _Links, orders) -> None:
+    """Ctrl-C to every campaign under way, then their results for up to ``_INTERRUPT_GRACE`` seconds."""
+    for i, process in processes.items():
+        if i not in outcomes and links.listening[i] and process.exitcode is None and process.pid is not None:
+            try:
+                os.kill(process.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + _INTERRUPT_GRACE
+    while _running(processes, outcomes) and time.monotonic() < deadline:
+        try:
+            _collect_once(processes, links, outcomes, orders)
+        except KeyboardInterrupt:
+            break
+
+
+def _end(processes, outcomes, links: _Links, orders) -> None:
+    """Every campaign process ended: those with a result are joined, the rest killed (a worker dies
+    with the campaign that started it).  The case a killed one was checking was never judged and no
+    kernel ended it: no case for the next run to replay."""
+    from nanfuzz.harness.campaign import journal
+
+    for i, process in processes.items():
+        if process.pid is None:
+            continue
+        process.join(timeout=5 if i in outcomes else 0)
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=5)
+            journal.drop(orders[i].settings.state_dir, orders[i].kernel_name, process.pid)
+    links.results.cancel_join_thread()
+    links.results.close()

@@ -1,0 +1,67 @@
+"""Several kernels' campaigns at once (``--kernels-at-once``): the rows one after another gives, in
+the same order; a campaign process that dies is its kernel's one line, exit 2 alone and exit 1
+beside another kernel's finding; under the interpreter the default is one campaign per core."""
+from __future__ import annotations
+
+import pytest
+
+from nanfuzz.harness.campaign.side_by_side import default_at_once
+from nanfuzz.harness.cli import main
+
+KERNELS = ("paged_decode@unmasked", "paged_decode@masked", "tests.torch_kernels:window_off_by_one")
+
+
+def _rows(out: str) -> list[list[str]]:
+    """The summary table's rows: kernel, expect, verdict, examples, first failure (examples), result."""
+    lines = out.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("kernel ") and "verdict" in line)
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.strip():
+            break
+        cells = line.split()
+        rows.append([cells[0], cells[2], cells[3], cells[4].split("/")[0], cells[-1]])
+    return rows
+
+
+def _fuzz(tmp_path, capsys, name: str, at_once: int, *kernels: str) -> tuple[int, str, str]:
+    argv = ["fuzz", *(arg for kernel in kernels for arg in ("--kernel", kernel)), "--device", "cpu",
+            "--seed", "1", "--max-examples", "20", "--no-shrink", "--kernels-at-once", str(at_once),
+            "--state-dir", str(tmp_path / name)]
+    status = main(argv)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_side_by_side_gives_the_rows_one_after_another_gives_in_the_kernels_order(tmp_path, capsys):
+    alone, alone_out, _ = _fuzz(tmp_path, capsys, "in-turn", 1, *KERNELS)
+    together, together_out, _ = _fuzz(tmp_path, capsys, "at-once", 3, *KERNELS)
+    assert alone == together == 1
+    rows = _rows(together_out)
+    assert rows == _rows(alone_out)
+    assert [(row[0], row[1]) for row in rows] == [("paged_decode@unmasked", "NONFINITE"),
+                                                  ("paged_decode@masked", "PASS"),
+                                                  ("torch@window-off-by-one", "MISMATCH")]
+    # each campaign's own lines come before the next one's, as one after another prints them
+    seeds = [line.split(":")[0] for line in together_out.splitlines() if ": seed " in line]
+    assert seeds == ["paged_decode@unmasked", "paged_decode@masked", "torch@window-off-by-one"]
+
+
+def test_a_campaign_process_that_dies_is_one_line_exit_2_alone_and_exit_1_beside_a_finding(tmp_path, capsys):
+    status, out, err = _fuzz(tmp_path, capsys, "alone", 2, "tests.dies_in_its_campaign:kernel", "paged_decode@masked")
+    assert status == 2, out + err
+    assert err.strip().splitlines() == ["nanfuzz: kernel torch@dies-in-its-campaign: its campaign's process died "
+                                        "outside the kernel's launches (exit status 7); run the kernel alone to see why"]
+    status, out, err = _fuzz(tmp_path, capsys, "beside", 2, "tests.dies_in_its_campaign:kernel", "paged_decode@unmasked")
+    assert status == 1, out + err
+    assert "its campaign's process died outside the kernel's launches (exit status 7)" in err
+    assert [row[:2] for row in _rows(out)] == [["paged_decode@unmasked", "NONFINITE"]]
+    assert list((tmp_path / "beside" / "repros").glob("paged_decode-unmasked-*.json"))
+
+
+@pytest.mark.parametrize("device, cores, kernels, expected", [("cpu", 2, 9, 2), ("cpu", 16, 9, 9), ("cpu", 4, 1, 1),
+                                                              ("cuda", 16, 9, 1)])
+def test_by_default_one_campaign_per_core_under_the_interpreter_and_one_on_a_gpu(monkeypatch, device, cores,
+                                                                                 kernels, expected):
+    monkeypatch.setattr("nanfuzz.harness.launch.backend.usable_cores", lambda: cores)
+    assert default_at_once(device, kernels) == expected
