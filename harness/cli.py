@@ -403,6 +403,7 @@ def _focus(args):
 def _fuzz(args, settings) -> int:
     from nanfuzz.harness.campaign.example_db import parse
     from nanfuzz.harness.campaign.profiles import get_profile
+    from nanfuzz.harness.campaign.scope import with_next_pool_round
     from nanfuzz.harness.launch.import_probe import load_kernel
     from nanfuzz.harness.registry import builtin_kernels
 
@@ -414,17 +415,22 @@ def _fuzz(args, settings) -> int:
     shared = f", example database {parse(settings.example_db).shown}" if settings.example_db else ""
     print(f"nanfuzz fuzz: {len(kernels)} kernel(s), profile {profile.name}, {mode}, {isolation}{shared}", flush=True)
     rows = [("kernel", "expect", "verdict", "examples", "first failure", "shrink", "time", "result")]
+    # the self-check fuzzes the pools its farm compiles; a campaign of a kernel named meets the
+    # next round of its pool (no --seed: a few shapes the last run did not have)
+    runs = [(kernel, _self_check_settings(kernel, settings, profile) if self_check else
+             with_next_pool_round(kernel, settings)) for kernel in kernels]
+    at_once = _kernels_at_once(args, settings, runs)
+    if at_once > 1:  # campaigns sharing the device: none draws what only a campaign alone may
+        runs = [(kernel, run.replace(campaigns_per_device=run.campaigns_per_device * at_once)) for kernel, run in runs]
     # The self-check's kernels are known up front: one farm compiles what their campaigns meet
     # first, in the order they run, while the first campaign starts.
     ahead = None
     if self_check:
         from nanfuzz.harness.campaign.compile_ahead import compile_ahead
 
-        runs = [(k, _self_check_settings(k, settings, profile)) for k in kernels]
-        ahead = compile_ahead(runs, settings, _self_check_first_cases, SELF_CHECK_SAMPLES.__getitem__,
-                              _kernels_at_once(args, settings, runs))
+        ahead = compile_ahead(runs, settings, _self_check_first_cases, SELF_CHECK_SAMPLES.__getitem__, at_once)
     try:
-        return _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead)
+        return _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahead)
     finally:
         if ahead is not None:
             ahead.close()
@@ -541,10 +547,9 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
             "early_examples": campaign.early_examples}
 
 
-def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> int:
-    """Each kernel's campaign (``ahead``: the self-check's compile farm), several at once where
-    ``--kernels-at-once`` says so; the table and the exit status."""
-    from nanfuzz.harness.campaign.scope import with_next_pool_round
+def _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahead) -> int:
+    """Each run's campaign (a kernel and its settings; ``ahead``: the self-check's compile farm),
+    ``at_once`` at a time; the table and the exit status."""
     from nanfuzz.harness.report.failures import report_failure
 
     summary = []
@@ -553,12 +558,8 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> 
     any_incomplete = False
     interrupted = False
     farm = ahead.farm if ahead is not None else None
-    # the self-check fuzzes the pools its farm compiles; a campaign of a kernel named meets the
-    # next round of its pool (no --seed: a few shapes the last run did not have)
-    runs = [(kernel, _self_check_settings(kernel, settings, profile) if self_check else
-             with_next_pool_round(kernel, settings)) for kernel in kernels]
     errors = []
-    for index, outcome in _outcomes(args, settings, profile, runs, ahead):
+    for index, outcome in _outcomes(profile, runs, at_once, ahead):
         kernel, kernel_settings = runs[index]
         if outcome is None:  # stopped before it had a result, or never started
             interrupted = True
@@ -590,7 +591,10 @@ def _fuzz_kernels(args, settings, profile, kernels, self_check, rows, ahead) -> 
                      f"{campaign.elapsed:.1f}s", result))
         if campaign.seed is not None:
             rerun = rerun_options(campaign, kernel_settings, settings if self_check else None)
-            print(f"{kernel.name}: seed {campaign.seed} ({rerun} runs the same search)", flush=True)
+            # side by side on a GPU, a campaign drew as one of several on its device
+            shared = kernel_settings.campaigns_per_device != settings.campaigns_per_device and settings.device != "cpu"
+            beside = f" with NANFUZZ_CAMPAIGNS_PER_DEVICE={kernel_settings.campaigns_per_device}" if shared else ""
+            print(f"{kernel.name}: seed {campaign.seed} ({rerun} runs the same search{beside})", flush=True)
         summary.append(_summary_entry(kernel, campaign, kernel_settings, verdict))
         interrupted |= campaign.interrupted
     if errors and not any_failure:
@@ -633,9 +637,9 @@ def _kernels_at_once(args, settings, runs) -> int:
     return min(args.kernels_at_once or default_at_once(settings.device, len(runs)), len(runs))
 
 
-def _outcomes(args, settings, profile, runs, ahead):
+def _outcomes(profile, runs, at_once, ahead):
     """``(index, campaign or NanfuzzError or None)`` of each run in order: one after another, or
-    ``--kernels-at-once`` at a time, each in a process of its own (``harness.campaign.side_by_side``).
+    ``at_once`` at a time, each in a process of its own (``harness.campaign.side_by_side``).
     None: a campaign stopped before it had a result.  One after another, none starts after a campaign
     stopped or raised; side by side, the others go on (a kernel's trouble is its own)."""
     from nanfuzz.harness.campaign.side_by_side import CampaignOrders, side_by_side
@@ -643,7 +647,6 @@ def _outcomes(args, settings, profile, runs, ahead):
     from nanfuzz.harness.registry import import_path
     from nanfuzz.harness.report.progress import Progress
 
-    at_once = _kernels_at_once(args, settings, runs)
     if at_once <= 1:
         for index, (kernel, kernel_settings) in enumerate(runs):
             handle, seed = (ahead.handle(index), ahead.seeds[index]) if ahead is not None else (None, None)

@@ -1,4 +1,4 @@
-"""One compile farm for campaigns run one after another, building what each meets first, in order.
+"""One compile farm for the campaigns of a run of several kernels, building what each meets first, in order.
 
 A run of several campaigns (the self-check: every built-in kernel in turn)
 has one farm for all of them.  Each campaign's search seed is picked before
@@ -8,7 +8,9 @@ order they run, each campaign's first cases in the order it meets them and then
 a sample case of each of its pool entries, and nothing else: the
 specialisations a campaign meets later compile in its own worker when it meets
 them.  Campaign by campaign, since a campaign draws from its whole pool long
-before the last campaign starts.  Each campaign waits only for its own
+before the last campaign starts; campaigns that run side by side
+(``harness.campaign.side_by_side``) take turns instead, every one's first cases
+before any one's samples.  Each campaign waits only for its own
 plan (``FarmHandle.for_plan``): once that is built it compiles what else it
 meets rather than putting it off until the farm is done with the campaigns
 after it.
