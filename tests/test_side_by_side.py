@@ -65,3 +65,15 @@ def test_by_default_one_campaign_per_core_under_the_interpreter_and_one_on_a_gpu
                                                                                  kernels, expected):
     monkeypatch.setattr("nanfuzz.harness.launch.backend.usable_cores", lambda: cores)
     assert default_at_once(device, kernels) == expected
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_self_check_side_by_side_catches_every_old_variant_and_passes_every_fixed(tmp_path, capsys,
+                                                                                               monkeypatch):
+    monkeypatch.setenv("NANFUZZ_MEMORY_DIR", str(tmp_path / "ledger"))  # a ledger of its own: see test_compile_ahead_gpu
+    status = main(["fuzz", "--kernels-at-once", "9", "--state-dir", str(tmp_path / "state")])
+    out, err = capsys.readouterr()
+    assert status == 0, out + err
+    assert "self-check: every old variant caught, every fixed variant passed" in out
+    reruns = [line for line in out.splitlines() if ": seed " in line]
+    assert len(reruns) == 9 and all("with NANFUZZ_CAMPAIGNS_PER_DEVICE=9" in line for line in reruns), reruns
