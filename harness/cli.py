@@ -565,7 +565,9 @@ def _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahea
             interrupted = True
             continue
         if isinstance(outcome, NanfuzzError):
-            errors.append(outcome)
+            # one after another, the campaigns after it do not run
+            later = "; the campaigns after it did not run" if at_once <= 1 and index < len(runs) - 1 else ""
+            errors.append((outcome, later))
             all_good = False
             continue
         campaign = outcome
@@ -598,9 +600,9 @@ def _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahea
         summary.append(_summary_entry(kernel, campaign, kernel_settings, verdict))
         interrupted |= campaign.interrupted
     if errors and not any_failure:
-        raise errors[0]
-    for error in errors:  # a finding stands: its exit status, each kernel's trouble on one line beside it
-        print(f"nanfuzz: {str(error).splitlines()[0]}", file=sys.stderr, flush=True)
+        raise errors[0][0]
+    for error, later in errors:  # a finding stands: its exit status, each kernel's trouble on one line beside it
+        print(f"nanfuzz: {str(error).splitlines()[0]}{later}", file=sys.stderr, flush=True)
     print()
     _table(rows)
     compiled = farm.summary() if farm is not None else None

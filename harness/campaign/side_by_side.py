@@ -1,9 +1,9 @@
 """The campaigns of a run of several kernels at once, one process each.
 
-A run of several kernels (the self-check: every built-in) used to fuzz them
-one after another, and each campaign keeps about one core busy: its worker
-runs the kernel while its search waits, so a machine with more cores idled.
-Here up to ``at_once`` campaigns run side by side, each in a process of its
+A campaign keeps about one core busy (its worker runs the kernel while its
+search waits), so a run of several kernels (the self-check: every built-in)
+one after another leaves a machine's other cores idle.  Here up to
+``at_once`` campaigns run side by side, each in a process of its
 own that runs the ordinary campaign runner (``harness.campaign.runner``) with
 the settings, the compile farm's plan and the search seed the run gave it:
 the same search as one after another, the same cases.
@@ -30,7 +30,6 @@ from typing import Callable, Iterator
 
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.device import DeviceProperties
-from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.isolation import interrupts_held
 from nanfuzz.harness.launch.processes import interpret_if_cpu, start as start_process
 from nanfuzz.reference.errors import NanfuzzError
