@@ -136,7 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels-at-once", type=int, metavar="N",
                    help="with several kernels (the self-check, or --kernel repeated): the campaigns of N of them "
                         "at once, one process each, reported in order (default: one per core under the "
-                        "interpreter, 1 on a GPU; with --jobs, one kernel at a time)")
+                        "interpreter; on a GPU all of the self-check's, and kernels named one at a time; with "
+                        "--jobs, one kernel at a time)")
     p.add_argument("--example-db", metavar="URL",
                    help="the example database that replays known failures first: a folder (default STATE/examples), "
                         "redis://HOST:PORT/DB (a Redis or Valkey server shared by a fleet; needs nanfuzz[redis]), or "
@@ -636,7 +637,8 @@ def _kernels_at_once(args, settings, runs) -> int:
 
     if any(run.jobs > 1 for _, run in runs):
         return 1
-    return min(args.kernels_at_once or default_at_once(settings.device, len(runs)), len(runs))
+    return min(args.kernels_at_once or default_at_once(settings.device, len(runs), self_check=args.kernel is None),
+               len(runs))
 
 
 def _outcomes(profile, runs, at_once, ahead):

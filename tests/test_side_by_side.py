@@ -1,6 +1,7 @@
 """Several kernels' campaigns at once (``--kernels-at-once``): the rows one after another gives, in
 the same order; a campaign process that dies is its kernel's one line, exit 2 alone and exit 1
-beside another kernel's finding; under the interpreter the default is one campaign per core."""
+beside another kernel's finding; under the interpreter the default is one campaign per core, on a
+GPU the whole self-check at once."""
 from __future__ import annotations
 
 import pytest
@@ -59,19 +60,21 @@ def test_a_campaign_process_that_dies_is_one_line_exit_2_alone_and_exit_1_beside
     assert list((tmp_path / "beside" / "repros").glob("paged_decode-unmasked-*.json"))
 
 
-@pytest.mark.parametrize("device, cores, kernels, expected", [("cpu", 2, 9, 2), ("cpu", 16, 9, 9), ("cpu", 4, 1, 1),
-                                                              ("cuda", 16, 9, 1)])
-def test_by_default_one_campaign_per_core_under_the_interpreter_and_one_on_a_gpu(monkeypatch, device, cores,
-                                                                                 kernels, expected):
+@pytest.mark.parametrize("device, cores, kernels, self_check, expected",
+                         [("cpu", 2, 9, True, 2), ("cpu", 16, 9, True, 9), ("cpu", 4, 1, False, 1),
+                          ("cpu", 2, 3, False, 2), ("cuda", 16, 9, True, 9), ("cuda", 4, 9, True, 9),
+                          ("cuda", 16, 3, False, 1)])
+def test_by_default_one_campaign_per_core_under_the_interpreter_and_on_a_gpu_the_whole_self_check(
+        monkeypatch, device, cores, kernels, self_check, expected):
     monkeypatch.setattr("nanfuzz.harness.launch.backend.usable_cores", lambda: cores)
-    assert default_at_once(device, kernels) == expected
+    assert default_at_once(device, kernels, self_check) == expected
 
 
 @pytest.mark.gpu
 def test_on_a_gpu_the_self_check_side_by_side_catches_every_old_variant_and_passes_every_fixed(tmp_path, capsys,
                                                                                                monkeypatch):
     monkeypatch.setenv("NANFUZZ_MEMORY_DIR", str(tmp_path / "ledger"))  # a ledger of its own: see test_compile_ahead_gpu
-    status = main(["fuzz", "--kernels-at-once", "9", "--state-dir", str(tmp_path / "state")])
+    status = main(["fuzz", "--state-dir", str(tmp_path / "state")])  # on a GPU its nine campaigns at once by default
     out, err = capsys.readouterr()
     assert status == 0, out + err
     assert "self-check: every old variant caught, every fixed variant passed" in out

@@ -98,12 +98,16 @@ def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
     links.results.put((index, campaign))
 
 
-def default_at_once(device: str, kernels: int) -> int:
+def default_at_once(device: str, kernels: int, self_check: bool = False) -> int:
     """Campaigns at once by default: under the interpreter one per core (each keeps about one busy);
-    on a GPU one, as the campaigns' compiles and device memory were measured."""
+    on a GPU every one of the self-check's (built-ins, whose memory and compiles were measured that
+    way), and one at a time for kernels named, whose production cases and compiles may each want
+    the whole device."""
     from nanfuzz.harness.launch.backend import usable_cores
 
-    return max(1, min(kernels, usable_cores() if device == "cpu" else 1))
+    if device == "cpu":
+        return max(1, min(kernels, usable_cores()))
+    return max(1, kernels if self_check else 1)
 
 
 def side_by_side(orders: list[CampaignOrders], at_once: int,
