@@ -669,7 +669,7 @@ def _outcomes(profile, runs, at_once, ahead):
               for index, (kernel, kernel_settings) in enumerate(runs)]
     progress = Progress(f"{len(runs)} campaigns, {at_once} at once")
     try:
-        yield from side_by_side(orders, at_once, on_progress=lambda examples, shrinking: progress.update(examples))
+        yield from side_by_side(orders, at_once, on_progress=progress.update)
     finally:
         progress.finish()
 

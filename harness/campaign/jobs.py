@@ -36,7 +36,7 @@ from nanfuzz.harness.campaign.stop_signals import STOP_SIGNALS, quiet_about_inte
 from nanfuzz.harness.device import DeviceProperties
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.isolation import hold_while_starting
-from nanfuzz.harness.launch.processes import interpret_if_cpu, start as start_process
+from nanfuzz.harness.launch.processes import has_ended as _gone, interpret_if_cpu, start as start_process
 from nanfuzz.reference.errors import NanfuzzError
 
 _WARMUP_SEED = 1_000_003
@@ -305,16 +305,6 @@ def _recover_a_dead_job_s_case(kernel, settings, merged) -> None:
     if leftover is not None:
         merged.failure, merged.failing_case = leftover.failure, leftover.failing_case
         merged.recovered_crash = True
-
-
-def _gone(process) -> bool:
-    """Whether a job multiprocessing reports ended has ended.  A job's exit status comes through the
-    fork server it was forked from; where that server died first (a kernel can kill it; so can the
-    host running out of memory), multiprocessing reads 255 for a job still running, which goes on
-    to put its result as any job does."""
-    from nanfuzz.harness.launch.processes import running
-
-    return process.exitcode != 255 or not running(process.pid)
 
 
 def job_settings(settings: Settings, examples: int, seed: int | None, kernel: Kernel) -> Settings:

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.device import DeviceProperties
 from nanfuzz.harness.launch.isolation import interrupts_held
-from nanfuzz.harness.launch.processes import interpret_if_cpu, start as start_process
+from nanfuzz.harness.launch.processes import has_ended, interpret_if_cpu, start as start_process
 from nanfuzz.reference.errors import NanfuzzError
 
 _INTERRUPT_GRACE = 2.0
@@ -55,12 +55,11 @@ class CampaignOrders:
 @dataclass(frozen=True)
 class _Links:
     """What the campaigns share with the run: the ``results`` queue, ``listening[i]`` (campaign i's
-    signal handlers are in place), ``examples[i]`` (its examples so far) and ``shrinking[i]``."""
+    signal handlers are in place) and ``examples[i]`` (its examples so far)."""
 
     results: object
     listening: object
     examples: object
-    shrinking: object
 
 
 def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
@@ -85,7 +84,6 @@ def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
 
             def note_example(campaign) -> None:
                 links.examples[index] = campaign.examples
-                links.shrinking[index] = int(campaign.time_to_first_failure is not None)
 
             campaign = fuzz(kernel, orders.settings, farm=orders.farm, search_seed=orders.search_seed,
                             hooks=Hooks(on_example=note_example, interrupted=stop_requested))
@@ -111,10 +109,10 @@ def default_at_once(device: str, kernels: int, self_check: bool = False) -> int:
 
 
 def side_by_side(orders: list[CampaignOrders], at_once: int,
-                 on_progress: Callable[[int, bool], None] | None = None) -> Iterator[tuple[int, object]]:
+                 on_progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, object]]:
     """``(index, outcome)`` of each campaign in ``orders``' order (see the module notes), running up
-    to ``at_once`` of them at a time.  ``on_progress(examples, shrinking)``: told, a few times a
-    second, the examples of every campaign so far and whether one under way is shrinking.  Closing
+    to ``at_once`` of them at a time.  ``on_progress(examples)``: told, a few times a second, the
+    examples of every campaign so far (a shrink's candidates included).  Closing
     the iterator early ends the campaigns still running."""
     from nanfuzz.harness.launch.processes import fork_server_context
 
@@ -123,7 +121,7 @@ def side_by_side(orders: list[CampaignOrders], at_once: int,
     context = fork_server_context()
     count = len(orders)
     links = _Links(results=context.Queue(), listening=context.RawArray("b", count),
-                   examples=context.RawArray("q", count), shrinking=context.RawArray("b", count))
+                   examples=context.RawArray("q", count))
     processes: dict[int, object] = {}
     outcomes: dict[int, object] = {}
     interrupted = False
@@ -147,7 +145,7 @@ def side_by_side(orders: list[CampaignOrders], at_once: int,
                         next_to_start += 1
                 _collect_once(processes, links, outcomes, orders)
                 if on_progress is not None and processes:
-                    on_progress(sum(links.examples), any(links.shrinking[i] for i in processes if i not in outcomes))
+                    on_progress(sum(links.examples))
                 while next_to_yield in outcomes:
                     index, next_to_yield = next_to_yield, next_to_yield + 1
                     # a stop while the caller reports this outcome comes here once it is done
@@ -167,8 +165,6 @@ def _running(processes, outcomes) -> int:
 
 def _collect_once(processes, links: _Links, outcomes, orders) -> None:
     """The results that came in (waiting up to a poll's time for one); a process gone without one died."""
-    from nanfuzz.harness.launch.processes import running
-
     try:
         index, payload = links.results.get(timeout=_POLL)
         outcomes[index] = _outcome(payload)
@@ -178,9 +174,7 @@ def _collect_once(processes, links: _Links, outcomes, orders) -> None:
     except queue.Empty:
         pass
     for i, process in processes.items():
-        # an exit status read through a fork server that died is 255 for a process still running
-        gone = process.exitcode is not None and (process.exitcode != 255 or not running(process.pid))
-        if i not in outcomes and gone and links.results.empty():
+        if i not in outcomes and has_ended(process) and links.results.empty():
             process.join(timeout=1)
             try:  # a result put just before the exit may still be on its way
                 index, payload = links.results.get(timeout=0.5)

@@ -485,14 +485,12 @@ def _in_turn(upcoming: list[tuple[int, int, str]], samples: list[tuple[int, int,
     (each one's n-th task before any one's (n+1)-th), upcoming cases and samples each in their
     given order within a plan."""
     rank: dict[tuple, int] = {}
-    for kind, tasks in enumerate((upcoming, samples)):
-        seen: dict[int, int] = {}
+    for tasks in (upcoming, samples):
+        seen: dict[int, int] = {}  # per plan, its tasks of this kind so far
         for task in tasks:
             rank[task] = seen.get(task[0], 0)
             seen[task[0]] = rank[task] + 1
-    order = {task: n for n, task in enumerate(upcoming + samples)}
-    return sorted(upcoming + samples, key=lambda task: (task[0] // at_once, isinstance(task[2], int),
-                                                        rank[task], task[0], order[task]))
+    return sorted(upcoming + samples, key=lambda task: (task[0] // at_once, isinstance(task[2], int), rank[task], task[0]))
 
 
 def _upcoming_number(sample: str) -> int:

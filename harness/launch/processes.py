@@ -157,6 +157,14 @@ def running(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def has_ended(process) -> bool:
+    """Whether a process of ``fork_server_context()`` that multiprocessing reports ended has ended
+    (``exitcode`` set).  Its exit status comes through the fork server it was forked from; where that
+    server died first (a kernel can kill it; so can the host running out of memory), multiprocessing
+    reads 255 for a process still running, which goes on to put its result as any does."""
+    return process.exitcode is not None and (process.exitcode != 255 or not running(process.pid))
+
+
 def _dying(pid: int) -> bool:
     """Whether a fatal signal has been sent to ``pid`` that it has not yet died of (Linux marks such
     a process with a pending SIGKILL at once): a kill is over when ``kill()`` returns, the death
