@@ -341,3 +341,52 @@ def test_a_farm_task_builds_a_large_case_on_its_device_never_on_the_host(monkeyp
     (written, shape, out_shape), = seen
     assert shape[0] == case.geometry.num_blocks and out_shape == (1, 4, 16)
     assert torch.equal(written.view(torch.int16), expected.caches["key_cache"].view(torch.int16))
+
+
+class _FullDevice:
+    """A device of 80 units whose memory others hold for the first ``busy`` asks."""
+
+    def __init__(self, busy: int):
+        self.busy, self.asks = busy, 0
+        self.device = self
+
+    def footprint(self, need: int) -> int:
+        return need
+
+    def total(self) -> int:
+        return 80
+
+    def margin(self) -> int:
+        return 20
+
+    def reserve(self, need: int, patience: float) -> int:
+        from nanfuzz.harness.judge.memory import TooLargeForDevice
+
+        assert patience == 0.0  # a farm task never stands in line ahead of the campaign's checks
+        self.asks += 1
+        if self.asks <= self.busy or need > 60:
+            raise TooLargeForDevice("taken")
+        return need
+
+
+def test_a_farm_task_refused_for_memory_asks_again_while_its_process_s_patience_lasts(monkeypatch):
+    from nanfuzz.harness.judge.memory import TooLargeForDevice
+    from nanfuzz.harness.launch import farm
+
+    monkeypatch.setattr(farm, "_MEMORY_POLL", 0.01)
+    monkeypatch.setattr(farm, "_patience_left", [0.5])
+    held_a_moment = _FullDevice(busy=3)
+    farm._reserve_politely(held_a_moment, 10)   # built once the campaign's check gave its memory back
+    assert held_a_moment.asks == 4
+    too_large = _FullDevice(busy=0)
+    with pytest.raises(TooLargeForDevice):       # more than the device has: given up at once
+        farm._reserve_politely(too_large, 70)
+    assert too_large.asks == 1
+    held_for_good = _FullDevice(busy=10 ** 9)
+    with pytest.raises(TooLargeForDevice):       # the process's patience is spent: given up
+        farm._reserve_politely(held_for_good, 10)
+    assert farm._patience_left[0] <= 0
+    spent = _FullDevice(busy=1)
+    with pytest.raises(TooLargeForDevice):       # and later tasks no longer wait at all
+        farm._reserve_politely(spent, 10)
+    assert spent.asks == 1

@@ -696,8 +696,8 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
 
 
 def _compile_case(kernel, plan: Plan, case: Case) -> None:
-    """Launch ``case`` compile-only, its tensors' device memory reserved first (not waited for: a
-    task whose memory is taken is given up, and the campaign compiles it when it meets it)."""
+    """Launch ``case`` compile-only, its tensors' device memory reserved first (``_reserve_politely``:
+    a task whose memory stays taken is given up, and the campaign compiles it when it meets it)."""
     import torch
 
     from nanfuzz.harness.judge.large import large_check_footprint
@@ -708,7 +708,7 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
     share = governor(plan.spec.memory, device)
     # the batch, and the output and a layout copy at most (a large case: its compact build too)
-    share.reserve(large_check_footprint(case) if case.large else 2 * case_bytes(case), patience=0.0)
+    _reserve_politely(share, large_check_footprint(case) if case.large else 2 * case_bytes(case))
     try:
         batch = _built_on_device(case, device) if case.large else materialize(case, device)
         share.built()
@@ -718,6 +718,37 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
         del batch, out
     finally:
         share.give_back()
+
+
+# How long, in all, a farm process asks again for device memory the campaign's own checks hold (a
+# mixed-size case being checked can hold most of a GPU for a second or two).  It never waits in
+# line: its want in the ledger would stand ahead of the campaign's next check.  A task given up at
+# once leaves its binary to nobody until the farm ends, and the cases put off for it wait that long
+# (on an 80 GB GPU one seed's farm gave up 178 of its 208 tasks so).  The patience is the process's,
+# not each task's: where the device stays full (campaigns sharing it), the farm gives up as before
+# once it is spent, instead of every task waiting in turn.
+MEMORY_PATIENCE = 20.0
+_MEMORY_POLL = 0.2
+_patience_left = [MEMORY_PATIENCE]
+
+
+def _reserve_politely(share, need: int) -> None:
+    """``share.reserve(need)`` without a place in line, asked again every ``_MEMORY_POLL`` s while
+    this process's ``MEMORY_PATIENCE`` lasts; ``TooLargeForDevice`` once it is spent, and at once
+    for a case larger than the device."""
+    from nanfuzz.harness.judge.memory import TooLargeForDevice
+
+    while True:
+        started = time.monotonic()
+        try:
+            share.reserve(need, patience=0.0)
+            return
+        except TooLargeForDevice:
+            device = share.device
+            if _patience_left[0] <= 0 or device.footprint(need) > device.total() - device.margin():
+                raise
+        time.sleep(_MEMORY_POLL)
+        _patience_left[0] -= time.monotonic() - started
 
 
 def _built_on_device(case: Case, device):
