@@ -100,7 +100,7 @@ def _slots(mask: torch.Tensor) -> torch.Tensor:
 
 
 def host_to_device(device: torch.device, *parts: torch.Tensor) -> list[torch.Tensor]:
-    """Host int64 tensors on ``device``, moved in one copy that the host does not wait for."""
+    """Host tensors of one dtype on ``device``, moved in one copy that the host does not wait for."""
     if device.type == "cpu":
         return list(parts)
     moved = torch.cat([p.flatten() for p in parts]).pin_memory().to(device, non_blocking=True)

@@ -180,6 +180,15 @@ def chunk_sequences(case: Case) -> int:
     return max(1, _CHUNK_ELEMENTS // per_seq)
 
 
+def padded_products(case: Case) -> int:
+    """The multiply-adds of one arithmetic's pass over ``case`` as the oracle pads it: each sequence's
+    queries (up to the longest) against its keys (up to the longest), in every query head, over K's
+    and V's head sizes."""
+    g = case.geometry
+    return (len(case.sequences) * case.max_query_len * case.max_seq_len * g.num_q_heads
+            * (g.head_size + g.v_head_size))
+
+
 # What the oracle holds at its peak, per byte of a chunk's float64 gather and of a step's scores:
 # measured on the CPU (resident bytes, every tensor freed as it dies) over decodes and prefills,
 # 1 to 64 sequences, fp8 and unsigned caches; the largest seen were 2.6x the gather with scaled

@@ -207,3 +207,48 @@ def test_a_ctrl_c_while_waiting_for_the_device_stops_the_check_and_a_fault_there
     outcome = runs.await_runs(gpu, runs.no_events, "on the poisoned run")
     assert outcome.verdict is Verdict.CRASH and outcome.fatal
     assert outcome.summary.startswith("CRASH on the poisoned run: RuntimeError: CUDA error: an illegal memory")
+
+
+@pytest.mark.parametrize("bug, verdict", [
+    (None, Verdict.PASS),
+    ("mask-multiply", Verdict.NONFINITE),
+    ("window-off-by-one", Verdict.MISMATCH),
+    ("head-map", Verdict.MISMATCH),
+])
+def test_an_oracle_on_the_host_batch_judges_as_one_on_the_device(monkeypatch, bug, verdict):
+    """On a GPU a small case's oracle attends on the host build (``CaseCheck._oracle_on_host``); forced
+    so here, it reads the host batch, never the device's, and every figure of the verdict is the same."""
+    from nanfuzz.harness.judge import check as judge
+
+    on_device = check(torch_kernel(bug), WINDOWED, "cpu")
+    attended = []
+    real = judge.attend_and_measure
+    monkeypatch.setattr(judge, "attend_and_measure", lambda batch, *a, **k: attended.append(batch) or real(batch, *a, **k))
+    monkeypatch.setattr(judge.CaseCheck, "_oracle_on_host", lambda self: self.host is not None)
+    hosts = []
+    build = judge.CaseCheck._build
+    monkeypatch.setattr(judge.CaseCheck, "_build", lambda self: (build(self), hosts.append(self.host))[0])
+    on_host = check(torch_kernel(bug), WINDOWED, "cpu")
+    assert attended and attended[0] is hosts[0]
+    assert on_host.verdict is on_device.verdict is verdict, on_host.summary
+    assert on_host.summary == on_device.summary
+    assert on_host.evidence == on_device.evidence
+
+
+def test_only_a_small_case_on_a_gpu_has_its_oracle_on_the_host():
+    from nanfuzz.harness.judge.check import HOST_ORACLE_PRODUCTS, CaseCheck, LargeCaseCheck
+    from nanfuzz.reference.oracle import padded_products
+
+    def judge(kind, case, device):
+        return kind(torch_kernel(None), case, torch.device(device), False, lambda *a: None)
+
+    assert padded_products(WINDOWED) <= HOST_ORACLE_PRODUCTS
+    assert judge(CaseCheck, WINDOWED, "cuda")._oracle_on_host()
+    assert not judge(CaseCheck, WINDOWED, "cpu")._oracle_on_host()  # there the device's batch is the host's
+    assert not judge(LargeCaseCheck, WINDOWED, "cuda")._oracle_on_host()
+    per_seq = 32  # blocks of 8 keys: 256 keys a sequence
+    long = Case(Geometry(16, 2, 128, 8, 1 + 8 * per_seq, "float16"),
+                tuple(Sequence(1, 256, tuple(range(1 + s * per_seq, 1 + (s + 1) * per_seq))) for s in range(8)),
+                data_seed=1).validate()
+    assert padded_products(long) > HOST_ORACLE_PRODUCTS
+    assert not judge(CaseCheck, long, "cuda")._oracle_on_host()

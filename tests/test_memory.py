@@ -290,7 +290,7 @@ def test_an_oom_in_the_oracle_that_persists_is_declined_and_counted_never_a_cras
         fuzz(subjects.oracle_runs_out_of_memory_always, settings)  # judged nothing: no pass
 
 
-@pytest.mark.parametrize("stage", ["build_on_host", "attend_and_measure", "row_errors", "refill_dead_slots"],
+@pytest.mark.parametrize("stage", ["build_on_host", "attend_and_measure", "yardstick", "refill_dead_slots"],
                          ids=["materialising", "oracle", "reference", "garbage-batch"])
 def test_an_oom_of_nanfuzz_s_own_in_the_campaign_s_process_is_retried(monkeypatch, stage):
     from nanfuzz.harness.judge import check as judge

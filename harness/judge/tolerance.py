@@ -162,14 +162,37 @@ def allowance(oracle: torch.Tensor, summands: Summands, arithmetic: str, quantiz
     return last + terms.amax(dim=-1) + denominator + zero_points
 
 
-def row_errors(result: torch.Tensor, oracle: torch.Tensor, reference: torch.Tensor, summands: Summands,
-               dtype: str, precision: str, quantized: bool = False, rotation_dtype: str | None = None) -> RowErrors:
-    """``result``, ``oracle`` and ``reference`` are float64 ``[tokens, heads, head_size]``;
-    ``summands`` the oracle's measure of each row; ``quantized``: the case's cache is;
-    ``rotation_dtype``: what a rotated cache's output is un-rotated in, where the case has one."""
+@dataclass(frozen=True)
+class Yardstick:
+    """What each row's error is measured against, before the kernel's output is known: the
+    same-precision reference's error and the ratio's denominator (that error plus the allowance),
+    ``[tokens, heads]`` float64 each."""
+
+    arithmetic: str
+    reference: torch.Tensor
+    denominator: torch.Tensor
+
+
+def yardstick(oracle: torch.Tensor, reference: torch.Tensor, summands: Summands, dtype: str, precision: str,
+              quantized: bool = False, rotation_dtype: str | None = None) -> Yardstick:
+    """``oracle`` and ``reference`` float64 ``[tokens, heads, head_size]``, ``summands`` the oracle's measure
+    of each row; ``quantized``: the case's cache is; ``rotation_dtype``: what a rotated cache's output is
+    un-rotated in, where the case has one."""
     name = arithmetic_name(dtype, precision)
-    kernel_error = (result - oracle).abs().nan_to_num(float("inf")).amax(dim=-1)
     reference_error = (reference - oracle).abs().amax(dim=-1)
     denominator = reference_error + allowance(oracle, summands, name, quantized, rotation_dtype)
-    denominator = denominator.clamp_min(torch.finfo(torch.float64).tiny)
-    return RowErrors(name, kernel_error, reference_error, denominator, kernel_error / denominator)
+    return Yardstick(name, reference_error, denominator.clamp_min(torch.finfo(torch.float64).tiny))
+
+
+def errors_against(result: torch.Tensor, oracle: torch.Tensor, yard: Yardstick) -> RowErrors:
+    """The kernel's ``result`` (float64, as ``oracle``) row by row against ``yard``."""
+    kernel_error = (result - oracle).abs().nan_to_num(float("inf")).amax(dim=-1)
+    return RowErrors(yard.arithmetic, kernel_error, yard.reference, yard.denominator, kernel_error / yard.denominator)
+
+
+def row_errors(result: torch.Tensor, oracle: torch.Tensor, reference: torch.Tensor, summands: Summands,
+               dtype: str, precision: str, quantized: bool = False, rotation_dtype: str | None = None) -> RowErrors:
+    """``result``, ``oracle`` and ``reference`` are float64 ``[tokens, heads, head_size]``: the
+    :func:`yardstick` of ``oracle`` and ``reference``, and ``result`` against it."""
+    return errors_against(result, oracle, yardstick(oracle, reference, summands, dtype, precision, quantized,
+                                                    rotation_dtype))
