@@ -56,6 +56,14 @@ def resolve(name: str, vllm_src: str | None = None, aiter_src: str | None = None
     return kernel if kernel.spec else replace(kernel, spec=name)
 
 
+def resolve_for_process(name: str, sources: dict, stands_in_for=None) -> Kernel:
+    """``name`` resolved again in a process of the run's (a job, a campaign side by side), with the
+    device properties the run's kernel stands in for (``Kernel.stands_in_for``), which its import
+    path alone may not give."""
+    kernel = resolve(name, **sources)
+    return kernel if stands_in_for is None else replace(kernel, stands_in_for=stands_in_for)
+
+
 def library_of(name: str) -> str | None:
     """The kernel library a kernel name belongs to ("vllm", "aiter", "fa_amd", "sglang", "lmdeploy"), or None."""
     prefix, colon, _ = name.partition(":")

@@ -20,7 +20,6 @@ killed.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import queue
 import signal
@@ -113,11 +112,9 @@ def _run_job(orders: JobOrders, links: JobLinks) -> None:
     try:
         from nanfuzz.harness.campaign.runner import Hooks, fuzz, note_worker_start
         from nanfuzz.harness.launch.subjects import make_subject
-        from nanfuzz.harness.registry import resolve
+        from nanfuzz.harness.registry import resolve_for_process
 
-        kernel = resolve(orders.kernel_spec, **settings.sources)
-        if orders.stands_in_for is not None:
-            kernel = dataclasses.replace(kernel, stands_in_for=orders.stands_in_for)
+        kernel = resolve_for_process(orders.kernel_spec, settings.sources, orders.stands_in_for)
         subject = make_subject(kernel, settings, prefer_fork=True)  # a job runs no torch op itself
         try:
             if orders.warmup:

@@ -74,13 +74,9 @@ def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
         with stopping_on_signals(once=True):
             links.listening[index] = 1
             from nanfuzz.harness.campaign.runner import Hooks, fuzz
-            from nanfuzz.harness.registry import resolve
+            from nanfuzz.harness.registry import resolve_for_process
 
-            kernel = resolve(orders.kernel_spec, **orders.settings.sources)
-            if orders.stands_in_for is not None:
-                import dataclasses
-
-                kernel = dataclasses.replace(kernel, stands_in_for=orders.stands_in_for)
+            kernel = resolve_for_process(orders.kernel_spec, orders.settings.sources, orders.stands_in_for)
 
             def note_example(campaign) -> None:
                 links.examples[index] = campaign.examples
