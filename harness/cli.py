@@ -30,6 +30,11 @@ SELF_CHECK_PRODUCTION_EXAMPLES = 24
 # sequence past one partition, so its shrink heads to each entry's split path, not its simplest case.
 SELF_CHECK_FIRST_CASES = {"caught": 16, "pass": None}
 SELF_CHECK_SAMPLES = {"small": 1, "mixed": 2, "production": 2}
+# The pool a self-check campaign draws from on a GPU, where --pool does not say: compiling its
+# entries is most of a cold self-check (16 entries, every variant's own binaries: 134 entries and
+# 500 s of compiling over 16 processes, 46 s on one H100; 8: 78 entries, 263 s, 34 s), and a
+# variant's bug is in every shape.
+SELF_CHECK_POOL = 8
 
 
 class _Parser(argparse.ArgumentParser):
@@ -449,6 +454,8 @@ def _self_check_settings(kernel, settings, profile):
     in the time a self-check has."""
     from nanfuzz.harness.campaign.scope import campaign_tier
 
+    if settings.device != "cpu" and settings.pool_size is None:
+        settings = settings.replace(pool_size=SELF_CHECK_POOL)
     if settings.size is not None:
         return settings
     if campaign_tier(kernel, settings) == "production":
@@ -514,6 +521,8 @@ def rerun_options(campaign, kernel_settings, settings=None) -> str:
             options.append(f"--size {kernel_settings.size}")
         if kernel_settings.max_examples != settings.max_examples:
             options.append(f"--max-examples {kernel_settings.max_examples}")
+        if kernel_settings.pool_size != settings.pool_size:
+            options.append(f"--pool {kernel_settings.pool_size}")
     return " ".join(options)
 
 
