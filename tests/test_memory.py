@@ -27,9 +27,9 @@ WINDOWED, PLAIN = consecutive_case([(1, 20)], window=4), consecutive_case([(1, 2
 CPU = torch.device("cpu")
 
 
-def _policy(folder, total=10, case=4, held=0) -> MemoryPolicy:
+def _policy(folder, total=10, case=4, held=0, kept=0) -> MemoryPolicy:
     return MemoryPolicy(ledger_dir=str(folder),
-                        simulated=SimulatedDevice(int(total * GiB), int(case * GiB), int(held * GiB)))
+                        simulated=SimulatedDevice(int(total * GiB), int(case * GiB), int(held * GiB), int(kept * GiB)))
 
 
 def _hold(policy, folder, idle) -> None:
@@ -240,6 +240,56 @@ def test_a_process_waiting_for_memory_makes_a_busy_holder_give_its_claim_back(tm
     finally:
         stopped.kill()
         stopped.join(10)
+
+
+def _wait_for_a_case(policy, folder) -> None:
+    """Another process: wait (a minute at most) for a case, and say in ``folder`` whether it came."""
+    try:
+        governor(policy, CPU).reserve(0, patience=60.0)
+        (folder / "granted").touch()
+    except TooLargeForDevice:
+        (folder / "declined").touch()
+    while True:
+        time.sleep(1)
+
+
+def _ledger_wants(folder) -> list[int]:
+    from nanfuzz.harness.judge.ledger import Ledger
+
+    with Ledger.open(folder, "simulated").entries() as entries:
+        return [e.get("wants", 0) for e in entries.values()]
+
+
+@pytest.mark.parametrize("others_give_back", [False, True])
+def test_a_case_that_fits_only_once_other_processes_end_keeps_no_one_waiting_behind_it(tmp_path, holders,
+                                                                                        others_give_back):
+    """On a 10 GiB device whose every process keeps a 1 GiB context, one waits for a 9.5 GiB case:
+    beside another process's context it fits only once that process ends, so it stands ahead of no
+    one, and a 1 GiB case is granted at once.  Sensitivity: an 8 GiB case, which fits once the other
+    gives back the 2 GiB it keeps between cases, stands in line, and the 1 GiB case is refused."""
+    holders(_policy(tmp_path, case=1, held=2, kept=1)).start()  # 3 GiB: its context and its pool's caches
+    folder = tmp_path / "large"
+    folder.mkdir()
+    large = _policy(tmp_path, case=8 if others_give_back else 9.5, kept=1)
+    waiter = multiprocessing.get_context("fork").Process(target=_wait_for_a_case, args=(large, folder), daemon=True)
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(_ledger_wants(tmp_path)) < 2:  # the waiter has written its entry
+            assert waiter.is_alive() and time.monotonic() < deadline, "the waiter never wrote its entry"
+            time.sleep(0.02)
+        assert not (folder / "granted").exists()
+        assert any(_ledger_wants(tmp_path)) == others_give_back
+        share = governor(_policy(tmp_path, case=1, kept=1), CPU)
+        if others_give_back:
+            with pytest.raises(TooLargeForDevice, match="not held or wanted"):
+                share.reserve(0, patience=0.0)
+        else:
+            assert share.reserve(0, patience=0.0) == GiB
+            share.settle()
+    finally:
+        waiter.kill()
+        waiter.join(10)
 
 
 def test_a_case_larger_than_the_device_is_declined_without_waiting(tmp_path):

@@ -54,6 +54,7 @@ class SimulatedDevice:
     total_bytes: int
     case_bytes: int
     held_bytes: int = 0
+    kept_bytes: int = 0      # what each process holds while it lives (a context), never given back
 
 
 class DeviceMemory:
@@ -85,6 +86,10 @@ class DeviceMemory:
 
     def margin(self) -> int:
         return DEVICE_MARGIN
+
+    def kept(self, held: int) -> int:
+        """Of ``held`` (what this process holds), what it cannot give back while it lives."""
+        return 0
 
     def case_done(self) -> None:
         """A case is over (what a process holds is measured, here: nothing to do)."""
@@ -128,6 +133,9 @@ class GpuMemory(DeviceMemory):
         reserved = torch.cuda.memory_stats_as_nested_dict(self.index).get("reserved_bytes", {}).get("all", {}).get(
             "current", 0)
         return reserved + (CONTEXT_BYTES if self.opened or reserved else 0)
+
+    def kept(self, held: int) -> int:
+        return min(held, CONTEXT_BYTES)  # its context, where it has opened one
 
     def give_back(self) -> None:
         import torch
@@ -175,7 +183,10 @@ class SimulatedMemory(DeviceMemory):
         return None
 
     def held(self) -> int:
-        return self._holding
+        return self._holding + self.simulated.kept_bytes
+
+    def kept(self, held: int) -> int:
+        return self.simulated.kept_bytes
 
     def give_back(self) -> None:
         self._holding = 0
