@@ -80,3 +80,23 @@ def test_a_self_check_campaign_names_its_kernel_and_the_size_and_examples_the_se
     assert rerun_options(campaign, small, command) == "--kernel paged_decode@masked --seed 5 --pool-seed 0 --size small"
     assert rerun_options(campaign, production, command) == \
         "--kernel paged_decode@masked --seed 5 --pool-seed 0 --max-examples 48"
+
+
+def test_on_a_gpu_a_self_check_campaign_draws_from_a_pool_of_8_unless_pool_says_and_its_rerun_line_names_it():
+    from nanfuzz.harness.campaign.profiles import get_profile
+    from nanfuzz.harness.cli import SELF_CHECK_POOL, _self_check_settings
+    from nanfuzz.harness.registry import builtin_kernels
+
+    kernel, dev = builtin_kernels()["paged_decode@masked"], get_profile("dev")
+    command = Settings(device="cuda")
+    given = _self_check_settings(kernel, command, dev)
+    assert given.pool_size == SELF_CHECK_POOL == 8
+    campaign = Campaign("paged_decode@masked", "cuda", seed=5, pool_seed=0, pool_round=0)
+    assert rerun_options(campaign, given, command) == \
+        "--kernel paged_decode@masked --seed 5 --pool-seed 0 --size small --pool 8"
+    asked = command.replace(pool_size=3)
+    assert _self_check_settings(kernel, asked, dev).pool_size == 3  # --pool 3
+    assert rerun_options(campaign, _self_check_settings(kernel, asked, dev), asked) == \
+        "--kernel paged_decode@masked --seed 5 --pool-seed 0 --size small"
+    # under the interpreter a campaign draws freely, the self-check's included
+    assert _self_check_settings(kernel, Settings(device="cpu"), dev).pool_size is None
