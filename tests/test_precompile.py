@@ -344,20 +344,13 @@ def test_a_farm_task_builds_a_large_case_on_its_device_never_on_the_host(monkeyp
 
 
 class _FullDevice:
-    """A device of 80 units whose memory others hold for the first ``busy`` asks."""
+    """A governor of a device of 60 usable units whose memory others hold for the first ``busy`` asks."""
 
     def __init__(self, busy: int):
         self.busy, self.asks = busy, 0
-        self.device = self
 
-    def footprint(self, need: int) -> int:
-        return need
-
-    def total(self) -> int:
-        return 80
-
-    def margin(self) -> int:
-        return 20
+    def larger_than_device(self, need: int) -> bool:
+        return need > 60
 
     def reserve(self, need: int, patience: float) -> int:
         from nanfuzz.harness.judge.memory import TooLargeForDevice

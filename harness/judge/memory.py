@@ -156,7 +156,7 @@ class Governor:
             self.granted = need  # within what this process's entry already weighs
             return need
         total = self.device.total()
-        if need > total - self.device.margin():
+        if self._larger_than_device(need):
             raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} memory, more "
                                     f"than the {amount(total)} the device has; declined")
         started = time.monotonic()
@@ -203,6 +203,13 @@ class Governor:
             if told:
                 self.waited += time.monotonic() - started
                 waiting(False)
+
+    def larger_than_device(self, estimate: int) -> bool:
+        """Would a case estimated at ``estimate`` bytes never fit this device, however empty?"""
+        return self._larger_than_device(self.device.footprint(estimate))
+
+    def _larger_than_device(self, need: int) -> bool:
+        return need > self.device.total() - self.device.margin()
 
     def built(self) -> None:
         """The case in flight has built its batches: its entry records what this process holds now, so

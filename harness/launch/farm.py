@@ -744,8 +744,7 @@ def _reserve_politely(share, need: int) -> None:
             share.reserve(need, patience=0.0)
             return
         except TooLargeForDevice:
-            device = share.device
-            if _patience_left[0] <= 0 or device.footprint(need) > device.total() - device.margin():
+            if _patience_left[0] <= 0 or share.larger_than_device(need):
                 raise
         time.sleep(_MEMORY_POLL)
         _patience_left[0] -= time.monotonic() - started
