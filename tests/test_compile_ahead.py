@@ -55,9 +55,9 @@ def _record_farms(monkeypatch, awaits_first_cases: bool = True) -> tuple[list, l
             self.awaits_first_cases = awaits_first_cases
             planned.append(plans)
 
-        def schedule(self, first_cases, at_once=1):
+        def schedule(self, first_cases, at_once=1, campaigns=None):
             scheduled.append(first_cases)
-            self.at_once = at_once
+            self.at_once, self.campaigns = at_once, campaigns
 
     monkeypatch.setattr(ahead_module, "start_farm",
                         lambda plans, settings, first_cases_later: _Farm(plans) if first_cases_later else None)
@@ -79,6 +79,7 @@ def test_campaigns_in_turn_get_one_plan_each_in_their_order_with_their_seeds(mon
     # a campaign of several jobs draws its seeds in its jobs: no first cases, no seed picked here
     assert first_cases[1] == () and ahead.seeds[2] is None and isinstance(ahead.seeds[0], int)
     assert ahead.handle(0).plan == 0 and ahead.handle(1) is None and ahead.handle(2).plan == 1
+    assert ahead.farm.campaigns == [0, 2]  # per plan, its campaign's place in the run
     cpu = compile_ahead(runs, base.replace(device="cpu"), lambda kernel: 8, samples=lambda tier: 1)
     assert cpu.farm is None and cpu.plans == [None] * 3 and len(planned) == 1  # nothing compiles ahead on a CPU
 
@@ -210,9 +211,9 @@ def test_a_campaign_whose_first_cases_are_none_has_every_case_of_its_search_buil
         def __init__(self, plans):
             pass
 
-        def schedule(self, first_cases, at_once=1):
+        def schedule(self, first_cases, at_once=1, campaigns=None):
             scheduled.append(first_cases)
-            self.at_once = at_once
+            self.at_once, self.campaigns = at_once, campaigns
 
     monkeypatch.setattr(ahead_module, "start_farm", lambda plans, settings, first_cases_later: _Farm(plans))
     run = Settings(device="cuda", pool_size=3, max_examples=30, use_database=False)
@@ -235,3 +236,21 @@ def test_plans_whose_campaigns_run_side_by_side_take_turns_first_cases_before_sa
     entries = range(len(first.entries))
     assert tasks == [(0, 0, "u0"), (1, 0, "u0"), (0, 0, "u1"), (1, 0, "u1"),
                      *((p, e, 0) for e in entries for p in (0, 1))]
+
+
+def test_plans_group_by_their_campaigns_place_in_the_run_not_by_their_own_number(tmp_path):
+    # campaigns 0, 1 and 2 run two at a time, and campaign 1 compiles nothing ahead: plan 1 is
+    # campaign 2's, which starts only after campaign 0 ends, so plan 0's tasks all go out first
+    first, third = _plan("tests.farm_subjects:slow", samples=1), _plan("tests.farm_subjects:slow", samples=1)
+    held = fork_server_context().Event()
+    upcoming = {p: tuple(_samples(plan, plan.entries[0], 2)) for p, plan in enumerate((first, third))}
+    entries = range(len(first.entries))
+    by_place = [(0, 0, "u0"), (0, 0, "u1"), *((0, e, 0) for e in entries),
+                (1, 0, "u0"), (1, 0, "u1"), *((1, e, 0) for e in entries)]
+    by_number = [(0, 0, "u0"), (1, 0, "u0"), (0, 0, "u1"), (1, 0, "u1"),
+                 *((p, e, 0) for e in entries for p in (0, 1))]
+    for campaigns, expected in (([0, 2], by_place), (None, by_number)):
+        with Farm([first, third], processes=1, marks=BuiltMarks(tmp_path / str(campaigns)), after=held,
+                  device_wait=3600.0, first_cases_later=True) as farm:
+            farm.schedule(upcoming, at_once=2, campaigns=campaigns)
+            assert list(farm._tasks) == expected, campaigns

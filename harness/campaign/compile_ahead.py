@@ -78,5 +78,7 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
     # the farm's processes start while the first cases are drawn here
     ahead.farm = start_farm(plans, settings, first_cases_later=True)
     if ahead.farm is not None and ahead.farm.awaits_first_cases:
-        ahead.farm.schedule({p: runner.first_cases(count) for p, (runner, count) in enumerate(planners)}, at_once)
+        campaigns = [c for c, plan in enumerate(ahead.plans) if plan is not None]
+        ahead.farm.schedule({p: runner.first_cases(count) for p, (runner, count) in enumerate(planners)}, at_once,
+                            campaigns)
     return ahead

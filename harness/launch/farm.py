@@ -321,17 +321,20 @@ class Farm:
         """Whether its processes wait for ``schedule`` (a warm cache started none: no case is worth drawing)."""
         return bool(self._processes) and not self._open
 
-    def schedule(self, first_cases: dict[int, tuple[Case, ...]], at_once: int = 1) -> None:
+    def schedule(self, first_cases: dict[int, tuple[Case, ...]], at_once: int = 1,
+                 campaigns: list[int] | None = None) -> None:
         """Send out the tasks, plan by plan: each plan's upcoming cases (``first_cases`` by plan number,
         else the plan's own ``upcoming``) in the order its campaign meets them, then its samples.
-        ``at_once``: the plans' campaigns run that many at a time, in order; the plans of campaigns
-        that start together take turns, their first cases before any of their samples."""
+        ``at_once``: the campaigns run that many at a time, in order; the plans of campaigns that
+        start together take turns, their first cases before any of their samples.  ``campaigns``:
+        per plan, its campaign's place in the run (default: the plan's number), since a campaign
+        with nothing to compile ahead has no plan but still runs in its group."""
         if self._open or not self._processes:  # scheduled already, or a warm cache
             return
         self._plans = [replace(plan, upcoming=first_cases.get(p, plan.upcoming)) for p, plan in enumerate(self._plans)]
         copies = UPCOMING_COPIES if self._per_binary else 1  # without claims a second copy would only wait
         # plan by plan: a campaign meets its later entries before the campaigns after it start
-        self._tasks = _in_turn(_upcoming_tasks(self._plans, copies), self._samples, max(1, at_once))
+        self._tasks = _in_turn(_upcoming_tasks(self._plans, copies), self._samples, max(1, at_once), campaigns)
         for task in self._tasks:
             self._marker(*task, "planned").touch()
         for t, (p, e, sample) in enumerate(self._tasks):
@@ -479,18 +482,20 @@ def _upcoming_tasks(plans: list[Plan], copies: int = 1) -> list[tuple[int, int, 
 
 
 def _in_turn(upcoming: list[tuple[int, int, str]], samples: list[tuple[int, int, int]],
-             at_once: int) -> list[tuple[int, int, int | str]]:
-    """The tasks in the order they go out: plans in groups of ``at_once`` (campaigns that run
-    together); in a group, every plan's upcoming cases before any sample, the plans taking turns
-    (each one's n-th task before any one's (n+1)-th), upcoming cases and samples each in their
-    given order within a plan."""
+             at_once: int, campaigns: list[int] | None = None) -> list[tuple[int, int, int | str]]:
+    """The tasks in the order they go out: plans in groups of ``at_once`` campaigns (those that run
+    together; ``campaigns``: per plan, its campaign's place in the run, else the plan's number);
+    in a group, every plan's upcoming cases before any sample, the plans taking turns (each one's
+    n-th task before any one's (n+1)-th), upcoming cases and samples each in their given order
+    within a plan."""
+    group = (lambda plan: plan // at_once) if campaigns is None else (lambda plan: campaigns[plan] // at_once)
     rank: dict[tuple, int] = {}
     for tasks in (upcoming, samples):
         seen: dict[int, int] = {}  # per plan, its tasks of this kind so far
         for task in tasks:
             rank[task] = seen.get(task[0], 0)
             seen[task[0]] = rank[task] + 1
-    return sorted(upcoming + samples, key=lambda task: (task[0] // at_once, isinstance(task[2], int), rank[task], task[0]))
+    return sorted(upcoming + samples, key=lambda task: (group(task[0]), isinstance(task[2], int), rank[task], task[0]))
 
 
 def _upcoming_number(sample: str) -> int:
