@@ -426,7 +426,7 @@ def _fuzz(args, settings) -> int:
     runs = [(kernel, _self_check_settings(kernel, settings, profile) if self_check else
              with_next_pool_round(kernel, settings)) for kernel in kernels]
     at_once = _kernels_at_once(args, settings, runs)
-    if at_once > 1:  # campaigns sharing the device: none draws what only a campaign alone may
+    if at_once > 1 and settings.device != "cpu":  # campaigns sharing a GPU: none draws what only one alone may
         runs = [(kernel, run.replace(campaigns_per_device=run.campaigns_per_device * at_once)) for kernel, run in runs]
     # The self-check's kernels are known up front: one farm compiles what their campaigns meet
     # first, in the order they run, while the first campaign starts.
@@ -604,7 +604,7 @@ def _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahea
         if campaign.seed is not None:
             rerun = rerun_options(campaign, kernel_settings, settings if self_check else None)
             # side by side on a GPU, a campaign drew as one of several on its device
-            shared = kernel_settings.campaigns_per_device != settings.campaigns_per_device and settings.device != "cpu"
+            shared = kernel_settings.campaigns_per_device != settings.campaigns_per_device
             beside = f" with NANFUZZ_CAMPAIGNS_PER_DEVICE={kernel_settings.campaigns_per_device}" if shared else ""
             print(f"{kernel.name}: seed {campaign.seed} ({rerun} runs the same search{beside})", flush=True)
         summary.append(_summary_entry(kernel, campaign, kernel_settings, verdict))

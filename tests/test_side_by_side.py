@@ -46,6 +46,8 @@ def test_side_by_side_gives_the_rows_one_after_another_gives_in_the_kernels_orde
     # each campaign's own lines come before the next one's, as one after another prints them
     seeds = [line.split(":")[0] for line in together_out.splitlines() if ": seed " in line]
     assert seeds == ["paged_decode@unmasked", "paged_decode@masked", "torch@window-off-by-one"]
+    # under the interpreter campaigns share no device memory: each reruns alone as drawn
+    assert "NANFUZZ_CAMPAIGNS_PER_DEVICE" not in together_out
 
 
 def test_a_campaign_process_that_dies_is_one_line_exit_2_alone_and_exit_1_beside_a_finding(tmp_path, capsys):
