@@ -241,3 +241,25 @@ def test_only_a_campaign_alone_on_its_device_draws_huge_caches():
     assert campaign_production_size(Settings.from_environment(shared, device="cuda")).huge_cache_bytes == 0
     alone = gpu_workers(["0"], None, "CUDA 12").slots[0].env
     assert campaign_production_size(Settings.from_environment(alone, device="cuda")).huge_cache_bytes > 0
+
+
+def test_a_campaign_sharing_its_device_draws_live_keys_for_its_share_alone():
+    from nanfuzz.harness.campaign.scope import SHARED_LEAST_LIVE_KEYS, campaign_production_size, campaign_strategy
+    from nanfuzz.harness.campaign.settings import Settings
+
+    alone = Settings(device="cuda", size="production")
+    assert campaign_production_size(alone) == PRODUCTION_SIZE
+    side_by_side, jobs = alone.replace(campaigns_per_device=9), alone.replace(jobs=14)
+    assert campaign_production_size(side_by_side).max_live_keys == PRODUCTION_SIZE.max_live_keys // 9
+    assert campaign_production_size(jobs).max_live_keys == PRODUCTION_SIZE.max_live_keys // 14
+    # a job's own settings (one job, the device shared fourteen ways) draw the same as its campaign's
+    assert campaign_production_size(jobs.replace(jobs=1, campaigns_per_device=14)) == campaign_production_size(jobs)
+    many = alone.replace(campaigns_per_device=64)
+    assert campaign_production_size(many).max_live_keys == SHARED_LEAST_LIVE_KEYS
+    interpreter = Settings(device="cpu", size="production", jobs=4)
+    assert campaign_production_size(interpreter).max_live_keys == campaign_production_size(
+        interpreter.replace(jobs=1)).max_live_keys  # its budget is below the least already
+    budget = PRODUCTION_SIZE.max_live_keys // 9
+    lives = [sum(hi - lo for lo, hi in (q.live_range(case.sliding_window) for q in case.sequences))
+             for case in drawn(campaign_strategy(Capabilities(), side_by_side, None, "production"), 40)]
+    assert max(lives) <= budget and max(lives) > budget // 2, (max(lives), budget)

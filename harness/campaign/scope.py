@@ -47,12 +47,24 @@ def campaign_tier(kernel: Kernel, settings: Settings) -> str:
     return tier
 
 
+# The fewest live keys a campaign sharing its device draws up to, however many share it: room
+# for a 32k-key sequence beside 127 others, the production targets' longest and widest batches.
+SHARED_LEAST_LIVE_KEYS = 1 << 17
+
+
 def campaign_production_size(settings: Settings):
     """The production size a campaign draws at: a huge cache (block ids past 2^31 elements, 8+ GiB)
-    only for a campaign that has its device to itself (one job, no other campaign on the device)."""
+    only for a campaign that has its device to itself (one job, no other campaign on the device).
+    A campaign sharing its device with others (its jobs, campaigns side by side) also draws live
+    keys for its share alone: a check holds up to about 45 KiB per live key (float32, 16 KV
+    heads), and at the whole budget of 2^21 a drawn case's check wanted up to 90 GiB, which
+    campaigns sharing an 80 GB card waited minutes for."""
     size = production_size(settings.device == "cpu")
-    alone = settings.jobs <= 1 and settings.campaigns_per_device <= 1
-    return size if alone else replace(size, huge_cache_bytes=0)
+    sharing = max(1, settings.jobs) * max(1, settings.campaigns_per_device)
+    if sharing <= 1:
+        return size
+    keys = max(min(size.max_live_keys, SHARED_LEAST_LIVE_KEYS), size.max_live_keys // sharing)
+    return replace(size, huge_cache_bytes=0, max_live_keys=keys)
 
 
 def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | None = None,
