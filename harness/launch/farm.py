@@ -488,7 +488,9 @@ def _in_turn(upcoming: list[tuple[int, int, str]], samples: list[tuple[int, int,
     in a group, every plan's upcoming cases before any sample, the plans taking turns (each one's
     n-th task before any one's (n+1)-th), upcoming cases and samples each in their given order
     within a plan."""
-    group = (lambda plan: plan // at_once) if campaigns is None else (lambda plan: campaigns[plan] // at_once)
+    def group(plan: int) -> int:
+        return (plan if campaigns is None else campaigns[plan]) // at_once
+
     rank: dict[tuple, int] = {}
     for tasks in (upcoming, samples):
         seen: dict[int, int] = {}  # per plan, its tasks of this kind so far
