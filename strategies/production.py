@@ -448,14 +448,17 @@ def _draw_lengths(draw, caps: Capabilities, size: ProductionSize, budget: _Budge
     to its share of what the ones before it left, so that the batch reaches its count.  ``aim``:
     the kind of batch, and the length its first sequence reaches.
     Returns the lengths and how many of them were drawn one by one."""
-    longest = size.max_seq_len if caps.max_seq_len is None else min(size.max_seq_len, caps.max_seq_len)
-    longest = min(longest, max(4096, 4 * size.max_live_keys // (INDIVIDUAL_SEQUENCES + bulk_count)))
+    limit = size.max_seq_len if caps.max_seq_len is None else min(size.max_seq_len, caps.max_seq_len)
+    longest = min(limit, max(4096, 4 * size.max_live_keys // (INDIVIDUAL_SEQUENCES + bulk_count)))
     window = budget.window
     requests = [draw(_requests(caps, size, window, block_size, True, longest))]
     most = size.max_sequences if caps.max_sequences is None else min(size.max_sequences, caps.max_sequences)
     requests += draw(st.lists(_requests(caps, size, window, block_size, False, longest),
                               max_size=min(INDIVIDUAL_SEQUENCES, most) - 1))
-    requests = _bend_requests(requests, aim, caps, size, window, longest, budget.q_heads)[:most]
+    # an aim's first sequence passes the share of a batch of many up to a long sequence's keys:
+    # the others share what it leaves (a live-key budget cut for a shared device keeps its 32k)
+    requests = _bend_requests(requests, aim, caps, size, window, max(longest, min(LONG_KEYS, limit)),
+                              budget.q_heads)[:most]
     # aimed at many sequences, the first takes at most half the budgets, each later one its share
     many = aim is not None and MANY_SEQUENCES in aim
     individual = len(requests)

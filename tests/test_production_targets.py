@@ -1,6 +1,8 @@
 """Production targets: which a kernel declares and why the others are out of reach, pools that hold
 every compile-time situation the kernel allows, aimed cases that reach their targets, and failures
 found in aimed cases that shrink as free ones do.  Cases are drawn, never run."""
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, find, settings
 
@@ -92,19 +94,24 @@ def test_a_case_meets_the_targets_of_its_own_batch_kind_only():
     assert targets.met({"batch:prefill", "seq-len>=32768"}, 64) == []  # out of reach: never counted
 
 
-def _aimed(draw_strategy_caps, aim: Aim, count: int, pool=None):
-    strategy = paged_cases(draw_strategy_caps, tier="production", production=PRODUCTION_SIZE, pool=pool,
+def _aimed(draw_strategy_caps, aim: Aim, count: int, pool=None, size=PRODUCTION_SIZE):
+    strategy = paged_cases(draw_strategy_caps, tier="production", production=size, pool=pool,
                            aims=Aims((aim,), urgent=True))
     return drawn(strategy, count)
 
 
+# the size of a campaign of 14 jobs on one GPU: live keys for its share (harness.campaign.scope)
+SHARED_14 = dataclasses.replace(PRODUCTION_SIZE, huge_cache_bytes=0, max_live_keys=PRODUCTION_SIZE.max_live_keys // 14)
+
+
+@pytest.mark.parametrize("size", [PRODUCTION_SIZE, SHARED_14], ids=["alone", "shared-14"])
 @pytest.mark.parametrize("kind", ["decode", "prefill", "chunked-prefill", "mixed"])
-def test_an_aimed_case_reaches_its_batch_kind_and_situations(kind):
+def test_an_aimed_case_reaches_its_batch_kind_and_situations(kind, size):
     caps = vllm.TRITON_ATTN_CAPABILITIES.restrict(non_causal=False)
     pool = campaign_pool(caps, 16, 2, tier="production")
     situations = frozenset(s for s in SITUATIONS if not (kind == "prefill" and s == "seq-len>=32768"))
-    targets = production_targets(caps, PRODUCTION_SIZE, pool)
-    cases = _aimed(caps, Aim(kind, situations), 30, pool)
+    targets = production_targets(caps, size, pool)
+    cases = _aimed(caps, Aim(kind, situations), 30, pool, size)
     of_kind = [c for c in cases if batch_kind(c) == kind]
     assert len(of_kind) >= len(cases) // 2  # the rest drawn freely, or with a bend shrunk off as generated
     reached = {name for c in of_kind for name in targets.met(size_features(c) | {f"batch:{kind}"},
