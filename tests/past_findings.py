@@ -2,7 +2,8 @@
 
 ``NANFUZZ_VLLM_SRC=DIR nanfuzz fuzz --kernel tests.past_findings:triton_attn_int4_without_windows`` from
 the repository root.  Each library's tree comes from its environment variable (``NANFUZZ_VLLM_SRC``,
-``NANFUZZ_AITER_SRC``, ``NANFUZZ_FA_SRC``; None: the installed package), which a user module reads itself.
+``NANFUZZ_AITER_SRC``, ``NANFUZZ_FA_SRC``, ``NANFUZZ_LMDEPLOY_SRC``; None: the installed package), which a user
+module reads itself.
 What each leaves out, and the repro on file that is why:
 
 - ``triton_attn_int4_without_windows``: vLLM 0.33.0's INT4 per-token-head attention multiplies P by the
@@ -45,7 +46,8 @@ What each leaves out, and the repro on file that is why:
 - ``lmdeploy_prefill_without_windows``: lmdeploy's prefill weighs the expired keys of a query tile's first
   block (lmdeploy_prefill-window-expired-slots-of-a-live-block.json): no window.
 
-lmdeploy's subjects load when named (``NANFUZZ_LMDEPLOY_SRC``): its prefill cannot load on Triton 3.9.
+Each subject loads its own library when it is first named, so a campaign of one needs that library's tree
+alone; lmdeploy's prefill cannot load on Triton 3.9.
 """
 from __future__ import annotations
 
@@ -63,37 +65,19 @@ def _past(kernel, what: str, supports=None, **capabilities):
                                capabilities=kernel.capabilities.restrict(**capabilities))
 
 
-def _vllm(name: str):
-    return vllm.kernel(name, os.environ.get("NANFUZZ_VLLM_SRC") or None)
+def _source(variable: str):
+    return os.environ.get(variable) or None
 
 
 def _one_head(case):
     return "one query head: the per-head stage 1 on file" if case.geometry.num_q_heads == 1 else None
 
 
-triton_attn_int4_without_windows = _past(_vllm(vllm.INT4_NAME), "without windows", sliding_window=False)
-rocm_segmented_attn_without_windows = _past(_vllm("vllm:rocm_segmented_attn"), "without windows",
-                                            sliding_window=False)
-triton_mla_two_heads = _past(_vllm("vllm:triton_mla"), "with two query heads or more", supports=_one_head)
-
 def _offsets_past_2_31(case):
     g = case.geometry
     if g.num_blocks * g.block_size * g.num_kv_heads * g.head_size >= 1 << 31:
         return "block offsets past 2^31 elements: the int32 offset on file"
     return None
-
-
-_pa_decode = aiter.kernel("aiter:pa_decode", os.environ.get("NANFUZZ_AITER_SRC") or None)
-pa_decode_float16 = _past(_pa_decode, "in float16 without 48-slot blocks", supports=_offsets_past_2_31,
-                          dtypes=("float16",),
-                          interpreter_dtypes=("float16",),
-                          block_sizes=tuple(b for b in _pa_decode.capabilities.block_sizes if b != 48))
-pa_prefill_without_windows = _past(aiter.kernel("aiter:pa_prefill", os.environ.get("NANFUZZ_AITER_SRC") or None),
-                                   "without windows", supports=_offsets_past_2_31, sliding_window=False)
-chunked_pa_prefill_prefills_without_windows = _past(
-    aiter.kernel("aiter:chunked_pa_prefill", os.environ.get("NANFUZZ_AITER_SRC") or None),
-    "prefill chunks without windows", supports=_offsets_past_2_31, sliding_window=False, min_query_len=2)
-_unified = aiter.kernel("aiter:unified_attention", os.environ.get("NANFUZZ_AITER_SRC") or None)
 
 
 def _float32_past_head_128(case):
@@ -103,27 +87,62 @@ def _float32_past_head_128(case):
     return None
 
 
-unified_attention_without_windows = _past(
-    _unified, "without windows, with power-of-two heads and no 48-slot block", supports=_float32_past_head_128,
-    sliding_window=False,
-    head_sizes=tuple(h for h in _unified.capabilities.head_sizes if h & (h - 1) == 0),
-    block_sizes=tuple(b for b in _unified.capabilities.block_sizes if b != 48))
-fa_contiguous_one_tile = _past(fa_amd.kernel("fa_amd:kvcache@contiguous", os.environ.get("NANFUZZ_FA_SRC") or None),
-                               "without windows, sequences of one 64-key tile", sliding_window=False, max_seq_len=64)
+def _vllm(name: str):
+    return vllm.kernel(name, _source("NANFUZZ_VLLM_SRC"))
 
-# name: (lmdeploy's kernel, what is left out, the capabilities that leave it out)
-_LMDEPLOY = {
-    "lmdeploy_decode_without_windows": ("lmdeploy:decode", "without windows", dict(sliding_window=False)),
-    "lmdeploy_block_decode_unquantized": ("lmdeploy:decode@block", "over unquantized caches",
-                                          dict(kv_cache_dtypes=("auto",))),
-    "lmdeploy_prefill_without_windows": ("lmdeploy:prefill", "without windows", dict(sliding_window=False)),
+
+def _aiter(name: str):
+    return aiter.kernel(name, _source("NANFUZZ_AITER_SRC"))
+
+
+def _pa_decode_float16():
+    kernel = _aiter("aiter:pa_decode")
+    return _past(kernel, "in float16 without 48-slot blocks", supports=_offsets_past_2_31,
+                 dtypes=("float16",), interpreter_dtypes=("float16",),
+                 block_sizes=tuple(b for b in kernel.capabilities.block_sizes if b != 48))
+
+
+def _unified_attention_without_windows():
+    kernel = _aiter("aiter:unified_attention")
+    return _past(kernel, "without windows, with power-of-two heads and no 48-slot block",
+                 supports=_float32_past_head_128, sliding_window=False,
+                 head_sizes=tuple(h for h in kernel.capabilities.head_sizes if h & (h - 1) == 0),
+                 block_sizes=tuple(b for b in kernel.capabilities.block_sizes if b != 48))
+
+
+def _lmdeploy(name: str, what: str, **capabilities):
+    return lambda: _past(lmdeploy.kernel(name, _source("NANFUZZ_LMDEPLOY_SRC")), what, **capabilities)
+
+
+# name: how its subject is built.  Each is built when first named and loads its own library alone, so
+# that a campaign of one subject needs that library's tree and no other.
+_SUBJECTS = {
+    "triton_attn_int4_without_windows": lambda: _past(_vllm(vllm.INT4_NAME), "without windows",
+                                                      sliding_window=False),
+    "rocm_segmented_attn_without_windows": lambda: _past(_vllm("vllm:rocm_segmented_attn"), "without windows",
+                                                         sliding_window=False),
+    "triton_mla_two_heads": lambda: _past(_vllm("vllm:triton_mla"), "with two query heads or more",
+                                          supports=_one_head),
+    "pa_decode_float16": _pa_decode_float16,
+    "pa_prefill_without_windows": lambda: _past(_aiter("aiter:pa_prefill"), "without windows",
+                                                supports=_offsets_past_2_31, sliding_window=False),
+    "chunked_pa_prefill_prefills_without_windows": lambda: _past(
+        _aiter("aiter:chunked_pa_prefill"), "prefill chunks without windows", supports=_offsets_past_2_31,
+        sliding_window=False, min_query_len=2),
+    "unified_attention_without_windows": _unified_attention_without_windows,
+    "fa_contiguous_one_tile": lambda: _past(fa_amd.kernel("fa_amd:kvcache@contiguous", _source("NANFUZZ_FA_SRC")),
+                                            "without windows, sequences of one 64-key tile",
+                                            sliding_window=False, max_seq_len=64),
+    "lmdeploy_decode_without_windows": _lmdeploy("lmdeploy:decode", "without windows", sliding_window=False),
+    "lmdeploy_block_decode_unquantized": _lmdeploy("lmdeploy:decode@block", "over unquantized caches",
+                                                   kv_cache_dtypes=("auto",)),
+    "lmdeploy_prefill_without_windows": _lmdeploy("lmdeploy:prefill", "without windows", sliding_window=False),
 }
 
 
 def __getattr__(name: str):
-    if name not in _LMDEPLOY:
+    if name not in _SUBJECTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    kernel, what, capabilities = _LMDEPLOY[name]
-    subject = _past(lmdeploy.kernel(kernel, os.environ.get("NANFUZZ_LMDEPLOY_SRC") or None), what, **capabilities)
+    subject = _SUBJECTS[name]()
     globals()[name] = subject  # built once: later look-ups find it without this function
     return subject

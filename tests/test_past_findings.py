@@ -2,7 +2,7 @@
 kernels count on: each declines the case of every finding on file it stands past (or, for the tails
 its campaigns leave unpoisoned, that finding's poison lies in a tail alone), and takes most of what
 its campaign draws (a subject that declines every batch passes without running anything)."""
-import importlib
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,7 @@ from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.report.repro import load_repro
 from nanfuzz.harness.scaling import drawn
 from nanfuzz.reference.features import poisoned_mask
+from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.semantics import Dead, reasons
 
 HERE = Path(__file__).parent
@@ -54,10 +55,17 @@ def past(vllm_source, aiter_source, fa_amd_source, lmdeploy_source):
     patch.setenv("NANFUZZ_AITER_SRC", str(aiter_source))
     patch.setenv("NANFUZZ_FA_SRC", str(fa_amd_source))
     patch.setenv("NANFUZZ_LMDEPLOY_SRC", str(lmdeploy_source))
-    import tests.past_findings as module
-
-    yield importlib.reload(module)  # its subjects read the sources as it is imported
+    yield _fresh_module("past_findings_of_every_library")
     patch.undo()
+
+
+def _fresh_module(name: str):
+    """tests/past_findings.py as a module of its own, whose subjects read the environment as it is now
+    (a module imported before keeps the subjects it built)."""
+    spec = importlib.util.spec_from_file_location(name, HERE / "past_findings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _subject(past, name: str):
@@ -99,3 +107,14 @@ def test_a_subject_takes_most_of_what_its_campaign_draws(past, name, tmp_path):
     cases = drawn(campaign_strategy(caps, settings, pool, "production"), 40)
     declined = [why for why in (declines(subject, case) for case in cases) if why]
     assert len(declined) <= len(cases) // 2, declined[:3]
+
+
+def test_a_subject_needs_its_own_library_alone(aiter_source, monkeypatch, tmp_path):
+    """A campaign of AITER's subject runs where vLLM's and FlashAttention's trees are not to be had."""
+    monkeypatch.setenv("NANFUZZ_AITER_SRC", str(aiter_source))
+    for variable in ("NANFUZZ_VLLM_SRC", "NANFUZZ_FA_SRC", "NANFUZZ_LMDEPLOY_SRC"):
+        monkeypatch.setenv(variable, str(tmp_path / "no-such-tree"))
+    module = _fresh_module("past_findings_of_aiter_alone")
+    assert module.pa_decode_float16.name.startswith("aiter:pa_decode")
+    with pytest.raises(NanfuzzError, match="is not a directory"):
+        module.fa_contiguous_one_tile
