@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -61,12 +62,15 @@ def main() -> int:
 def _start(label: str, a, out: Path) -> subprocess.Popen:
     kernel, options = CAMPAIGNS[label]
     command = [sys.executable, "-m", "nanfuzz", "fuzz", "--device", "cuda", "--kernel", kernel, *options,
-               "--size", "production", "--time-budget", str(a.time_budget), "--show-statistics",
+               "--size", "production", "--time-budget", str(a.time_budget), "--max-examples", "1000000",
+               "--show-statistics",
                "--summary-json", str(out / f"{label}.json"), "--repro-dir", str(out / f"{label}-repros"),
                "--state-dir", str(out / f"{label}-state"), "--vllm-src", a.vllm_src, "--aiter-src", a.aiter_src]
     print("$ " + " ".join(command), flush=True)
     log = open(out / f"{label}.log", "w")
-    return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    # a user module (tests/past_findings.py) reads the trees from the environment, not from the options
+    env = {**os.environ, "NANFUZZ_VLLM_SRC": a.vllm_src, "NANFUZZ_AITER_SRC": a.aiter_src}
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _reap(running):

@@ -1,8 +1,11 @@
 """A campaign steers toward the production targets it has not met, grows and rotates its pool, and
 says which targets it did not reach and why.  Campaigns here run on a subject that judges nothing
 (``tests.draw_only``), at the GPU's production sizes: what a search reaches, in the time its draws take."""
+import argparse
 import dataclasses
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -218,14 +221,16 @@ def test_a_rounds_pool_is_the_one_its_campaign_draws_from(tmp_path):
     assert {_entry(case) for case in subject.cases} - set(campaign_pool(caps, 2, 3))  # the round's own entries met
 
 
-def test_the_reach_script_reads_what_each_campaign_reached_from_its_summary(tmp_path, capsys):
-    import importlib.util
-    from pathlib import Path
-
+def _reach_script():
     spec = importlib.util.spec_from_file_location("production_reach",
                                                   Path(__file__).resolve().parents[1] / "ci" / "production_reach.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_the_reach_script_reads_what_each_campaign_reached_from_its_summary(tmp_path, capsys):
+    script = _reach_script()
     name, caps, focus = CAMPAIGNS["aiter:pa_decode --dtype float16"]
     campaign = _simulated(name, caps, focus, tmp_path / "state", 250)
     entry = {"verdict": "PASS", "examples": campaign.examples, "elapsed_s": 10.0, "compiles": 3,
@@ -239,6 +244,20 @@ def test_the_reach_script_reads_what_each_campaign_reached_from_its_summary(tmp_
     (tmp_path / "pa_decode.json").write_text(json.dumps({"kernels": [entry]}))
     assert not script._report("pa_decode", tmp_path)
     assert not script._report("triton_attn", tmp_path)  # no summary: the campaign did not finish
+
+
+def test_the_reach_script_bounds_a_campaign_by_its_time_and_hands_it_the_trees(tmp_path, monkeypatch):
+    """A campaign stops at its time budget, not at the profile's number of examples, and a user module's
+    subject (tests/past_findings.py, which reads the trees from the environment) finds its library."""
+    script = _reach_script()
+    started = {}
+    monkeypatch.setattr(script.subprocess, "Popen", lambda command, **options: started.update(options, command=command))
+    options = argparse.Namespace(vllm_src="/trees/vllm", aiter_src="/trees/aiter", time_budget=600.0)
+    script._start("pa_decode-past-findings", options, tmp_path)
+    command = started["command"]
+    assert int(command[command.index("--max-examples") + 1]) >= 100_000
+    assert command[command.index("--time-budget") + 1] == "600.0"
+    assert started["env"]["NANFUZZ_AITER_SRC"] == "/trees/aiter" and started["env"]["NANFUZZ_VLLM_SRC"] == "/trees/vllm"
 
 
 def _int32_offsets(case):
