@@ -1,7 +1,10 @@
 """A shrunk failure is cut down to one of its sequences where that one alone fails the same way
 (``harness.campaign.one_sequence``), and left as it is otherwise."""
+from dataclasses import replace
+
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from nanfuzz.harness.api import check
 from nanfuzz.harness.campaign import known_failures
 from nanfuzz.harness.campaign.one_sequence import MOST_TRIED, alone, cut_to_one_sequence
 from nanfuzz.harness.campaign.result import Campaign
@@ -71,8 +74,8 @@ def test_nothing_is_tried_for_a_hang_one_sequence_or_a_case_the_kernel_does_not_
 
 
 def test_a_campaign_s_repro_of_a_long_sequence_bug_is_that_sequence_alone(tmp_path):
-    # seed 1's shrunk case keeps a one-key first sequence beside the long one (Hypothesis shrinks them apart)
-    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=1, use_database=True,
+    # seed 0's shrunk case keeps a one-key first sequence beside the long one (Hypothesis shrinks them apart)
+    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=0, use_database=True,
                     state_dir=tmp_path / "shrunk")
     assert campaign.failed and _lengths(campaign.failing_case) == [(1, 1025)], _lengths(campaign.failing_case)
     assert any("sequence 1 of 2 fails alone with the same verdict" in note for note in campaign.notes)
@@ -81,17 +84,25 @@ def test_a_campaign_s_repro_of_a_long_sequence_bug_is_that_sequence_alone(tmp_pa
     kept = [_lengths(case) for _, case in known_failures.known(database, known_failures.key(
         production_kernels.drops_long_tail.name, "cpu", ""))]
     assert sorted(kept) == [[(1, 1), (1, 1025)], [(1, 1025)]], kept
-    as_found = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=1, use_database=False,
+    as_found = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=0, use_database=False,
                     state_dir=tmp_path / "unshrunk", shrink=False)
     assert as_found.failed and not any("fails alone" in note for note in as_found.notes)
 
 
-def test_a_sequence_cut_alone_keeps_its_queries_values(tmp_path):
-    # seed 0's shrunk case holds three one-key sequences before the long one, whose failure rests on its
-    # numbers: alone under index 0 its queries took other values and it did not fail the same way (the
-    # shrunk case of four stood); under its key from the batch it does
-    campaign = fuzz(production_kernels.drops_long_tail, device="cpu", max_examples=60, seed=0, use_database=True,
-                    state_dir=tmp_path)
-    assert campaign.failed and _lengths(campaign.failing_case) == [(1, 1025)], _lengths(campaign.failing_case)
-    assert campaign.failing_case.query_keys == (3,)
+def test_a_sequence_cut_alone_keeps_its_queries_values():
+    # three one-key sequences before the long one, whose failure rests on its numbers: alone under index 0
+    # its queries take other values and it passes; under its key from the batch it fails as in the batch
+    case = consecutive_case((SHORT, SHORT, SHORT, LONG), q_heads=1, kv_heads=1, head_size=32, seed=0)
+    kernel = production_kernels.drops_long_tail
+
+    def judge(c):
+        return check(kernel, c, device="cpu")
+
+    found = judge(case)
+    assert found.verdict is Verdict.MISMATCH
+    assert judge(replace(alone(case, 3), query_keys=None)).verdict is Verdict.PASS
+    campaign = Campaign(kernel.name, "cpu", failure=found, failing_case=case)
+    cut_to_one_sequence(campaign, kernel.capabilities, judge, kernel, interpreter=True)
+    assert _lengths(campaign.failing_case) == [LONG] and campaign.failing_case.query_keys == (3,)
+    assert campaign.failure.verdict is Verdict.MISMATCH
     assert any("sequence 3 of 4 fails alone with the same verdict" in note for note in campaign.notes)

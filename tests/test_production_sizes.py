@@ -81,7 +81,8 @@ def test_production_failures_shrink_toward_small():
                        settings=settings(database=None, max_examples=2000, derandomize=True,
                                          suppress_health_check=list(HealthCheck)))
     g = minimal.geometry
-    assert minimal.max_seq_len == 3000 and len(minimal.sequences) == 1
+    # a free draw's 3000 keys, or an aimed floor cut 32 keys at a time
+    assert 3000 <= minimal.max_seq_len <= 3032 and len(minimal.sequences) == 1
     # (a window that keeps every key live may stay: the condition does not care, nor does a bug it stands for)
     assert (g.num_q_heads, g.num_kv_heads, g.head_size) == (1, 1, 64)
     assert not minimal.sliding_window or minimal.sliding_window >= minimal.max_seq_len // 3
