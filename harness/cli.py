@@ -219,8 +219,11 @@ def main(argv: list[str] | None = None) -> int:
             return _gate(argv[1:])
         from nanfuzz.harness.campaign.stop_signals import stopping_on_signals
 
+        from nanfuzz.harness.adapters.sources import given_trees_in_environment
+
         args = _parser().parse_args(argv)
-        with stopping_on_signals():  # SIGTERM and SIGHUP stop a campaign as Ctrl-C does
+        # SIGTERM and SIGHUP stop a campaign as Ctrl-C does
+        with stopping_on_signals(), given_trees_in_environment(args):
             return _main(args)
 
 

@@ -94,10 +94,21 @@ def source_flag(library: str) -> str:
     return "--" + source_key(library).replace("_", "-")
 
 
-def source_option(kernel: Kernel) -> str:
-    """`` --vllm-src DIR`` (or ``--aiter-src``, ...) where the kernel came from an explicit tree, for replay lines."""
-    library = library_of(import_path(kernel))
-    return f" {source_flag(library)} {kernel.source}" if library and kernel.source else ""
+def source_option(kernel: Kernel, sources: dict[str, str | None] | None = None) -> str:
+    """`` --vllm-src DIR`` (or ``--aiter-src``, ...) where the kernel came from an explicit tree, for replay lines.
+
+    A user's adapter module may wrap any library and read its tree from the environment, so its
+    line names every tree of the run's ``sources`` (``Settings.sources``).
+    """
+    path = import_path(kernel)
+    library = library_of(path)
+    if library:
+        return f" {source_flag(library)} {kernel.source}" if kernel.source else ""
+    if not is_user_spec(path):
+        return ""
+    given = sources or {}
+    return "".join(f" {source_flag(each)} {given[source_key(each)]}" for each in LIBRARIES
+                   if given.get(source_key(each)))
 
 
 def import_path(kernel: Kernel) -> str:

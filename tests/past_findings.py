@@ -3,7 +3,7 @@
 ``NANFUZZ_VLLM_SRC=DIR nanfuzz fuzz --kernel tests.past_findings:triton_attn_int4_without_windows`` from
 the repository root.  Each library's tree comes from its environment variable (``NANFUZZ_VLLM_SRC``,
 ``NANFUZZ_AITER_SRC``, ``NANFUZZ_FA_SRC``, ``NANFUZZ_LMDEPLOY_SRC``; None: the installed package), which a user
-module reads itself.
+module reads itself; ``--vllm-src DIR`` and its siblings on the command line set them too.
 What each leaves out, and the repro on file that is why:
 
 - ``triton_attn_int4_without_windows``: vLLM 0.33.0's INT4 per-token-head attention multiplies P by the

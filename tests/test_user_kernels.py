@@ -115,3 +115,67 @@ def test_a_built_in_kernel_object_is_known_by_its_name():
 
     kernel = builtin_kernels()["paged_decode@masked"]
     assert not kernel.spec and import_path(kernel) == "paged_decode@masked"
+
+
+TREE_READER = '''\
+import os
+
+from nanfuzz import Kernel
+from tests.torch_kernels import CAPS, attention
+
+TREE = os.environ.get("NANFUZZ_AITER_SRC")  # read when imported, as tests/past_findings.py does
+if TREE != os.environ["EXPECTED_TREE"]:
+    raise RuntimeError(f"NANFUZZ_AITER_SRC is {TREE!r}")
+
+
+def _run(batch, out):
+    assert os.environ.get("NANFUZZ_AITER_SRC") == TREE, "the worker was not handed the tree"
+    attention(batch, out)
+
+
+kernel = Kernel("reads its tree", _run, CAPS)
+multiplies_its_mask = Kernel("reads its tree, multiplies its mask",
+                             lambda batch, out: attention(batch, out, bug="mask-multiply"), CAPS)
+'''
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolation"]], ids=["in-workers", "in-process"])
+def test_a_tree_given_on_the_command_line_reaches_a_user_module_and_every_process_it_runs_in(tmp_path, isolation):
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "reads_tree.py").write_text(TREE_READER)
+    (tmp_path / "aiter-tree").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(root), "EXPECTED_TREE": str((tmp_path / "aiter-tree").resolve())}
+    env.pop("NANFUZZ_AITER_SRC", None)
+    env.pop("CI", None)
+    command = [sys.executable, "-m", "nanfuzz", "fuzz", "--kernel", "reads_tree:kernel", "--device", "cpu",
+               "--max-examples", "4", "--state-dir", str(tmp_path / "state"), *isolation]
+    bare = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert bare.returncode == 2 and "NANFUZZ_AITER_SRC is None" in bare.stderr, bare.stdout + bare.stderr
+    given = subprocess.run(command + ["--aiter-src", "aiter-tree"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert given.returncode == 0, given.stdout + given.stderr
+    assert "PASS" in given.stdout, given.stdout + given.stderr
+
+
+def test_the_replay_line_of_a_user_module_names_the_trees_it_ran_with(tmp_path):
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "reads_tree.py").write_text(TREE_READER)
+    (tmp_path / "aiter-tree").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(root), "EXPECTED_TREE": str((tmp_path / "aiter-tree").resolve())}
+    env.pop("NANFUZZ_AITER_SRC", None)
+    env.pop("CI", None)
+    found = subprocess.run([sys.executable, "-m", "nanfuzz", "fuzz", "--kernel", "reads_tree:multiplies_its_mask",
+                            "--device", "cpu", "--state-dir", "state", "--aiter-src", "aiter-tree"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert found.returncode == 1, found.stdout + found.stderr
+    (line,) = [line for line in found.stdout.splitlines() if line.startswith("replay: ")]
+    assert line.endswith(" --aiter-src aiter-tree"), line
+    replayed = subprocess.run(line.removeprefix("replay: ").split(), cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from nanfuzz.harness.adapters.sources import SOURCES
+from nanfuzz.harness.adapters.sources import SOURCES, environment_variable
 from nanfuzz.harness.campaign.focus import Focus
 from nanfuzz.harness.judge.memory import MemoryPolicy
 
@@ -102,7 +102,7 @@ class Settings:
             "state_dir": Path(env.get("NANFUZZ_STATE_DIR") or ".nanfuzz"),
             "examples_dir": Path(env["NANFUZZ_EXAMPLES_DIR"]) if env.get("NANFUZZ_EXAMPLES_DIR") else None,
             "example_db": env.get("NANFUZZ_EXAMPLE_DB") or None,
-            **{keyword: env.get(f"NANFUZZ_{keyword.upper()}") or None for keyword, _ in SOURCES.values()},
+            **{keyword: env.get(environment_variable(keyword)) or None for keyword, _ in SOURCES.values()},
             "profile": env.get("NANFUZZ_PROFILE") or ("ci" if env.get("CI") else "dev"),
         }
         if (env.get("NANFUZZ_MEMORY_DIR") or "").strip():

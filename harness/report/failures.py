@@ -34,7 +34,7 @@ def report_failure(kernel, campaign, settings, stream=None) -> list[str]:
     campaign.repro_paths = paths
     from nanfuzz.harness.registry import source_option
 
-    source = source_option(kernel)
+    source = source_option(kernel, settings.sources)
     stream.write(f"\n{kernel.name}: {outcome.summary}\n{picture(case)}\n"
                  f"repro: {paths[0]}\nreplay: nanfuzz replay {paths[0]}{source}\n\n")
     stream.flush()
