@@ -35,6 +35,12 @@ SELF_CHECK_SAMPLES = {"small": 1, "mixed": 2, "production": 2}
 # 500 s of compiling over 16 processes, 46 s on one H100; 8: 78 entries, 263 s, 34 s), and a
 # variant's bug is in every shape.
 SELF_CHECK_POOL = 8
+# Seconds a self-check campaign shrinks its failure before the smallest case so far stands: the
+# self-check shows that each old variant is caught and shrunk, and its time is its slowest shrink's
+# (split_decode@drops-last-partition's MISMATCH, each step a production case to build: 7.5 to 28 s
+# on one H100; paged_decode@tail-masked under the interpreter: 43 s of an 89 s self-check on 2 cores).
+# A campaign of its own shrinks for Settings.shrink_budget.
+SELF_CHECK_SHRINK_BUDGET = 10.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -454,11 +460,12 @@ def _self_check_settings(kernel, settings, profile):
     """What the self-check runs a built-in at: a family whose bug and fix live at production size
     draws that size only, with a few dozen examples (each costs ten to a hundred small ones); the
     masking families, whose bugs every size shows, draw small cases, so that their pools compile
-    in the time a self-check has."""
+    in the time a self-check has; each shrinks for ``SELF_CHECK_SHRINK_BUDGET`` seconds at most."""
     from nanfuzz.harness.campaign.scope import campaign_tier
 
     if settings.device != "cpu" and settings.pool_size is None:
         settings = settings.replace(pool_size=SELF_CHECK_POOL)
+    settings = settings.replace(shrink_budget=min(settings.shrink_budget, SELF_CHECK_SHRINK_BUDGET))
     if settings.size is not None:
         return settings
     if campaign_tier(kernel, settings) == "production":
