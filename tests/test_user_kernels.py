@@ -139,43 +139,46 @@ multiplies_its_mask = Kernel("reads its tree, multiplies its mask",
 '''
 
 
-@pytest.mark.parametrize("isolation", [[], ["--no-isolation"]], ids=["in-workers", "in-process"])
-def test_a_tree_given_on_the_command_line_reaches_a_user_module_and_every_process_it_runs_in(tmp_path, isolation):
+@pytest.fixture
+def tree_reader(tmp_path):
+    """A folder holding ``reads_tree.py`` and an ``aiter-tree/``, and the environment to run nanfuzz
+    there in: no NANFUZZ_AITER_SRC of its own."""
     import os
-    import subprocess
 
-    root = Path(__file__).resolve().parents[1]
     (tmp_path / "reads_tree.py").write_text(TREE_READER)
     (tmp_path / "aiter-tree").mkdir()
-    env = {**os.environ, "PYTHONPATH": str(root), "EXPECTED_TREE": str((tmp_path / "aiter-tree").resolve())}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "EXPECTED_TREE": str((tmp_path / "aiter-tree").resolve())}
     env.pop("NANFUZZ_AITER_SRC", None)
     env.pop("CI", None)
+    return tmp_path, env
+
+
+@pytest.mark.parametrize("isolation", [[], ["--no-isolation"]], ids=["in-workers", "in-process"])
+def test_a_tree_given_on_the_command_line_reaches_a_user_module_and_every_process_it_runs_in(tree_reader, isolation):
+    import subprocess
+
+    folder, env = tree_reader
     command = [sys.executable, "-m", "nanfuzz", "fuzz", "--kernel", "reads_tree:kernel", "--device", "cpu",
-               "--max-examples", "4", "--state-dir", str(tmp_path / "state"), *isolation]
-    bare = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+               "--max-examples", "4", "--state-dir", "state", *isolation]
+    bare = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
     assert bare.returncode == 2 and "NANFUZZ_AITER_SRC is None" in bare.stderr, bare.stdout + bare.stderr
-    given = subprocess.run(command + ["--aiter-src", "aiter-tree"], cwd=tmp_path, env=env, capture_output=True,
+    given = subprocess.run(command + ["--aiter-src", "aiter-tree"], cwd=folder, env=env, capture_output=True,
                            text=True, timeout=300)
     assert given.returncode == 0, given.stdout + given.stderr
     assert "PASS" in given.stdout, given.stdout + given.stderr
 
 
-def test_the_replay_line_of_a_user_module_names_the_trees_it_ran_with(tmp_path):
-    import os
+def test_the_replay_line_of_a_user_module_names_the_trees_it_ran_with(tree_reader):
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
-    (tmp_path / "reads_tree.py").write_text(TREE_READER)
-    (tmp_path / "aiter-tree").mkdir()
-    env = {**os.environ, "PYTHONPATH": str(root), "EXPECTED_TREE": str((tmp_path / "aiter-tree").resolve())}
-    env.pop("NANFUZZ_AITER_SRC", None)
-    env.pop("CI", None)
+    folder, env = tree_reader
     found = subprocess.run([sys.executable, "-m", "nanfuzz", "fuzz", "--kernel", "reads_tree:multiplies_its_mask",
                             "--device", "cpu", "--state-dir", "state", "--aiter-src", "aiter-tree"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                           cwd=folder, env=env, capture_output=True, text=True, timeout=600)
     assert found.returncode == 1, found.stdout + found.stderr
     (line,) = [line for line in found.stdout.splitlines() if line.startswith("replay: ")]
     assert line.endswith(" --aiter-src aiter-tree"), line
-    replayed = subprocess.run(line.removeprefix("replay: ").split(), cwd=tmp_path, env=env, capture_output=True,
+    replayed = subprocess.run(line.removeprefix("replay: ").split(), cwd=folder, env=env, capture_output=True,
                               text=True, timeout=300)
     assert replayed.returncode == 1, replayed.stdout + replayed.stderr
