@@ -223,9 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     with outlived_by_nothing() if as_program else contextlib.nullcontext():
         if argv[:1] == ["gate"]:
             return _gate(argv[1:])
-        from nanfuzz.harness.campaign.stop_signals import stopping_on_signals
-
         from nanfuzz.harness.adapters.sources import given_trees_in_environment
+        from nanfuzz.harness.campaign.stop_signals import stopping_on_signals
 
         args = _parser().parse_args(argv)
         # SIGTERM and SIGHUP stop a campaign as Ctrl-C does
