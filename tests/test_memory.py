@@ -552,3 +552,43 @@ def test_a_reservation_already_allocated_is_not_set_aside_twice_beside_what_the_
     share.built()
     assert asked() == 0
     share.settle()
+
+
+def test_what_a_process_keeps_between_cases_is_given_back_before_a_case_is_called_larger_than_the_device(tmp_path):
+    """A check's estimate counts the large-case pool this process keeps (its buffers are reused, or
+    freed for the case's own): with 40 GiB kept, a case of 30 GiB on a 64 GiB device was declined
+    as larger than the device, where given back it fits."""
+    from nanfuzz.harness.judge.device_memory import DeviceMemory
+    from nanfuzz.harness.judge.ledger import Ledger
+    from nanfuzz.harness.judge.memory import Governor
+
+    class Gpu(DeviceMemory):
+        key, where = "gpu-test", "GPU"
+
+        def __init__(self):
+            self.holding = 40 * GiB
+            self.given_back = 0
+
+        def total(self):
+            return 64 * GiB
+
+        def free(self):
+            return 64 * GiB - self.holding
+
+        def held(self):
+            return self.holding
+
+        def give_back(self):
+            self.given_back += 1
+            self.holding = 0
+
+        def margin(self):
+            return 0
+
+    device = Gpu()
+    share = Governor(device, Ledger.open(tmp_path, Gpu.key))
+    assert share.reserve(lambda: 30 * GiB + device.holding, patience=0.0) == 30 * GiB
+    assert device.given_back == 1 and share.waits == 0
+    share.settle()
+    with pytest.raises(TooLargeForDevice, match="needs about 70.0 GiB of GPU memory, more than the 64.0 GiB"):
+        share.reserve(lambda: 70 * GiB + device.holding, patience=0.0)  # larger however empty: declined

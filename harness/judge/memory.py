@@ -156,11 +156,17 @@ class Governor:
             self.granted = need  # within what this process's entry already weighs
             return need
         total = self.device.total()
+        gave_back = told = False
+        if self._larger_than_device(need) and self.device.held():
+            # what this process keeps between cases counts in the estimate (a large case's pool):
+            # given back, the case may fit
+            gave_back = True
+            self.device.give_back()
+            need = needed()
         if self._larger_than_device(need):
             raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} memory, more "
                                     f"than the {amount(total)} the device has; declined")
         started = time.monotonic()
-        gave_back = told = False
         try:
             while True:
                 with self._entries() as entries:
