@@ -15,6 +15,7 @@ import torch
 
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.judge.check import Verdict, check
+from nanfuzz.harness.judge.device_memory import DeviceMemory
 from nanfuzz.harness.judge.memory import (GiB, MemoryPolicy, SimulatedDevice, TooLargeForDevice, device_key,
                                           governor)
 from nanfuzz.harness.launch.subjects import worker_spec
@@ -30,6 +31,23 @@ CPU = torch.device("cpu")
 def _policy(folder, total=10, case=4, held=0, kept=0) -> MemoryPolicy:
     return MemoryPolicy(ledger_dir=str(folder),
                         simulated=SimulatedDevice(int(total * GiB), int(case * GiB), int(held * GiB), int(kept * GiB)))
+
+
+class _Gpu(DeviceMemory):
+    """A GPU of ``size`` bytes with no margin, holding ``holding`` between cases; its report of free
+    memory is each test's own."""
+    key, where = "gpu-test", "GPU"
+    size = 16 * GiB
+    holding = 0
+
+    def total(self):
+        return self.size
+
+    def held(self):
+        return self.holding
+
+    def margin(self):
+        return 0
 
 
 def _hold(policy, folder, idle) -> None:
@@ -410,29 +428,22 @@ def test_a_worker_waiting_for_memory_is_no_hang(tmp_path, holders, monkeypatch):
 
 
 def test_a_helper_process_opens_its_context_only_while_room_for_cases_stays(tmp_path):
-    from nanfuzz.harness.judge.device_memory import CONTEXT_BYTES, DeviceMemory
+    from nanfuzz.harness.judge.device_memory import CONTEXT_BYTES
     from nanfuzz.harness.judge.ledger import Ledger
     from nanfuzz.harness.judge.memory import Governor
 
-    class Gpu(DeviceMemory):
+    class Gpu(_Gpu):
         """A 16 GiB device whose report of free memory follows the contexts opened."""
-        key, where = "gpu-test", "GPU"
         opened = []
 
         def __init__(self):
             self.mine = False
-
-        def total(self):
-            return 16 * GiB
 
         def free(self):
             return 16 * GiB - len(Gpu.opened) * CONTEXT_BYTES
 
         def held(self):
             return CONTEXT_BYTES if self.mine else 0
-
-        def margin(self):
-            return 0
 
     admitted = 0
     for _ in range(16):
@@ -507,28 +518,14 @@ def test_a_reservation_already_allocated_is_not_set_aside_twice_beside_what_the_
     an H200 with 64 GiB free)."""
     from nanfuzz.harness.judge.ledger import Ledger
     from nanfuzz.harness.judge.memory import Governor
-    from nanfuzz.harness.judge.device_memory import DeviceMemory
 
     allocated = multiprocessing.get_context("fork").Value("q", 0)
 
-    class Gpu(DeviceMemory):
+    class Gpu(_Gpu):
         """A 16 GiB device whose report of free memory follows what the holder allocated."""
-        key, where = "gpu-test", "GPU"
-
-        def __init__(self):
-            self.holding = 0
-
-        def total(self):
-            return 16 * GiB
 
         def free(self):
             return 16 * GiB - allocated.value
-
-        def held(self):
-            return self.holding
-
-        def margin(self):
-            return 0
 
     def another_process_asks_for_1_gib(_=None):
         share = Governor(Gpu(), Ledger.open(tmp_path, Gpu.key))
@@ -558,32 +555,18 @@ def test_what_a_process_keeps_between_cases_is_given_back_before_a_case_is_calle
     """A check's estimate counts the large-case pool this process keeps (its buffers are reused, or
     freed for the case's own): with 40 GiB kept, a case of 30 GiB on a 64 GiB device was declined
     as larger than the device, where given back it fits."""
-    from nanfuzz.harness.judge.device_memory import DeviceMemory
     from nanfuzz.harness.judge.ledger import Ledger
     from nanfuzz.harness.judge.memory import Governor
 
-    class Gpu(DeviceMemory):
-        key, where = "gpu-test", "GPU"
-
-        def __init__(self):
-            self.holding = 40 * GiB
-            self.given_back = 0
-
-        def total(self):
-            return 64 * GiB
+    class Gpu(_Gpu):
+        size, holding, given_back = 64 * GiB, 40 * GiB, 0
 
         def free(self):
-            return 64 * GiB - self.holding
-
-        def held(self):
-            return self.holding
+            return self.size - self.holding
 
         def give_back(self):
             self.given_back += 1
             self.holding = 0
-
-        def margin(self):
-            return 0
 
     device = Gpu()
     share = Governor(device, Ledger.open(tmp_path, Gpu.key))

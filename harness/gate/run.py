@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from nanfuzz.harness.adapters.sources import add_source_options
+from nanfuzz.harness.adapters.sources import add_source_options, given_trees_in_environment
 from nanfuzz.harness.gate.plan import PLAN_ENV, SLOT_ENV, Plan
 from nanfuzz.reference.errors import NanfuzzError, UnsupportedHere
 
@@ -298,7 +298,9 @@ def _terminated(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        return _gate(parse_args(argv))
+        args = parse_args(argv)
+        with given_trees_in_environment(args):
+            return _gate(args)
     except NanfuzzError as exc:
         print(f"nanfuzz gate: {exc}", file=sys.stderr)
         return 2
@@ -314,14 +316,12 @@ def _gate(args) -> int:
     workers = detect(args.device, args.workers, per_gpu=args.workers_per_gpu)
     if workers.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit module is imported
-    for option, env_var, _ in LIBRARY_SOURCES:
+    for option, _, _ in LIBRARY_SOURCES:  # main() has set each as its variable, which the workers read
         given = getattr(args, option)
-        if given:
+        if given and not Path(given).is_dir():
             flag = "--" + option.replace("_", "-")
-            if not Path(given).is_dir():
-                raise GateUsageError(f"{flag}={given!r} is not a directory; point it at a source checkout "
-                                     "or an unpacked wheel")
-            os.environ[env_var] = str(Path(given).resolve())  # the workers read it
+            raise GateUsageError(f"{flag}={given!r} is not a directory; point it at a source checkout "
+                                 "or an unpacked wheel")
 
     from nanfuzz.harness.gate.floor import apply_floor, floor
     from nanfuzz.harness.gate.outputs import append_step_summary, write_junit, write_summary, write_summary_json
