@@ -575,3 +575,39 @@ def test_what_a_process_keeps_between_cases_is_given_back_before_a_case_is_calle
     share.settle()
     with pytest.raises(TooLargeForDevice, match="needs about 70.0 GiB of GPU memory, more than the 64.0 GiB"):
         share.reserve(lambda: 70 * GiB + device.holding, patience=0.0)  # larger however empty: declined
+
+
+def test_a_declined_case_says_what_its_estimate_is_made_of(tmp_path, monkeypatch):
+    """A decline names the parts of the case's estimate (the batch's copies, the oracle, the pool's
+    caches...), so that a case declined as larger than the whole device tells which part grew."""
+    from nanfuzz.harness.judge import large
+    from nanfuzz.harness.judge.ledger import Ledger
+    from nanfuzz.harness.judge.memory import Footprint, Governor
+    from nanfuzz.harness.judge.runs import check_footprint
+    from nanfuzz.reference import case as case_module
+
+    class Gpu(_Gpu):
+        size, holding = 64 * GiB, 0
+
+        def free(self):
+            return self.size
+
+    share = Governor(Gpu(), Ledger.open(tmp_path, Gpu.key))
+    with pytest.raises(TooLargeForDevice, match=r"needs about 70\.0 GiB of GPU memory \(pool caches 40\.0 GiB, "
+                                                r"oracle 30\.0 GiB\), more than the 64\.0 GiB"):
+        share.reserve(Footprint(pool_caches=40 * GiB, oracle=30 * GiB), patience=0.0)
+
+    class Busy(Gpu):  # what other programs hold: a wait that ends in a decline
+        def free(self):
+            return 10 * GiB
+
+    busy = Governor(Busy(), Ledger.open(tmp_path / "busy", Gpu.key))
+    with pytest.raises(TooLargeForDevice, match=r"needs about 50\.0 GiB of GPU memory \(oracle 50\.0 GiB\) and "):
+        busy.reserve(lambda: Footprint(oracle=50 * GiB), patience=0.0)
+
+    small = check_footprint(PLAIN)
+    assert set(small.parts) == {"case copies", "oracle", "kept large caches"} and sum(small.parts.values()) == small
+    monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)
+    big = large.large_check_footprint(PLAIN)
+    assert set(big.parts) == {"pool caches", "layout copy", "written blocks", "oracle"}
+    assert sum(big.parts.values()) == big > 0

@@ -26,6 +26,27 @@ ALLOCATOR_SLACK = 128 << 20
 ALLOCATOR_SLACK_SHARE = 1 / 32
 
 
+def amount(size: float) -> str:
+    """A number of bytes for a message: GiB to a tenth, or MiB below one GiB (never "0.0 GiB")."""
+    size = max(0.0, size)
+    return f"{size / GiB:.1f} GiB" if size >= GiB else f"{size / 2**20:.0f} MiB"
+
+
+class Footprint(int):
+    """Bytes a check holds at its peak, and what they are made of: a case declined for memory says
+    which part made it too large."""
+
+    parts: dict[str, int]
+
+    def __new__(cls, **parts: int) -> "Footprint":
+        made = super().__new__(cls, sum(parts.values()))
+        made.parts = {name.replace("_", " "): int(size) for name, size in parts.items()}
+        return made
+
+    def described(self) -> str:
+        return ", ".join(f"{name} {amount(size)}" for name, size in self.parts.items())
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """Did ``exc`` come from an allocation that failed (device memory, or the host's)?"""
     if isinstance(exc, MemoryError):

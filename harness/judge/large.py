@@ -2,6 +2,7 @@
 cases is ``harness.judge.check.LargeCaseCheck``; ``harness.judge.memory`` reserves it)."""
 from __future__ import annotations
 
+from nanfuzz.harness.judge.device_memory import Footprint
 from nanfuzz.harness.judge.pool import CachePool, process_pool
 from nanfuzz.harness.judge.runs import case_bytes
 from nanfuzz.reference.batch import PagedBatch
@@ -9,22 +10,22 @@ from nanfuzz.reference.device_build import DeviceBuild, build_on_device, written
 from nanfuzz.reference.oracle import oracle_bytes
 
 
-def large_case_bytes(case) -> int:
-    """About what a large case takes on its device beyond the pool's caches: its compact blocks
-    (the poisoned build, the garbage build, a kernel's layout copy), the oracle's working set."""
+def written_bytes(case) -> int:
+    """About what a large case's blocks that hold something take once (``written_blocks``)."""
     g = case.geometry
     blocks = int(written_blocks(case).size)
     element = 4 if g.dtype == "float32" else 2
-    compact = blocks * g.block_size * g.num_kv_heads * g.slot_width * element
-    return 3 * compact + oracle_bytes(case)
+    return blocks * g.block_size * g.num_kv_heads * g.slot_width * element
 
 
 def large_check_footprint(case) -> int:
     """About what this process holds at the peak of a check of a large case: the pool's buffers
     (as large as the case's caches, or larger from an earlier case), a kernel's layout copy of the
-    caches, and ``large_case_bytes``."""
+    caches, its written blocks three times (the poisoned build, the garbage build, a kernel's layout
+    copy of them) and the oracle's working set."""
     caches = case_bytes(case)
-    return max(caches, process_pool().held_bytes()) + caches + large_case_bytes(case)
+    return Footprint(pool_caches=max(caches, process_pool().held_bytes()), layout_copy=caches,
+                     written_blocks=3 * written_bytes(case), oracle=oracle_bytes(case))
 
 
 def large_batch(case, small: dict, caches: dict) -> PagedBatch:

@@ -40,12 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from nanfuzz.harness.judge.device_memory import (GiB, DeviceMemory, GpuMemory, HostMemory, SimulatedDevice,
-                                                 SimulatedMemory, device_key, out_of_memory)
+from nanfuzz.harness.judge.device_memory import (GiB, DeviceMemory, Footprint, GpuMemory, HostMemory, SimulatedDevice,
+                                                 SimulatedMemory, amount, device_key, out_of_memory)
 from nanfuzz.harness.judge.ledger import Ledger
 from nanfuzz.reference.errors import NanfuzzError
 
-__all__ = ["GiB", "SimulatedDevice", "MemoryPolicy", "TooLargeForDevice", "JudgingOutOfMemory", "HarnessOutOfMemory",
+__all__ = ["GiB", "Footprint", "amount", "SimulatedDevice", "MemoryPolicy", "TooLargeForDevice", "JudgingOutOfMemory", "HarnessOutOfMemory",
            "Governor", "governor", "out_of_memory", "device_key"]
 
 # How long a drawn case waits for memory before the search declines it: a production-size check
@@ -64,12 +64,6 @@ _POLL = 0.25
 # within _LOOK_EVERY.
 CLAIM_LIMIT = 1 * GiB
 _LOOK_EVERY = 0.25
-
-
-def amount(size: float) -> str:
-    """A number of bytes for a message: GiB to a tenth, or MiB below one GiB (never "0.0 GiB")."""
-    size = max(0.0, size)
-    return f"{size / GiB:.1f} GiB" if size >= GiB else f"{size / 2**20:.0f} MiB"
 
 
 class TooLargeForDevice(NanfuzzError):
@@ -148,8 +142,14 @@ class Governor:
         the bytes reserved; ``TooLargeForDevice`` when it never fits or does not come free in
         time.  ``waiting(True)`` is told when a wait begins, ``waiting(False)`` when it ends.
         ``keep``: a small case's reservation stays this process's claim after it (``CLAIM_LIMIT``)."""
+        asked = [estimate]
+
         def needed() -> int:
-            return self.device.footprint(estimate() if callable(estimate) else estimate)
+            asked[0] = estimate() if callable(estimate) else estimate
+            return self.device.footprint(asked[0])
+
+        def made_of() -> str:  # what the estimate holds, where it says
+            return f" ({asked[0].described()})" if isinstance(asked[0], Footprint) else ""
 
         need = needed()
         if self.claim and need <= self.claim and self._unchanged():
@@ -164,8 +164,8 @@ class Governor:
             self.device.give_back()
             need = needed()
         if self._larger_than_device(need):
-            raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} memory, more "
-                                    f"than the {amount(total)} the device has; declined")
+            raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} memory"
+                                    f"{made_of()}, more than the {amount(total)} the device has; declined")
         started = time.monotonic()
         try:
             while True:
@@ -199,7 +199,7 @@ class Governor:
                     waiting(True)
                 if time.monotonic() - started >= patience:
                     raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} "
-                                            f"memory and {shortfall} after {time.monotonic() - started:.0f} s of "
+                                            f"memory{made_of()} and {shortfall} after {time.monotonic() - started:.0f} s of "
                                             "waiting; declined")
                 time.sleep(_POLL * (1 + random.random()))
         except BaseException:

@@ -17,7 +17,7 @@ import torch
 
 from nanfuzz.harness.adapters.interpreter_builtins import interpretable_launches
 from nanfuzz.harness.device import standing_in_for
-from nanfuzz.harness.judge.memory import HarnessOutOfMemory, out_of_memory
+from nanfuzz.harness.judge.memory import Footprint, HarnessOutOfMemory, out_of_memory
 from nanfuzz.harness.judge.outcome import Outcome, crash
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.case import Case
@@ -133,4 +133,5 @@ def check_footprint(case: Case) -> int:
     from nanfuzz.harness.judge.pool import process_pool
     from nanfuzz.reference.oracle import oracle_bytes
 
-    return _COPIES_HELD * case_bytes(case) + oracle_bytes(case) + process_pool().held_bytes()
+    return Footprint(case_copies=_COPIES_HELD * case_bytes(case), oracle=oracle_bytes(case),
+                     kept_large_caches=process_pool().held_bytes())
