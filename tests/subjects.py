@@ -148,15 +148,15 @@ kills_the_fork_server_once = _kernel("kills_the_fork_server_once", _before_windo
 _children = []
 
 
-def _with_a_child(run):
+def _with_a_child(run, noted_in: str):
     """``run``, after starting a process that would sleep for ten minutes (once per worker, its pid
-    noted in ``children.txt`` in the current folder): a kernel that leaves a process behind."""
+    noted in the file ``noted_in`` of the current folder): a kernel that leaves a process behind."""
     def started(batch, out):
         if not _children:
             import subprocess
 
             _children.append(subprocess.Popen(["sleep", "600"]))
-            with open("children.txt", "a") as f:
+            with open(noted_in, "a") as f:
                 f.write(f"{_children[-1].pid}\n")
         return run(batch, out)
     return started
@@ -171,8 +171,10 @@ def _notes_and_exits(batch, out):
     return attention(batch, out)
 
 
-starts_a_child = _kernel("starts_a_child", _with_a_child(attention))
-starts_a_child_then_exits = _kernel("starts_a_child_then_exits", _with_a_child(_notes_and_exits))
+# each notes its children in a file of its own: a test of both side by side waits for each
+starts_a_child = _kernel("starts_a_child", _with_a_child(attention, "children.txt"))
+starts_a_child_then_exits = _kernel("starts_a_child_then_exits", _with_a_child(_notes_and_exits,
+                                                                                "exiting-children.txt"))
 
 
 def _kill_group_by_pid_zero():

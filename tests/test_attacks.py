@@ -92,7 +92,7 @@ def test_a_job_reported_ended_with_255_is_waited_for_while_it_still_runs():
 
 
 def _children(folder: Path) -> list[int]:
-    path = folder / "children.txt"
+    path = folder / "exiting-children.txt"  # where starts_a_child_then_exits notes them
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
