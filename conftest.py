@@ -6,11 +6,17 @@ modules import ``@triton.jit`` kernels at module level, so the GPU or
 Triton's interpreter is chosen here, in ``pytest_configure``, before any test
 module is imported; on the CPU every process (each xdist worker too) keeps
 one host thread for the session.  Tests marked ``gpu`` are skipped unless
-the session runs on a GPU.
+the session runs on a GPU.  A ``gpu_alone`` test (one that takes the device's
+memory as another program would, outside every ledger) runs while no other
+gpu test runs, in this process or any other xdist worker: the gpu tests hold
+a shared lock on one file for the session's machine, a ``gpu_alone`` test an
+exclusive one.
 """
 import contextlib
+import fcntl
 import importlib.metadata
 import os
+import tempfile
 
 import pytest
 
@@ -58,3 +64,21 @@ def pytest_collection_modifyitems(config, items):
               else "needs a GPU; torch sees none (torch.cuda.is_available() is False)")
     for item in gpu_tests:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+# every pytest process on the machine that runs gpu tests agrees on this file
+_GPU_TESTS_LOCK = os.path.join(tempfile.gettempdir(), "nanfuzz-gpu-tests.lock")
+
+
+@pytest.fixture(autouse=True)
+def _device_shared_between_gpu_tests(request):
+    if request.node.get_closest_marker("gpu") is None or request.config.stash[_device_key] != "cuda":
+        yield
+        return
+    alone = request.node.get_closest_marker("gpu_alone") is not None
+    with open(_GPU_TESTS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

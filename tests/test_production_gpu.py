@@ -30,6 +30,7 @@ def test_a_huge_cache_reaches_past_the_2_31_element_boundary():
     assert wrapped.verdict is not Verdict.PASS, wrapped.summary  # its int32 offsets wrap: it reads NaN
 
 
+@pytest.mark.gpu_alone  # another process waiting for memory would make this one give its pool back
 def test_pooled_caches_are_reused_and_stay_clean_across_cases():
     from nanfuzz.harness.judge.pool import process_pool
 
