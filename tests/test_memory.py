@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 import time
@@ -611,3 +612,4 @@ def test_a_declined_case_says_what_its_estimate_is_made_of(tmp_path, monkeypatch
     big = large.large_check_footprint(PLAIN)
     assert set(big.parts) == {"pool caches", "layout copy", "written blocks", "oracle"}
     assert sum(big.parts.values()) == big > 0
+    assert pickle.loads(pickle.dumps(big)).parts == big.parts  # it may cross to another process

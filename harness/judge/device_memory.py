@@ -43,6 +43,9 @@ class Footprint(int):
         made.parts = {name.replace("_", " "): int(size) for name, size in parts.items()}
         return made
 
+    def __getnewargs_ex__(self):  # a copy or a pickle keeps the parts
+        return (), dict(self.parts)
+
     def described(self) -> str:
         return ", ".join(f"{name} {amount(size)}" for name, size in self.parts.items())
 
