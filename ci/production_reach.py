@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -68,9 +67,9 @@ def _start(label: str, a, out: Path) -> subprocess.Popen:
                "--state-dir", str(out / f"{label}-state"), "--vllm-src", a.vllm_src, "--aiter-src", a.aiter_src]
     print("$ " + " ".join(command), flush=True)
     log = open(out / f"{label}.log", "w")
-    # a user module (tests/past_findings.py) reads the trees from the environment, not from the options
-    env = {**os.environ, "NANFUZZ_VLLM_SRC": a.vllm_src, "NANFUZZ_AITER_SRC": a.aiter_src}
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # the command sets each tree as its NANFUZZ_*_SRC variable too, which a user module
+    # (tests/past_findings.py) reads
+    return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
 
 def _reap(running):

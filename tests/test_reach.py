@@ -247,8 +247,9 @@ def test_the_reach_script_reads_what_each_campaign_reached_from_its_summary(tmp_
 
 
 def test_the_reach_script_bounds_a_campaign_by_its_time_and_hands_it_the_trees(tmp_path, monkeypatch):
-    """A campaign stops at its time budget, not at the profile's number of examples, and a user module's
-    subject (tests/past_findings.py, which reads the trees from the environment) finds its library."""
+    """A campaign stops at its time budget, not at the profile's number of examples, and is given the
+    trees as options (which ``nanfuzz fuzz`` also sets as the variables a user module such as
+    tests/past_findings.py reads: tests/test_user_kernels.py)."""
     script = _reach_script()
     started = {}
     monkeypatch.setattr(script.subprocess, "Popen", lambda command, **options: started.update(options, command=command))
@@ -257,7 +258,8 @@ def test_the_reach_script_bounds_a_campaign_by_its_time_and_hands_it_the_trees(t
     command = started["command"]
     assert int(command[command.index("--max-examples") + 1]) >= 100_000
     assert command[command.index("--time-budget") + 1] == "600.0"
-    assert started["env"]["NANFUZZ_AITER_SRC"] == "/trees/aiter" and started["env"]["NANFUZZ_VLLM_SRC"] == "/trees/vllm"
+    assert command[command.index("--aiter-src") + 1] == "/trees/aiter"
+    assert command[command.index("--vllm-src") + 1] == "/trees/vllm"
 
 
 def _int32_offsets(case):

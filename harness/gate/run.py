@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from nanfuzz.harness.adapters.sources import add_source_options, given_trees_in_environment
+from nanfuzz.harness.adapters.sources import add_source_options, environment_variable, given_trees_in_environment
 from nanfuzz.harness.gate.plan import PLAN_ENV, SLOT_ENV, Plan
 from nanfuzz.reference.errors import NanfuzzError, UnsupportedHere
 
@@ -42,10 +42,10 @@ AITER_KERNELS = ("aiter:unified_attention", "aiter:pa_decode", "aiter:pa_prefill
 SGLANG_KERNELS = ("sglang:decode", "sglang:extend")
 FA_KERNELS = ("fa_amd:kvcache",)
 LMDEPLOY_KERNELS = ("lmdeploy:decode", "lmdeploy:decode@block", "lmdeploy:prefill")
-# A kernel library's source tree: the option, its environment variable, the kernels it adds by default.
-LIBRARY_SOURCES = (("vllm_src", "NANFUZZ_VLLM_SRC", VLLM_KERNELS), ("aiter_src", "NANFUZZ_AITER_SRC", AITER_KERNELS),
-                   ("sglang_src", "NANFUZZ_SGLANG_SRC", SGLANG_KERNELS), ("fa_src", "NANFUZZ_FA_SRC", FA_KERNELS),
-                   ("lmdeploy_src", "NANFUZZ_LMDEPLOY_SRC", LMDEPLOY_KERNELS))
+# A kernel library's source tree: the option (its variable is ``environment_variable(option)``), the
+# kernels it adds by default.
+LIBRARY_SOURCES = (("vllm_src", VLLM_KERNELS), ("aiter_src", AITER_KERNELS), ("sglang_src", SGLANG_KERNELS),
+                   ("fa_src", FA_KERNELS), ("lmdeploy_src", LMDEPLOY_KERNELS))
 MIN_BUDGET = 5.0  # seconds; below it not even one example fits beside the workers' start-up
 
 
@@ -159,7 +159,8 @@ def choose_kernels(names: list[str], device: str) -> list[str]:
     defaults = not names
     if defaults:
         names = [k.name for k in builtin_kernels().values() if k.expect == "pass"]
-        names += [name for _, env_var, kernels in LIBRARY_SOURCES if os.environ.get(env_var) for name in kernels]
+        names += [name for option, kernels in LIBRARY_SOURCES if os.environ.get(environment_variable(option))
+                  for name in kernels]
     chosen = []
     for name in dict.fromkeys(names):
         if is_user_spec(name):
@@ -181,7 +182,7 @@ def choose_kernels(names: list[str], device: str) -> list[str]:
 
 def library_sources() -> dict[str, str | None]:
     """Each kernel library's source tree, as ``resolve()`` takes them, from the environment the workers share."""
-    return {option: os.environ.get(env_var) or None for option, env_var, _ in LIBRARY_SOURCES}
+    return {option: os.environ.get(environment_variable(option)) or None for option, _ in LIBRARY_SOURCES}
 
 
 def prepare_state(state_dir: Path, slots: list[str]) -> None:
@@ -316,7 +317,7 @@ def _gate(args) -> int:
     workers = detect(args.device, args.workers, per_gpu=args.workers_per_gpu)
     if workers.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit module is imported
-    for option, _, _ in LIBRARY_SOURCES:  # main() has set each as its variable, which the workers read
+    for option, _ in LIBRARY_SOURCES:  # main() has set each as its variable, which the workers read
         given = getattr(args, option)
         if given and not Path(given).is_dir():
             flag = "--" + option.replace("_", "-")
