@@ -67,6 +67,9 @@ def test_bench_reports_throughput_by_phase_and_time_to_detect(tmp_path, nanfuzz_
         assert run["examples_to_first_failure"] > EARLY_EXAMPLES or early[first - 1]["verdict"] == run["verdict"]
         assert all(e["farm_wait_s"] >= 0.0 and e["compiled_s"] >= 0.0 for e in early)
         assert all(e["phases"]["materialize"] > 0 for e in early)  # each check's own phases
+        # the judging process's time holds its phases and its memory wait, and the round trip holds it
+        assert all(sum(e["phases"].values()) + e["memory_wait_s"] <= e["judged_s"] + 0.002 for e in early)
+        assert all(e["judged_s"] <= e["seconds"] + 0.002 for e in early)
     progress = capsys.readouterr().err
     for run in detection["runs"]:  # a line per seed as it ends, for long cold-cache runs
         assert (f"paged_decode@unmasked seed {run['seed']}: {run['verdict']} after "

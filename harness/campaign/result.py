@@ -88,12 +88,15 @@ class Campaign:
 
     def note_early(self, outcome: Outcome, started: float, seconds: float) -> None:
         """One of the campaign's first examples: when its check started (seconds from the campaign's
-        start), how long it took, how much of that it waited for a binary another process was
-        compiling, how much its worker spent compiling (or loading) binaries itself, and its check's
-        phases (materialise, kernel, oracle...)."""
+        start), how long it took, how much of that the judging process spent on it (the rest is the
+        handoff: the case to the worker and the outcome back), how much it waited for device memory,
+        how much for a binary another process was compiling, how much its worker spent compiling (or
+        loading) binaries itself, and its check's phases (materialise, kernel, oracle...; what the
+        judging process spent beside them and the memory wait is its admission)."""
         if len(self.early_examples) < EARLY_EXAMPLES:
             self.early_examples.append({
                 "at_s": round(started, 3), "seconds": round(seconds, 3),
+                "judged_s": round(outcome.seconds, 3), "memory_wait_s": round(outcome.memory_waited, 3),
                 "farm_wait_s": round(outcome.timings.get("compile", 0.0), 3),
                 "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value,
                 "phases": {phase: round(spent, 4) for phase, spent in outcome.timings.items()}})
