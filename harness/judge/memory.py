@@ -45,8 +45,8 @@ from nanfuzz.harness.judge.device_memory import (GiB, DeviceMemory, Footprint, G
 from nanfuzz.harness.judge.ledger import Ledger
 from nanfuzz.reference.errors import NanfuzzError
 
-__all__ = ["GiB", "Footprint", "amount", "SimulatedDevice", "MemoryPolicy", "TooLargeForDevice", "JudgingOutOfMemory", "HarnessOutOfMemory",
-           "Governor", "governor", "out_of_memory", "device_key"]
+__all__ = ["GiB", "Footprint", "amount", "SimulatedDevice", "MemoryPolicy", "TooLargeForDevice", "JudgingOutOfMemory",
+           "HarnessOutOfMemory", "Governor", "governor", "out_of_memory", "device_key"]
 
 # How long a drawn case waits for memory before the search declines it: a production-size check
 # takes seconds on an H200 (``nanfuzz bench --scaling``), so two minutes lets every other
