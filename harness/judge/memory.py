@@ -142,14 +142,15 @@ class Governor:
         the bytes reserved; ``TooLargeForDevice`` when it never fits or does not come free in
         time.  ``waiting(True)`` is told when a wait begins, ``waiting(False)`` when it ends.
         ``keep``: a small case's reservation stays this process's claim after it (``CLAIM_LIMIT``)."""
-        asked = [estimate]
+        asked = estimate  # the estimate last asked for
 
         def needed() -> int:
-            asked[0] = estimate() if callable(estimate) else estimate
-            return self.device.footprint(asked[0])
+            nonlocal asked
+            asked = estimate() if callable(estimate) else estimate
+            return self.device.footprint(asked)
 
         def made_of() -> str:  # what the estimate holds, where it says
-            return f" ({asked[0].described()})" if isinstance(asked[0], Footprint) else ""
+            return f" ({asked.described()})" if isinstance(asked, Footprint) else ""
 
         need = needed()
         if self.claim and need <= self.claim and self._unchanged():
@@ -199,8 +200,8 @@ class Governor:
                     waiting(True)
                 if time.monotonic() - started >= patience:
                     raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} "
-                                            f"memory{made_of()} and {shortfall} after {time.monotonic() - started:.0f} s of "
-                                            "waiting; declined")
+                                            f"memory{made_of()} and {shortfall} after "
+                                            f"{time.monotonic() - started:.0f} s of waiting; declined")
                 time.sleep(_POLL * (1 + random.random()))
         except BaseException:
             self._forget_want()
