@@ -195,7 +195,17 @@ def padded_products(case: Case) -> int:
 # or no codes, 4.5x with unsigned codes (dequantized and rounded copies, offsets, a rotation),
 # and 3.8x a step's scores.
 _GATHER_COPIES, _UNSIGNED_GATHER_COPIES, _SCORE_COPIES = 3, 5, 4
-_ORACLE_FLOOR = 16 << 20  # index tensors, outputs and the allocator's own granules
+# Per float64 row of ``v_head_size`` (a query token's in one head): a chunk's padded rows at the
+# peak of its measured pass (its steps' output and four spreads, their concatenation, their stack
+# and pick), measured on the CPU at up to 7x for prefills of many short sequences and wide heads;
+# the whole batch's rows that a chunked pass keeps (two outputs, four spreads); and those the
+# judges hold after it (those six, the kernel's output in float64, its errors).
+_PADDED_ROW_COPIES, _KEPT_ROW_COPIES, _JUDGED_ROW_COPIES = 10, 6, 10
+# Per entry of a chunk's allowed mask ``[n, max_q, max_len]`` while it is built: the mask and the
+# comparisons' bools, and with a window the int64 distances too (measured on the CPU: 2 B over the
+# gather's and scores' share without one, 4 with one; a long prefill on a GPU took 4).
+_MASK_BYTES = (6, 14)  # without a window, with one
+_ORACLE_FLOOR = 16 << 20  # index tensors and the allocator's own granules
 
 
 def _score_rows(sequences: int, q_heads: int, keys: int) -> int:
@@ -205,18 +215,27 @@ def _score_rows(sequences: int, q_heads: int, keys: int) -> int:
 
 def oracle_bytes(case: Case) -> int:
     """About the most the oracle and the same-precision reference hold at once while judging ``case``
-    (:func:`attend_and_measure` in two arithmetics): a chunk's gather and its working copies, and one
-    step's scores and softmax weights; each bounded by its budget above, whatever the case's size."""
+    (:func:`attend_and_measure` in two arithmetics, and the rows the judges compare after it): a
+    chunk's gather and its working copies, one step's scores and softmax weights, the chunk's rows
+    padded to its longest query (each arithmetic's output and the measured summands, as computed,
+    concatenated and picked out), the chunk's allowed mask as it is built, and rows of the whole batch
+    (the outputs and summands kept, the kernel's output in float64 and its errors); each bounded by
+    its budget above but the rows, which grow with the batch's query tokens."""
     g = case.geometry
     n = min(chunk_sequences(case), len(case.sequences))
     keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
     gather = 8 * n * (keys * g.num_kv_heads * (g.head_size + g.v_head_size) + queries * g.num_q_heads * g.head_size)
     rows = min(queries, _score_rows(n, g.num_q_heads, keys))
     scores = 8 * n * g.num_q_heads * rows * keys
+    padded_rows = 8 * n * queries * g.num_q_heads * g.v_head_size
+    batch_rows = 8 * case.num_tokens * g.num_q_heads * g.v_head_size
     kv = case.kv_cache
     unsigned = any(kv.side(which).dtype in UNSIGNED_DTYPES for which in "kv") or kv.rotation != "none"
     copies = _UNSIGNED_GATHER_COPIES if unsigned else _GATHER_COPIES
-    return copies * gather + _SCORE_COPIES * scores + _ORACLE_FLOOR
+    kept = _KEPT_ROW_COPIES * batch_rows if n < len(case.sequences) else 0  # whole-batch buffers beside a chunk
+    mask = _MASK_BYTES[case.sliding_window > 0] * n * queries * keys
+    attending = copies * gather + _SCORE_COPIES * scores + _PADDED_ROW_COPIES * padded_rows + kept + mask
+    return max(attending, _JUDGED_ROW_COPIES * batch_rows) + _ORACLE_FLOOR
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Run as ``python -m tests.oracle_peak SPEC``: the resident bytes the oracle's judging pass (float64 and
 the same-precision reference, measured) adds at its peak, on the CPU, for the case SPEC describes (JSON:
-``[q_heads, kv_heads, head_size, block_size, dtype, [[query_len, seq_len], ...], kv_cache fields]``).
+``[q_heads, kv_heads, head_size, block_size, dtype, [[query_len, seq_len], ...], kv_cache fields]``, and
+a sliding window after them where the case has one).
 Run with ``MALLOC_MMAP_THRESHOLD_`` low, so that every freed tensor leaves the resident set."""
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from tests.cases import consecutive_case
 
 
 def case_of(spec: list):
-    q_heads, kv_heads, head_size, block_size, dtype, seqs, cache = spec
+    q_heads, kv_heads, head_size, block_size, dtype, seqs, cache, *window = spec
     kv = KVCache(**cache)
     poison = Poison("max" if kv.quantized and kv.dtype.startswith("uint") else "nan", "v", None)
     case = consecutive_case([tuple(s) for s in seqs], q_heads=q_heads, kv_heads=kv_heads, head_size=head_size,
-                            block_size=block_size, dtype=dtype, poison=poison)
+                            block_size=block_size, dtype=dtype, poison=poison, window=window[0] if window else 0)
     return replace(case, kv_cache=kv).validate()
 
 

@@ -1,7 +1,7 @@
 """A check reserves what its oracle holds while it judges: ``reference.oracle.oracle_bytes`` bounds the
 oracle's measured peak (resident bytes on the CPU, where every freed tensor is given back) for decodes
-whose gather dominates, prefills whose scores do, and unsigned rotated caches, and a host-built
-check's footprint counts it (without it, a production case's judging took gigabytes no one reserved)."""
+whose gather dominates, prefills whose scores, rows or allowed mask do, and unsigned rotated caches,
+and a host-built check's footprint counts it (without it, a production case's judging took gigabytes no one reserved)."""
 import json
 import os
 import subprocess
@@ -23,6 +23,10 @@ SPECS = {
                                           {"dtype": "uint4", "zero_points": "code", "scales": "token-head",
                                            "rotation": "hadamard"}],
     "one short decode": [8, 1, 128, 16, "float16", [[1, 512]], {}],
+    # a production prefill's shape: many short sequences in wide heads, the rows outweigh the gather
+    "prefill of many short sequences, row-bound": [128, 16, 256, 16, "float16", [[29, 29]] * 64, {}],
+    # long prefills of one narrow head: the allowed mask and its windowed distances outweigh the scores
+    "windowed prefill of long sequences, mask-bound": [1, 1, 32, 16, "float16", [[349, 21536]] * 40, {}, 4096],
 }
 
 
