@@ -25,6 +25,9 @@ PrepareFn = Callable[[PagedBatch, torch.Tensor], Callable[[], object]]
 # An adapter's escape hatch for a constraint Capabilities cannot say: None when the kernel takes
 # the case, else why not (one line).  Declined cases are drawn again, counted and reported.
 SupportsFn = Callable[[Case], "str | None"]
+# Whether a launch of a case copies its caches (an adapter's layout conversion): a bool for every
+# case, or a function of the case.
+CopiesFn = Callable[[Case], bool]
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,10 @@ class Kernel:
     # The GPU a run under Triton's interpreter stands in for: what ``nanfuzz.device_properties()``
     # answers while nanfuzz launches this kernel on the CPU.  None: an MI355X (``harness.device``).
     stands_in_for: DeviceProperties | None = None
+    # Whether a launch copies the caches into another layout first: a production check reserves
+    # device memory for that copy beside the caches.  True unless the adapter knows it reads them
+    # in place (a function of the case where that depends on the case's cache format).
+    copies_caches: bool | CopiesFn = True
 
     def __post_init__(self):
         if self.stands_in_for is not None and not isinstance(self.stands_in_for, DeviceProperties):
@@ -69,6 +76,11 @@ class Kernel:
             raise NanfuzzError(f"kernel {self.name}: supports() returned {reason!r}; return None to take a case, "
                                "or a one-line reason to decline it")
         return reason.strip().splitlines()[0] if reason else None
+
+    def copies_caches_of(self, case: Case) -> bool:
+        """Whether a launch of ``case`` copies its caches (``copies_caches``)."""
+        copies = self.copies_caches
+        return bool(copies(case) if callable(copies) else copies)
 
     @property
     def resolvable(self) -> str:

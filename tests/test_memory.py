@@ -17,6 +17,7 @@ import torch
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.judge.check import Verdict, check
 from nanfuzz.harness.judge.device_memory import DeviceMemory
+from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.judge.memory import (GiB, MemoryPolicy, SimulatedDevice, TooLargeForDevice, device_key,
                                           governor)
 from nanfuzz.harness.launch.subjects import worker_spec
@@ -613,3 +614,24 @@ def test_a_declined_case_says_what_its_estimate_is_made_of(tmp_path, monkeypatch
     assert set(big.parts) == {"pool caches", "layout copy", "written blocks", "oracle"}
     assert sum(big.parts.values()) == big > 0
     assert pickle.loads(pickle.dumps(big)).parts == big.parts  # it may cross to another process
+
+
+def test_a_layout_copy_is_reserved_only_for_a_kernel_that_makes_one(monkeypatch):
+    import dataclasses
+
+    from nanfuzz.harness.adapters.vllm import copies_token_head_caches
+    from nanfuzz.harness.judge.check import LargeCaseCheck
+    from nanfuzz.harness.registry import builtin_kernels
+    from nanfuzz.reference import case as case_module
+    from tests.quantized_subjects import LMDEPLOY_INT8
+
+    monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)  # PLAIN is a large case
+    built_in = builtin_kernels()["paged_decode@masked"]
+    users = dataclasses.replace(built_in, name="mine", copies_caches=True)  # an adapter's default: a copy
+    footprints = {kernel.name: LargeCaseCheck(kernel, PLAIN, torch.device("cpu"), False, None)._footprint()
+                  for kernel in (built_in, users)}
+    assert "layout copy" not in footprints[built_in.name].parts  # the built-ins read the caches in place
+    assert footprints["mine"].parts["layout copy"] == footprints["mine"] - footprints[built_in.name] > 0
+    assert Kernel("plain", built_in.run, built_in.capabilities).copies_caches_of(PLAIN)  # the default
+    token_head = dataclasses.replace(PLAIN, kv_cache=LMDEPLOY_INT8)
+    assert copies_token_head_caches(token_head) and not copies_token_head_caches(PLAIN)  # TRITON_ATTN's packing

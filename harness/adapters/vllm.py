@@ -242,6 +242,11 @@ def packed_token_head_caches(batch: PagedBatch) -> torch.Tensor:
     return packed
 
 
+def copies_token_head_caches(case) -> bool:
+    """TRITON_ATTN reads plain and per-tensor fp8 caches in place, and packs per-token-head ones anew."""
+    return case.kv_cache.token_head
+
+
 def token_head_views(packed: torch.Tensor, head_size: int, dtype: torch.dtype):
     """The backend's views of a packed cache: key and value codes ``[num_blocks, block_size, num_kv_heads,
     head_size + 4]`` as ``dtype``, and the float32 scale caches ``[num_blocks, block_size, num_kv_heads]``."""
@@ -336,7 +341,7 @@ def kernel(name: str, source: str | None = None) -> Kernel:
         fp8 = platform_fp8(loaded, "triton_unified_attention")
         caps = TRITON_ATTN_CAPABILITIES.restrict(kv_cache_dtypes=("auto", fp8), token_head_dtypes=(fp8, "int8"))
         return Kernel(name=name, run=functools.partial(run_triton_attn, path=path or None, source=source),
-                      capabilities=caps, source=source)
+                      capabilities=caps, source=source, copies_caches=copies_token_head_caches)
     if base == INT4_NAME and path in ("", *UNIFIED_PATHS):
         vllm_loader.load("triton_attn_int4", source)
         return Kernel(name=name, run=functools.partial(run_triton_attn, path=path or None, source=source,

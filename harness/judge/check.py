@@ -521,7 +521,7 @@ class LargeCaseCheck(CaseCheck):
     """``CaseCheck`` with a large case's batches (see the notes above)."""
 
     def _footprint(self) -> int:
-        return large_check_footprint(self.case)
+        return large_check_footprint(self.case, self.kernel.copies_caches_of(self.case))
 
     def _oracle_on_host(self) -> bool:
         return False  # nothing of a large case is built on the host

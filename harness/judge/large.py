@@ -18,13 +18,14 @@ def written_bytes(case) -> int:
     return blocks * g.block_size * g.num_kv_heads * g.slot_width * element
 
 
-def large_check_footprint(case) -> int:
+def large_check_footprint(case, copies_caches: bool = True) -> int:
     """About what this process holds at the peak of a check of a large case: the pool's buffers
     (as large as the case's caches, or larger from an earlier case), a kernel's layout copy of the
-    caches, its written blocks three times (the poisoned build, the garbage build, a kernel's layout
-    copy of them) and the oracle's working set."""
+    caches where it makes one (``Kernel.copies_caches``), its written blocks three times (the
+    poisoned build, the garbage build, a kernel's layout copy of them) and the oracle's working set."""
     caches = case_bytes(case)
-    return Footprint(pool_caches=max(caches, process_pool().held_bytes()), layout_copy=caches,
+    copy = {"layout_copy": caches} if copies_caches else {}
+    return Footprint(pool_caches=max(caches, process_pool().held_bytes()), **copy,
                      written_blocks=3 * written_bytes(case), oracle=oracle_bytes(case))
 
 

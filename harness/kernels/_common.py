@@ -105,10 +105,10 @@ def scale_arguments(batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor]:
 def family_kernels(family: str, launch: Callable, capabilities: Capabilities, expect: dict[str, str],
                    size: str | None = None) -> list[Kernel]:
     """``family@variant`` for each variant in ``expect`` ("caught": an old, buggy
-    variant; "pass": a fixed one), each launching ``launch(batch, out, variant=...)``;
-    ``size``: the size tier their campaigns draw (``Kernel.size``)."""
+    variant; "pass": a fixed one), each launching ``launch(batch, out, variant=...)`` on the caches
+    in place; ``size``: the size tier their campaigns draw (``Kernel.size``)."""
     return [Kernel(f"{family}@{variant}", functools.partial(launch, variant=variant), capabilities, expect=verdict,
-                   size=size)
+                   size=size, copies_caches=False)
             for variant, verdict in expect.items()]
 
 

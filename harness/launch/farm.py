@@ -715,7 +715,8 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
     share = governor(plan.spec.memory, device)
     # the batch, and the output and a layout copy at most (a large case: its compact build too)
-    _reserve_politely(share, large_check_footprint(case) if case.large else 2 * case_bytes(case))
+    _reserve_politely(share, large_check_footprint(case, kernel.copies_caches_of(case)) if case.large
+                      else 2 * case_bytes(case))
     try:
         batch = _built_on_device(case, device) if case.large else materialize(case, device)
         share.built()
