@@ -19,6 +19,8 @@ from nanfuzz.harness.launch.subjects import worker_spec
 from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, BuiltMarks, Farm, Plan, entry_key, entry_of, sample_cases
 from nanfuzz.harness.registry import resolve
 from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.kernel import Kernel
+from nanfuzz.reference.capabilities import Capabilities
 
 POOL_SIZE, POOL_SEED = 4, 5
 
@@ -333,11 +335,11 @@ def test_a_farm_task_builds_a_large_case_on_its_device_never_on_the_host(monkeyp
     monkeypatch.setattr(materialize, "build_on_host", on_the_host)
     seen = []
 
-    def kernel(batch, out):
+    def run(batch, out):
         seen.append((batch.key_cache[expected.ids].clone(), tuple(batch.key_cache.shape), tuple(out.shape)))
 
     plan = _plan("tests.farm_subjects:slow")
-    precompile._compile_case(kernel, plan, case)
+    precompile._compile_case(Kernel("sees its batch", run, Capabilities()), plan, case)
     (written, shape, out_shape), = seen
     assert shape[0] == case.geometry.num_blocks and out_shape == (1, 4, 16)
     assert torch.equal(written.view(torch.int16), expected.caches["key_cache"].view(torch.int16))
