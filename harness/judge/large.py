@@ -18,7 +18,7 @@ def written_bytes(case) -> int:
     return blocks * g.block_size * g.num_kv_heads * g.slot_width * element
 
 
-def large_check_footprint(case, copies_caches: bool = True) -> int:
+def large_check_footprint(case, copies_caches: bool = True) -> Footprint:
     """About what this process holds at the peak of a check of a large case: the pool's buffers
     (as large as the case's caches, or larger from an earlier case), a kernel's layout copy of the
     caches where it makes one (``Kernel.copies_caches``), its written blocks three times (the

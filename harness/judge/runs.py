@@ -126,7 +126,7 @@ def case_bytes(case: Case) -> int:
     return (caches + tokens) * element
 
 
-def check_footprint(case: Case) -> int:
+def check_footprint(case: Case) -> Footprint:
     """About what this process holds at the peak of a check of a host-built ``case``: the batch,
     its pristine copy and two more for the later runs, the oracle's working set while it judges,
     beside what the pool of large cases keeps."""
