@@ -171,12 +171,12 @@ def _attend_chunk(live: "_Gathered", arithmetics: Sequence[Arithmetic], lap,
 
 def chunk_sequences(case: Case) -> int:
     """How many sequences the oracle gathers at once: as many as ``_CHUNK_ELEMENTS`` holds at the
-    case's longest sequence and longest query (a prefill's padded queries and allowed mask grow
-    with its new tokens, a decode's do not)."""
+    case's longest sequence and longest query (a prefill's padded queries, output rows and allowed
+    mask grow with its new tokens, a decode's do not)."""
     g = case.geometry
     keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
     per_seq = (keys * g.num_kv_heads * (g.head_size + g.v_head_size) + queries * g.num_q_heads * g.head_size
-               + -(-queries * keys // 8))
+               + _ROWS_PER_GATHER * queries * g.num_q_heads * g.v_head_size + -(-queries * keys // 8))
     return max(1, _CHUNK_ELEMENTS // per_seq)
 
 
@@ -201,6 +201,10 @@ _GATHER_COPIES, _UNSIGNED_GATHER_COPIES, _SCORE_COPIES = 3, 5, 4
 # the whole batch's rows that a chunked pass keeps (two outputs, four spreads); and those the
 # judges hold after it (those six, the kernel's output in float64, its errors).
 _PADDED_ROW_COPIES, _KEPT_ROW_COPIES, _JUDGED_ROW_COPIES = 10, 6, 10
+# A chunk's padded rows, counted against its gather's budget as the copies of each outnumber the
+# gather's: without it, a prefill of one long query beside many short ones (each padded to the
+# long one) filled a chunk of 12 sequences in 128 heads of 256, and its rows took 15 GiB.
+_ROWS_PER_GATHER = _PADDED_ROW_COPIES // _GATHER_COPIES
 # Per entry of a chunk's allowed mask ``[n, max_q, max_len]`` while it is built: the mask and the
 # comparisons' bools, and with a window the int64 distances too.  Beyond the gather's and scores'
 # share, a windowed prefill of 40 sequences of 21,536 keys took 0.8 B an entry on the CPU, and a

@@ -29,8 +29,11 @@ def test_each_job_says_it_shares_the_device_and_draws_no_huge_cache():
     run = Settings(device="cuda", jobs=14)
     job = job_settings(run, 10, 3, resolve("tests.torch_kernels:correct"))
     assert (job.jobs, job.max_examples, job.seed, job.campaigns_per_device) == (1, 10, 3, 14)
-    assert campaign_production_size(job).huge_cache_bytes == 0
-    assert campaign_production_size(run.replace(jobs=1)).huge_cache_bytes > 0  # a campaign alone on the device
+    shared, alone = campaign_production_size(job), campaign_production_size(run.replace(jobs=1))
+    assert shared.huge_cache_bytes == 0 and alone.huge_cache_bytes > 0  # a huge cache for a campaign alone
+    # a share of the live keys and of the new tokens (the oracle's rows), but never below the targets' batches
+    assert shared.max_live_keys < alone.max_live_keys and shared.max_tokens < alone.max_tokens
+    assert shared.max_tokens >= 128 * 2 and shared.max_query_len <= shared.max_tokens
 
 
 def test_two_jobs_share_a_passing_campaign_and_its_database(tmp_path):

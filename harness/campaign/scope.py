@@ -50,6 +50,9 @@ def campaign_tier(kernel: Kernel, settings: Settings) -> str:
 # The fewest live keys a campaign sharing its device draws up to, however many share it: room
 # for a 32k-key sequence beside 127 others, the production targets' longest and widest batches.
 SHARED_LEAST_LIVE_KEYS = 1 << 17
+# The fewest new tokens a batch of such a campaign holds: 128 prefills of several tokens each
+# (the targets' widest batch of prefills), and a chunk of 1,024 beside a long context.
+SHARED_LEAST_TOKENS = 1 << 10
 
 
 def campaign_production_size(settings: Settings):
@@ -58,13 +61,17 @@ def campaign_production_size(settings: Settings):
     A campaign sharing its device with others (its jobs, campaigns side by side) also draws live
     keys for its share alone: a check holds up to about 45 KiB per live key (float32, 16 KV
     heads), and at the whole budget of 2^21 a drawn case's check wanted up to 90 GiB, which
-    campaigns sharing an 80 GB card waited minutes for."""
+    campaigns sharing an 80 GB card waited minutes for.  Its batches' new tokens shrink with the
+    share too: the oracle holds float64 rows per token and query head, and a check of 8,192 tokens
+    in 128 heads of 256 peaked at 37 GiB, more than the live keys of a whole share take."""
     size = production_size(settings.device == "cpu")
     sharing = max(1, settings.jobs) * max(1, settings.campaigns_per_device)
     if sharing <= 1:
         return size
     keys = max(min(size.max_live_keys, SHARED_LEAST_LIVE_KEYS), size.max_live_keys // sharing)
-    return replace(size, huge_cache_bytes=0, max_live_keys=keys)
+    tokens = max(min(size.max_tokens, SHARED_LEAST_TOKENS), size.max_tokens // sharing)
+    return replace(size, huge_cache_bytes=0, max_live_keys=keys, max_tokens=tokens,
+                   max_query_len=min(size.max_query_len, tokens))
 
 
 def campaign_pool_of(caps: Capabilities, settings: Settings, pool_seed: int | None = None,
