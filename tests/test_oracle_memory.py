@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nanfuzz.harness.judge.runs import _COPIES_HELD, case_bytes, check_footprint
-from nanfuzz.reference.oracle import oracle_bytes
+from nanfuzz.reference.oracle import _CHUNK_ELEMENTS, _ROWS_PER_GATHER, chunk_sequences, oracle_bytes
 from tests.oracle_peak import case_of
 
 ROOT = Path(__file__).parent.parent
@@ -27,6 +27,8 @@ SPECS = {
     "prefill of many short sequences, row-bound": [128, 16, 256, 16, "float16", [[29, 29]] * 64, {}],
     # long prefills of one narrow head: the allowed mask and its windowed distances outweigh the scores
     "windowed prefill of long sequences, mask-bound": [1, 1, 32, 16, "float16", [[349, 21536]] * 40, {}, 4096],
+    # one long prefill beside many decodes, each padded to its query: the padded rows bound the chunk
+    "long prefill beside decodes, padding-bound": [64, 8, 128, 16, "float16", [[384, 384]] + [[1, 384]] * 40, {}],
 }
 
 
@@ -49,3 +51,13 @@ def test_the_oracle_peaks_within_what_a_check_reserves_for_it(name):
     assert peak <= bound
     assert bound <= 3 * max(peak, 8 << 20)  # not so far over that the governor turns cases away for nothing
     assert check_footprint(case) >= _COPIES_HELD * case_bytes(case) + peak
+
+
+def test_a_chunk_s_padded_rows_stay_within_its_budget():
+    """A long query makes every sequence of its chunk as long: the chunk holds fewer sequences for it
+    (without it, this case was one chunk of 41 sequences whose judging peaked at 8.0 GiB, now 4.0)."""
+    case = case_of(SPECS["long prefill beside decodes, padding-bound"])
+    g = case.geometry
+    rows = chunk_sequences(case) * case.max_query_len * g.num_q_heads * g.v_head_size
+    assert 1 < chunk_sequences(case) < len(case.sequences)
+    assert _ROWS_PER_GATHER * rows <= _CHUNK_ELEMENTS
