@@ -203,7 +203,7 @@ _GATHER_COPIES, _UNSIGNED_GATHER_COPIES, _SCORE_COPIES = 3, 5, 4
 _PADDED_ROW_COPIES, _KEPT_ROW_COPIES, _JUDGED_ROW_COPIES = 10, 6, 10
 # A chunk's padded rows, counted against its gather's budget as the copies of each outnumber the
 # gather's: without it, a prefill of one long query beside many short ones (each padded to the
-# long one) filled a chunk of 12 sequences in 128 heads of 256, and its rows took 15 GiB.
+# long one) filled a chunk of 12 sequences in 128 heads of 256, its rows estimated at 15 GiB.
 _ROWS_PER_GATHER = _PADDED_ROW_COPIES // _GATHER_COPIES
 # Per entry of a chunk's allowed mask ``[n, max_q, max_len]`` while it is built: the mask and the
 # comparisons' bools, and with a window the int64 distances too.  Beyond the gather's and scores'
