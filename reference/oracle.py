@@ -175,9 +175,17 @@ def chunk_sequences(case: Case) -> int:
     mask grow with its new tokens, a decode's do not)."""
     g = case.geometry
     keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
-    per_seq = (keys * g.num_kv_heads * (g.head_size + g.v_head_size) + queries * g.num_q_heads * g.head_size
-               + _ROWS_PER_GATHER * queries * g.num_q_heads * g.v_head_size + -(-queries * keys // 8))
+    per_seq = (_gathered_elements(case) + _ROWS_PER_GATHER * queries * g.num_q_heads * g.v_head_size
+               + -(-queries * keys // 8))
     return max(1, _CHUNK_ELEMENTS // per_seq)
+
+
+def _gathered_elements(case: Case) -> int:
+    """A sequence's share of a chunk's gather, padded to the case's longest: its keys and values in
+    every KV head, and its queries in every query head."""
+    g = case.geometry
+    keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
+    return keys * g.num_kv_heads * (g.head_size + g.v_head_size) + queries * g.num_q_heads * g.head_size
 
 
 def padded_products(case: Case) -> int:
@@ -229,7 +237,7 @@ def oracle_bytes(case: Case) -> int:
     g = case.geometry
     n = min(chunk_sequences(case), len(case.sequences))
     keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
-    gather = 8 * n * (keys * g.num_kv_heads * (g.head_size + g.v_head_size) + queries * g.num_q_heads * g.head_size)
+    gather = 8 * n * _gathered_elements(case)
     rows = min(queries, _score_rows(n, g.num_q_heads, keys))
     scores = 8 * n * g.num_q_heads * rows * keys
     padded_rows = 8 * n * queries * g.num_q_heads * g.v_head_size

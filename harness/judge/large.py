@@ -22,7 +22,8 @@ def large_check_footprint(case, copies_caches: bool = True) -> Footprint:
     """About what this process holds at the peak of a check of a large case: the pool's buffers
     (as large as the case's caches, or larger from an earlier case), a kernel's layout copy of the
     caches where it makes one (``Kernel.copies_caches``), its written blocks three times (the
-    poisoned build, the garbage build, a kernel's layout copy of them) and the oracle's working set."""
+    poisoned build, the garbage build, and the blocks gathered back out of the caches that
+    ``CachePool.changed`` compares with the build, with its comparisons) and the oracle's working set."""
     caches = case_bytes(case)
     copy = {"layout_copy": caches} if copies_caches else {}
     return Footprint(pool_caches=max(caches, process_pool().held_bytes()), **copy,
