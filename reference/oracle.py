@@ -180,6 +180,12 @@ def chunk_sequences(case: Case) -> int:
     return max(1, _CHUNK_ELEMENTS // per_seq)
 
 
+def in_chunks(case: Case) -> bool:
+    """Whether the oracle gathers ``case`` in more than one chunk, each chunk's tensors freed before
+    the next and the whole batch's rows kept beside them."""
+    return chunk_sequences(case) < len(case.sequences)
+
+
 def _gathered_elements(case: Case) -> int:
     """A sequence's share of a chunk's gather, padded to the case's longest: its keys and values in
     every KV head, and its queries in every query head."""
@@ -218,6 +224,12 @@ _ROWS_PER_GATHER = _PADDED_ROW_COPIES // _GATHER_COPIES
 # share, a windowed prefill of 40 sequences of 21,536 keys took 0.8 B an entry on the CPU, and a
 # prefill of 131 such sequences in one head (prefix_prefill, on an H100) about 4 B.
 _MASK_BYTES = (6, 14)  # without a window, with one
+# What a GPU's caching allocator reserves beyond a chunked oracle's allocations, per byte of its
+# estimated chunk.  On an H200 it reserved 0.43 of the chunk beyond the peak allocated for 164 short
+# prefills in 3 chunks (2.8 GiB beside 10.4), 0.31 for 131 sequences in 11 chunks, 0.04 for 254 in
+# 64.  Only the first one's estimate was tight (the others' were 1.6 and 2x what they allocated): this
+# share and the governor's slack cover it, at 0.3 with 10% to spare.
+_CHUNKED_REUSE_SHARE = 0.3
 _ORACLE_FLOOR = 16 << 20  # index tensors and the allocator's own granules
 
 
@@ -229,11 +241,25 @@ def _score_rows(sequences: int, q_heads: int, keys: int) -> int:
 def oracle_bytes(case: Case) -> int:
     """About the most the oracle and the same-precision reference hold at once while judging ``case``
     (:func:`attend_and_measure` in two arithmetics, and the rows the judges compare after it): a
-    chunk's gather and its working copies, one step's scores and softmax weights, the chunk's rows
+    chunk's working set (:func:`_chunk_bytes`) and rows of the whole batch (the outputs and summands
+    kept beside a chunk, the kernel's output in float64 and its errors), each bounded by its budget
+    above but the rows, which grow with the batch's query tokens."""
+    g = case.geometry
+    batch_rows = 8 * case.num_tokens * g.num_q_heads * g.v_head_size
+    kept = _KEPT_ROW_COPIES * batch_rows if in_chunks(case) else 0  # whole-batch buffers beside a chunk
+    return max(_chunk_bytes(case) + kept, _JUDGED_ROW_COPIES * batch_rows) + _ORACLE_FLOOR
+
+
+def chunk_reuse_bytes(case: Case) -> int:
+    """What a caching allocator (a GPU's) keeps beyond what the oracle allocates when it gathers
+    ``case`` in chunks: blocks one chunk's steps freed that the next one's tensors do not fit."""
+    return int(_CHUNKED_REUSE_SHARE * _chunk_bytes(case)) if in_chunks(case) else 0
+
+
+def _chunk_bytes(case: Case) -> int:
+    """A chunk's gather and its working copies, one step's scores and softmax weights, the chunk's rows
     padded to its longest query (each arithmetic's output and the measured summands, as computed,
-    concatenated and picked out), the chunk's allowed mask as it is built, and rows of the whole batch
-    (the outputs and summands kept, the kernel's output in float64 and its errors); each bounded by
-    its budget above but the rows, which grow with the batch's query tokens."""
+    concatenated and picked out) and its allowed mask as it is built."""
     g = case.geometry
     n = min(chunk_sequences(case), len(case.sequences))
     keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
@@ -241,14 +267,11 @@ def oracle_bytes(case: Case) -> int:
     rows = min(queries, _score_rows(n, g.num_q_heads, keys))
     scores = 8 * n * g.num_q_heads * rows * keys
     padded_rows = 8 * n * queries * g.num_q_heads * g.v_head_size
-    batch_rows = 8 * case.num_tokens * g.num_q_heads * g.v_head_size
     kv = case.kv_cache
     unsigned = any(kv.side(which).dtype in UNSIGNED_DTYPES for which in "kv") or kv.rotation != "none"
     copies = _UNSIGNED_GATHER_COPIES if unsigned else _GATHER_COPIES
-    kept = _KEPT_ROW_COPIES * batch_rows if n < len(case.sequences) else 0  # whole-batch buffers beside a chunk
     mask = _MASK_BYTES[case.sliding_window > 0] * n * queries * keys
-    attending = copies * gather + _SCORE_COPIES * scores + _PADDED_ROW_COPIES * padded_rows + kept + mask
-    return max(attending, _JUDGED_ROW_COPIES * batch_rows) + _ORACLE_FLOOR
+    return copies * gather + _SCORE_COPIES * scores + _PADDED_ROW_COPIES * padded_rows + mask
 
 
 @dataclass(frozen=True)

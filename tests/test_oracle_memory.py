@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from nanfuzz.harness.judge.runs import _COPIES_HELD, case_bytes, check_footprint
-from nanfuzz.reference.oracle import _CHUNK_ELEMENTS, _ROWS_PER_GATHER, chunk_sequences, oracle_bytes
+from nanfuzz.harness.judge.device_memory import GpuMemory
+from nanfuzz.harness.judge.large import large_check_footprint
+from nanfuzz.reference.oracle import (_CHUNK_ELEMENTS, _ROWS_PER_GATHER, chunk_reuse_bytes, chunk_sequences, in_chunks,
+                                      oracle_bytes)
 from tests.oracle_peak import case_of
 
 ROOT = Path(__file__).parent.parent
@@ -61,3 +64,28 @@ def test_a_chunk_s_padded_rows_stay_within_its_budget():
     rows = chunk_sequences(case) * case.max_query_len * g.num_q_heads * g.v_head_size
     assert 1 < chunk_sequences(case) < len(case.sequences)
     assert _ROWS_PER_GATHER * rows <= _CHUNK_ELEMENTS
+
+
+# A production case of vLLM's ROCM_ATTN drawn by tests/test_memory_gpu.py: 164 prefills of up to 29 tokens
+# (25 of them empty) in 128 heads of 256, an fp8 cache; its oracle runs in 3 chunks.
+_SHORT_PREFILLS = [[0, 0]] * 25 + [[n, n] for n, count in ((14, 3), (15, 11), (16, 10), (17, 10), (18, 9), (19, 12),
+                                                          (20, 7), (21, 9), (22, 13), (23, 14), (24, 9), (25, 7),
+                                                          (26, 8), (27, 10), (28, 5), (29, 2)) for _ in range(count)]
+GPU_MEASURED = [128, 16, 256, 32, "bfloat16", _SHORT_PREFILLS, {"dtype": "fp8_e4m3fn"}]
+
+
+def test_a_large_check_reserves_what_the_gpu_s_allocator_keeps_beside_a_chunked_oracle():
+    """On an H200 this case's oracle alone allocated at most 10,652 MiB, and PyTorch's caching allocator
+    reserved 13,560 (blocks one chunk's steps freed that the next chunk's tensors do not fit); the whole
+    check held 14,476 where it had been given 13,652.  A large check counts a share of the chunk for
+    that; a case whose oracle runs in one chunk adds nothing."""
+    case = case_of(GPU_MEASURED)
+    assert in_chunks(case) and len(case.sequences) == 164
+    footprint = large_check_footprint(case, copies_caches=True)
+    reuse = footprint.parts["allocator reuse"]
+    assert reuse == chunk_reuse_bytes(case) > 0
+    # what the governor gives a check on a GPU: the estimate, and the caching allocator's slack beside it
+    assert GpuMemory.footprint(None, footprint - reuse) < 14_476 << 20 <= GpuMemory.footprint(None, footprint)
+    one_chunk = case_of(SPECS["prefill of many short sequences, row-bound"])
+    assert not in_chunks(one_chunk) and chunk_reuse_bytes(one_chunk) == 0
+    assert "allocator reuse" not in large_check_footprint(one_chunk).parts
