@@ -99,14 +99,16 @@ def test_a_production_check_peaks_within_what_it_reserves(name, tmp_path):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         outcome = check(kernel, case, "cuda")
-        peak = torch.cuda.max_memory_reserved()
+        peak, allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
         assert outcome.verdict is Verdict.PASS, outcome.summary
-        rows.append((peak, estimate))
-    print(f"{name}: peak / estimate / reserved per case (MiB): "
-          f"{', '.join(f'{p >> 20}/{e >> 20}/{share.device.footprint(e) >> 20}' for p, e in rows)}; {declined} declined")
+        rows.append((peak, allocated, estimate))
+    # a peak held past the estimate but allocated within it is the caching allocator's (``oracle.chunk_reuse_bytes``)
+    print(f"{name}: peak held (allocated) / estimate (its parts) / reserved per case, MiB: " + "; ".join(
+        f"{p >> 20} ({a >> 20}) / {e >> 20} ({e.described()}) / {share.device.footprint(e) >> 20}" for p, a, e in rows)
+        + f"; {declined} declined")
     assert len(rows) >= 4
     # what the governor reserves: the estimate and the caching allocator's rounding beside it
-    assert all(peak <= share.device.footprint(estimate) for peak, estimate in rows)
+    assert all(peak <= share.device.footprint(estimate) for peak, _, estimate in rows)
 
 
 def test_campaigns_sharing_the_gpu_end_with_exit_0_or_a_finding_and_its_repro(tmp_path):
