@@ -244,24 +244,32 @@ def oracle_bytes(case: Case) -> int:
     chunk's working set (:func:`_chunk_bytes`) and rows of the whole batch (the outputs and summands
     kept beside a chunk, the kernel's output in float64 and its errors), each bounded by its budget
     above but the rows, which grow with the batch's query tokens."""
-    g = case.geometry
-    batch_rows = 8 * case.num_tokens * g.num_q_heads * g.v_head_size
-    kept = _KEPT_ROW_COPIES * batch_rows if in_chunks(case) else 0  # whole-batch buffers beside a chunk
-    return max(_chunk_bytes(case) + kept, _JUDGED_ROW_COPIES * batch_rows) + _ORACLE_FLOOR
+    return oracle_footprint(case)[0]
 
 
 def chunk_reuse_bytes(case: Case) -> int:
     """What a caching allocator (a GPU's) keeps beyond what the oracle allocates when it gathers
     ``case`` in chunks: blocks one chunk's steps freed that the next one's tensors do not fit."""
-    return int(_CHUNKED_REUSE_SHARE * _chunk_bytes(case)) if in_chunks(case) else 0
+    return oracle_footprint(case)[1]
 
 
-def _chunk_bytes(case: Case) -> int:
-    """A chunk's gather and its working copies, one step's scores and softmax weights, the chunk's rows
-    padded to its longest query (each arithmetic's output and the measured summands, as computed,
-    concatenated and picked out) and its allowed mask as it is built."""
+def oracle_footprint(case: Case) -> tuple[int, int]:
+    """:func:`oracle_bytes` and :func:`chunk_reuse_bytes` of ``case``, its chunk worked out once."""
     g = case.geometry
     n = min(chunk_sequences(case), len(case.sequences))
+    chunked = n < len(case.sequences)
+    chunk = _chunk_bytes(case, n)
+    batch_rows = 8 * case.num_tokens * g.num_q_heads * g.v_head_size
+    kept = _KEPT_ROW_COPIES * batch_rows if chunked else 0  # whole-batch buffers beside a chunk
+    oracle = max(chunk + kept, _JUDGED_ROW_COPIES * batch_rows) + _ORACLE_FLOOR
+    return oracle, int(_CHUNKED_REUSE_SHARE * chunk) if chunked else 0
+
+
+def _chunk_bytes(case: Case, n: int) -> int:
+    """A chunk of ``n`` sequences: its gather and working copies, one step's scores and softmax weights,
+    its rows padded to the longest query (each arithmetic's output and the measured summands, as
+    computed, concatenated and picked out) and its allowed mask as it is built."""
+    g = case.geometry
     keys, queries = max(1, case.max_seq_len), max(1, case.max_query_len)
     gather = 8 * n * _gathered_elements(case)
     rows = min(queries, _score_rows(n, g.num_q_heads, keys))

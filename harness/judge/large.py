@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from nanfuzz.harness.judge.device_memory import Footprint
 from nanfuzz.harness.judge.pool import CachePool, process_pool
-from nanfuzz.harness.judge.runs import case_bytes
+from nanfuzz.harness.judge.runs import case_bytes, oracle_parts
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.device_build import DeviceBuild, build_on_device, written_blocks
-from nanfuzz.reference.oracle import chunk_reuse_bytes, oracle_bytes
 
 
 def written_bytes(case) -> int:
@@ -23,14 +22,12 @@ def large_check_footprint(case, copies_caches: bool = True) -> Footprint:
     (as large as the case's caches, or larger from an earlier case), a kernel's layout copy of the
     caches where it makes one (``Kernel.copies_caches``), its written blocks three times (the
     poisoned build, the garbage build, and the blocks gathered back out of the caches that
-    ``CachePool.changed`` compares with the build, with its comparisons), the oracle's working set, and
-    what the device's allocator keeps beside it where the oracle works in chunks."""
+    ``CachePool.changed`` compares with the build, with its comparisons), and the oracle's working set
+    (``oracle_parts``)."""
     caches = case_bytes(case)
     copy = {"layout_copy": caches} if copies_caches else {}
-    reuse = chunk_reuse_bytes(case)
     return Footprint(pool_caches=max(caches, process_pool().held_bytes()), **copy,
-                     written_blocks=3 * written_bytes(case), oracle=oracle_bytes(case),
-                     **({"allocator_reuse": reuse} if reuse else {}))
+                     written_blocks=3 * written_bytes(case), **oracle_parts(case))
 
 
 def large_batch(case, small: dict, caches: dict) -> PagedBatch:

@@ -129,11 +129,17 @@ def case_bytes(case: Case) -> int:
 def check_footprint(case: Case) -> Footprint:
     """About what this process holds at the peak of a check of a host-built ``case``: the batch,
     its pristine copy and two more for the later runs, the oracle's working set while it judges
-    (and what a device's allocator keeps beside it where it works in chunks), beside what the pool
-    of large cases keeps."""
+    (``oracle_parts``), beside what the pool of large cases keeps."""
     from nanfuzz.harness.judge.pool import process_pool
-    from nanfuzz.reference.oracle import chunk_reuse_bytes, oracle_bytes
 
-    reuse = chunk_reuse_bytes(case)
-    return Footprint(case_copies=_COPIES_HELD * case_bytes(case), oracle=oracle_bytes(case),
-                     **({"allocator_reuse": reuse} if reuse else {}), kept_large_caches=process_pool().held_bytes())
+    return Footprint(case_copies=_COPIES_HELD * case_bytes(case), **oracle_parts(case),
+                     kept_large_caches=process_pool().held_bytes())
+
+
+def oracle_parts(case: Case) -> dict[str, int]:
+    """A check's footprint parts for its oracle: the oracle's working set, and where it works in chunks
+    what a device's caching allocator keeps beside it (``reference.oracle.oracle_footprint``)."""
+    from nanfuzz.reference.oracle import oracle_footprint
+
+    oracle, reuse = oracle_footprint(case)
+    return {"oracle": oracle, **({"allocator_reuse": reuse} if reuse else {})}
