@@ -563,7 +563,7 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
             "declined_for_memory": campaign.declined_for_memory,
             "judging_out_of_memory": campaign.judging_out_of_memory,
             "memory_waits": campaign.memory_waits, "memory_wait_s": round(campaign.memory_wait_seconds, 3),
-            "early_examples": campaign.early_examples}
+            "early_examples": campaign.early_examples, "past_budget": campaign.past_budget}
 
 
 def _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahead) -> int:

@@ -172,6 +172,68 @@ def test_time_budget_holds_when_examples_slow_down_after_the_first(monkeypatch):
     assert campaign.elapsed <= 4.0 and campaign.examples == 5
 
 
+def _budget_campaign(monkeypatch, slow_launch_s: float):
+    """A 1.5 s campaign on a clock moved by hand: each launch takes 0.1 s of it, but the first launch
+    once 1 s has passed takes ``slow_launch_s`` (a binary compiling in the worker); in this process."""
+    import time as time_module
+    import types
+
+    from nanfuzz.harness.campaign import runner, search
+    from nanfuzz.harness.kernel import Kernel
+    from tests.torch_kernels import CAPS, attention
+
+    now, slowed = [0.0], [False]
+
+    def launch(batch, out):
+        late = now[0] >= 1.0 and not slowed[0]
+        slowed[0] = slowed[0] or late
+        now[0] += slow_launch_s if late else 0.1
+        return attention(batch, out)
+
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0], process_time=time_module.process_time, time=time_module.time,
+                                  sleep=time_module.sleep)
+    monkeypatch.setattr(runner, "time", clock)
+    monkeypatch.setattr(search, "time", clock)
+    kernel = Kernel(name="torch@slow-once", run=launch, capabilities=CAPS)
+    campaign = fuzz(kernel, device="cpu", max_examples=10_000, time_budget=1.5, use_database=False, isolation=False)
+    return campaign, now[0]
+
+
+def test_a_check_under_way_when_the_budget_runs_out_is_named_with_how_far_past_it_ended(monkeypatch):
+    campaign, ended = _budget_campaign(monkeypatch, slow_launch_s=8.0)
+    past = campaign.past_budget
+    assert not campaign.failed and past["budget_s"] == 1.5 and past["at_s"] < 1.5
+    assert past["past_s"] == pytest.approx(ended - 1.5) and past["past_s"] > 7.5
+    # it was the last check: none began once the budget had run out
+    assert past["at_s"] + past["seconds"] == pytest.approx(ended)
+    notes = [note for note in campaign.notes if "past its time budget" in note]
+    assert notes == [f"torch@slow-once: a check under way when the 1.5 s budget ran out ended {past['past_s']:.1f} s "
+                     f"past its time budget, after {past['seconds']:.1f} s; a time budget stops new checks, not one "
+                     "under way"]
+
+
+def test_a_check_ending_just_past_the_budget_gets_no_note(monkeypatch):
+    campaign, ended = _budget_campaign(monkeypatch, slow_launch_s=0.1)
+    assert campaign.past_budget is not None and campaign.past_budget["past_s"] < 1.0
+    assert not any("past its time budget" in note for note in campaign.notes)
+
+
+def test_the_check_furthest_past_the_budget_is_the_one_noted():
+    from nanfuzz.harness.campaign.result import Campaign
+
+    campaign = Campaign(kernel="k", device="cuda")
+    record = {"at_s": 40.0, "seconds": 30.0, "judged_s": 29.0, "memory_wait_s": 0.0, "farm_wait_s": 0.0,
+              "compiled_s": 27.5, "verdict": "PASS", "phases": {}, "budget_s": 50.0}
+    for past in (6.0, 20.0, 12.0):  # three jobs' checks
+        campaign.passed_budget({**record, "past_s": past})
+    campaign.note_past_budget()
+    campaign.note_past_budget()  # a merged run notes again: one note stays
+    assert campaign.past_budget["past_s"] == 20.0
+    assert [note for note in campaign.notes if "past its time budget" in note] == [
+        "k: a check under way when the 50 s budget ran out ended 20.0 s past its time budget, after 30.0 s "
+        "(its worker compiling 27.5 s); a time budget stops new checks, not one under way"]
+
+
 def test_cpu_seconds_tell_a_busy_worker_from_a_waiting_one(tmp_path, monkeypatch):
     """Three launches an example (poisoned, repeated, finite garbage), each 30 ms: spinning or asleep."""
     monkeypatch.chdir(tmp_path)

@@ -374,6 +374,8 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.judging_out_of_memory += campaign.judging_out_of_memory
         merged.memory_waits += campaign.memory_waits
         merged.memory_wait_seconds += campaign.memory_wait_seconds
+        if campaign.past_budget is not None:
+            merged.passed_budget(campaign.past_budget)
         if campaign.compiles is not None:
             merged.compiles = (merged.compiles or 0) + campaign.compiles
         if campaign.time_to_first_example is not None:
@@ -406,4 +408,5 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
     merged.note_declines()
     merged.note_unreached()
     merged.note_reads()
+    merged.note_past_budget()
     return merged

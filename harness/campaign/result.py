@@ -23,6 +23,27 @@ _SHRINK_DECLINE_NOTE = "a case met while shrinking did not get its device memory
 # as it draws in advance for the compile farm (``harness.campaign.upcoming``).
 EARLY_EXAMPLES = UPCOMING_CASES
 
+# A check begun before the time budget ran out and ended this long past it gets a note: a budget
+# stops new checks, not one under way (a worker compiling a new binary, a wait for device memory).
+PAST_BUDGET_NOTE_S = 5.0
+_PAST_BUDGET_NOTE = "past its time budget"
+
+
+def check_record(outcome: Outcome, started: float, seconds: float) -> dict:
+    """One check's timing (``Campaign.note_early``), ``started`` seconds from the campaign's start."""
+    return {"at_s": round(started, 3), "seconds": round(seconds, 3),
+            "judged_s": round(outcome.seconds, 3), "memory_wait_s": round(outcome.memory_waited, 3),
+            "farm_wait_s": round(outcome.timings.get("compile", 0.0), 3),
+            "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value,
+            "phases": {phase: round(spent, 4) for phase, spent in outcome.timings.items()}}
+
+
+def declined_record(started: float, seconds: float) -> dict:
+    """``check_record`` of a case declined for memory: its time was the wait."""
+    return {"at_s": round(started, 3), "seconds": round(seconds, 3), "judged_s": 0.0,
+            "memory_wait_s": round(seconds, 3), "farm_wait_s": 0.0, "compiled_s": 0.0,
+            "verdict": "declined for memory", "phases": {}}
+
 
 def add_known(total: float | None, part: float | None) -> float | None:
     """``total`` plus ``part`` where the platform measured them (None: not measured, as a run queue
@@ -57,6 +78,8 @@ class Campaign:
     time_to_first_example: float | None = None  # seconds from the start to the first example judged
     # where a cold start's time goes, example by example (``EARLY_EXAMPLES`` of them): see ``note_early``
     early_examples: list[dict] = field(default_factory=list)
+    # the check under way when the time budget ran out that ended furthest past it (``passed_budget``)
+    past_budget: dict | None = None
     compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
     deferred: int = 0             # checks put off while a binary they needed compiled elsewhere (GPU)
     declined_for_memory: int = 0  # cases skipped: their device memory did not come free (harness.judge.memory)
@@ -94,12 +117,27 @@ class Campaign:
         loading) binaries itself, and its check's phases (materialise, kernel, oracle...; what the
         judging process spent beside them and the memory wait is its admission)."""
         if len(self.early_examples) < EARLY_EXAMPLES:
-            self.early_examples.append({
-                "at_s": round(started, 3), "seconds": round(seconds, 3),
-                "judged_s": round(outcome.seconds, 3), "memory_wait_s": round(outcome.memory_waited, 3),
-                "farm_wait_s": round(outcome.timings.get("compile", 0.0), 3),
-                "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value,
-                "phases": {phase: round(spent, 4) for phase, spent in outcome.timings.items()}})
+            self.early_examples.append(check_record(outcome, started, seconds))
+
+    def passed_budget(self, record: dict) -> None:
+        """A check under way when the ``record["budget_s"]`` time budget ran out, which ended
+        ``record["past_s"]`` past it (a ``check_record``): kept if no other ended further past."""
+        if self.past_budget is None or record["past_s"] > self.past_budget["past_s"]:
+            self.past_budget = record
+
+    def note_past_budget(self) -> None:
+        """A note (replacing any earlier one: each job's) for the check that ended furthest past the
+        time budget, from ``PAST_BUDGET_NOTE_S`` on, and what it spent its time on."""
+        self.notes = [note for note in self.notes if _PAST_BUDGET_NOTE not in note]
+        record = self.past_budget
+        if record is None or record["past_s"] < PAST_BUDGET_NOTE_S:
+            return
+        spent = ((record["compiled_s"], "its worker compiling"), (record["memory_wait_s"], "waiting for device memory"),
+                 (record["farm_wait_s"], "waiting for a binary compiling elsewhere"))
+        where = ", ".join(f"{what} {seconds:.1f} s" for seconds, what in spent if seconds >= 0.1)
+        self.notes.append(f"{self.kernel}: a check under way when the {record['budget_s']:g} s budget ran out ended "
+                          f"{record['past_s']:.1f} s {_PAST_BUDGET_NOTE}, after {record['seconds']:.1f} s"
+                          + (f" ({where})" if where else "") + "; a time budget stops new checks, not one under way")
 
     def declined(self, declined, shrinking: bool = False) -> None:
         """A case declined for memory (a ``harness.launch.worker.Declined``): counted, and the first

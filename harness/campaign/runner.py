@@ -423,6 +423,7 @@ class CampaignRunner:
             campaign.run_queue_seconds = queued - self._queued_start
         campaign.note_declines()
         campaign.note_reads()
+        campaign.note_past_budget()
         self.note_unreached()
         if self.pool_growth:
             campaign.notes.append(f"{self.kernel.name}: the specialisation pool grew {self.pool_growth} time"

@@ -25,6 +25,7 @@ from hypothesis.errors import HypothesisException, Unsatisfiable
 from nanfuzz.harness.campaign import reach
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.campaign.profiles import Profile
+from nanfuzz.harness.campaign.result import check_record, declined_record
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.check import Outcome, Verdict
@@ -270,6 +271,7 @@ class Search:
         if self.deferrals and self.first is None:  # after a failure, cases put off no longer matter
             self._check_landed()
         run.waiting(case, self.campaign)
+        self._stop_if_asked()  # the budget may have run out while it waited for the farm
         outcome = self._judge(case, self._deferring())
         if outcome is not None:
             tallied = time.perf_counter()
@@ -322,6 +324,7 @@ class Search:
                 raise _Aborted(exc) from None
         round_trip = time.perf_counter() - checked  # a second look's replays beside the last one's phases: handoff
         run.journal.clear()
+        self._past_the_budget(outcome, checked, round_trip)
         if isinstance(outcome, Deferred):
             self._spent("handoff", round_trip)  # the case to the worker, and back put off
             self.deferrals.add(case, outcome.skipped)
@@ -351,6 +354,19 @@ class Search:
         if run.hooks.on_example is not None:
             run.hooks.on_example(campaign)
         return outcome
+
+    def _past_the_budget(self, outcome, checked: float, seconds: float) -> None:
+        """A search's check under way when the time budget ran out (``Campaign.passed_budget``)."""
+        run = self.run
+        if run.time_budget is None or self.first is not None or isinstance(outcome, Deferred):
+            return
+        ran_out = run.start + run.time_budget
+        if checked < ran_out < checked + seconds:
+            started = checked - run.start
+            record = (declined_record(started, seconds) if isinstance(outcome, Declined)
+                      else check_record(outcome, started, seconds))
+            self.campaign.passed_budget({**record, "budget_s": run.time_budget,
+                                         "past_s": round(checked + seconds - ran_out, 3)})
 
     def _spent(self, phase: str, seconds: float) -> None:
         spend(self.campaign.phase_times, phase, seconds)
