@@ -126,11 +126,11 @@ class Campaign:
             self.past_budget = record
 
     def note_past_budget(self) -> None:
-        """A note (replacing any earlier one: each job's) for the check that ended furthest past the
-        time budget, from ``PAST_BUDGET_NOTE_S`` on, and what it spent its time on."""
+        """A passing campaign's note (replacing any earlier one: each job's) for the check that ended
+        furthest past the time budget, from ``PAST_BUDGET_NOTE_S`` on, and what it spent its time on."""
         self.notes = [note for note in self.notes if _PAST_BUDGET_NOTE not in note]
         record = self.past_budget
-        if record is None or record["past_s"] < PAST_BUDGET_NOTE_S:
+        if record is None or record["past_s"] < PAST_BUDGET_NOTE_S or self.failed:
             return
         spent = ((record["compiled_s"], "its worker compiling"), (record["memory_wait_s"], "waiting for device memory"),
                  (record["farm_wait_s"], "waiting for a binary compiling elsewhere"))
