@@ -180,12 +180,6 @@ def chunk_sequences(case: Case) -> int:
     return max(1, _CHUNK_ELEMENTS // per_seq)
 
 
-def in_chunks(case: Case) -> bool:
-    """Whether the oracle gathers ``case`` in more than one chunk, each chunk's tensors freed before
-    the next and the whole batch's rows kept beside them."""
-    return chunk_sequences(case) < len(case.sequences)
-
-
 def _gathered_elements(case: Case) -> int:
     """A sequence's share of a chunk's gather, padded to the case's longest: its keys and values in
     every KV head, and its queries in every query head."""
@@ -247,14 +241,10 @@ def oracle_bytes(case: Case) -> int:
     return oracle_footprint(case)[0]
 
 
-def chunk_reuse_bytes(case: Case) -> int:
-    """What a caching allocator (a GPU's) keeps beyond what the oracle allocates when it gathers
-    ``case`` in chunks: blocks one chunk's steps freed that the next one's tensors do not fit."""
-    return oracle_footprint(case)[1]
-
-
 def oracle_footprint(case: Case) -> tuple[int, int]:
-    """:func:`oracle_bytes` and :func:`chunk_reuse_bytes` of ``case``, its chunk worked out once."""
+    """:func:`oracle_bytes` of ``case``, and what a caching allocator (a GPU's) keeps beyond what the
+    oracle allocates where it gathers ``case`` in chunks (blocks one chunk's steps freed that the next
+    one's tensors do not fit; 0 in one chunk): its chunk worked out once."""
     g = case.geometry
     n = min(chunk_sequences(case), len(case.sequences))
     chunked = n < len(case.sequences)

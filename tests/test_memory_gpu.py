@@ -102,7 +102,7 @@ def test_a_production_check_peaks_within_what_it_reserves(name, tmp_path):
         peak, allocated = torch.cuda.max_memory_reserved(), torch.cuda.max_memory_allocated()
         assert outcome.verdict is Verdict.PASS, outcome.summary
         rows.append((peak, allocated, estimate))
-    # a peak held past the estimate but allocated within it is the caching allocator's (``oracle.chunk_reuse_bytes``)
+    # a peak held past the estimate but allocated within it is the caching allocator's (``oracle.oracle_footprint``)
     print(f"{name}: peak held (allocated) / estimate (its parts) / reserved per case, MiB: " + "; ".join(
         f"{p >> 20} ({a >> 20}) / {e >> 20} ({e.described()}) / {share.device.footprint(e) >> 20}" for p, a, e in rows)
         + f"; {declined} declined")

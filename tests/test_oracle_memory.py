@@ -13,8 +13,8 @@ import pytest
 from nanfuzz.harness.judge.runs import _COPIES_HELD, case_bytes, check_footprint
 from nanfuzz.harness.judge.device_memory import GpuMemory
 from nanfuzz.harness.judge.large import large_check_footprint
-from nanfuzz.reference.oracle import (_CHUNK_ELEMENTS, _ROWS_PER_GATHER, chunk_reuse_bytes, chunk_sequences, in_chunks,
-                                      oracle_bytes)
+from nanfuzz.reference.oracle import (_CHUNK_ELEMENTS, _ROWS_PER_GATHER, chunk_sequences, oracle_bytes,
+                                      oracle_footprint)
 from tests.oracle_peak import case_of
 
 ROOT = Path(__file__).parent.parent
@@ -80,12 +80,12 @@ def test_a_large_check_reserves_what_the_gpu_s_allocator_keeps_beside_a_chunked_
     check held 14,476 where it had been given 13,652.  A large check counts a share of the chunk for
     that; a case whose oracle runs in one chunk adds nothing."""
     case = case_of(GPU_MEASURED)
-    assert in_chunks(case) and len(case.sequences) == 164
+    assert chunk_sequences(case) < len(case.sequences) == 164
     footprint = large_check_footprint(case, copies_caches=True)
     reuse = footprint.parts["allocator reuse"]
-    assert reuse == chunk_reuse_bytes(case) > 0
+    assert reuse == oracle_footprint(case)[1] > 0
     # what the governor gives a check on a GPU: the estimate, and the caching allocator's slack beside it
     assert GpuMemory.footprint(None, footprint - reuse) < 14_476 << 20 <= GpuMemory.footprint(None, footprint)
     one_chunk = case_of(SPECS["prefill of many short sequences, row-bound"])
-    assert not in_chunks(one_chunk) and chunk_reuse_bytes(one_chunk) == 0
+    assert chunk_sequences(one_chunk) >= len(one_chunk.sequences) and oracle_footprint(one_chunk)[1] == 0
     assert "allocator reuse" not in large_check_footprint(one_chunk).parts
