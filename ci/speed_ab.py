@@ -147,7 +147,8 @@ def _self_check(side: Install, a, workdir: Path, round_: int) -> None:
     summary = json.loads(out.read_text())
     farm = summary.get("compile_farm") or {}
     side.results["self_check"].append({"seconds": seconds, "tasks": farm.get("tasks"),
-                                       "compile_seconds": farm.get("compile_seconds"),
+                                       "compile_seconds": farm.get("compile_seconds"), "farm": farm,
+                                       "timeline": summary.get("timeline") or {},
                                        "campaigns": [_campaign_figures(k) for k in summary.get("kernels", [])]})
 
 
@@ -155,7 +156,7 @@ def _self_check(side: Install, a, workdir: Path, round_: int) -> None:
 # examples one by one (an install's summary that lacks a field gives None).
 CAMPAIGN_FIGURES = ("kernel", "verdict", "elapsed_s", "examples", "examples_to_first_failure",
                     "time_to_first_failure_s", "shrink_s", "time_to_first_example_s", "phase_seconds", "compiles",
-                    "deferred", "early_examples")
+                    "deferred", "early_examples", "began_s")
 
 
 def _campaign_figures(entry: dict) -> dict:
@@ -205,6 +206,18 @@ def figures(side: Install) -> dict[str, float | None]:
         shrinks = [sum(c["shrink_s"] or 0.0 for c in r["campaigns"]) for r in side.results["self_check"]
                    if r.get("campaigns")]
         found["self-check shrink s"] = _median(shrinks)
+        # where its start goes: the first cases drawn (tasks sent out), the farm's first binary
+        farms = [r.get("farm") or {} for r in side.results["self_check"]]
+        found["self-check farm scheduled s"] = _median(f.get("scheduled_seconds") for f in farms)
+        found["self-check farm first built s"] = _median(f.get("first_built_seconds") for f in farms)
+        # and from the command's start: the first cases drawn, the first campaign begun, the last one ended
+        found["self-check cases drawn at s"] = _median(r.get("timeline", {}).get("first_cases_drawn_s")
+                                                       for r in side.results["self_check"])
+        spans = [[(c["began_s"], c["began_s"] + c["elapsed_s"]) for c in r["campaigns"]
+                  if c.get("began_s") is not None and c.get("elapsed_s") is not None] for r in side.results["self_check"]
+                 if r.get("campaigns")]
+        found["self-check first began at s"] = _median(min(b for b, _ in run) for run in spans if run)
+        found["self-check last ended at s"] = _median(max(e for _, e in run) for run in spans if run)
     if side.results["detect"]:
         found["detect s median"] = _median(d["time_to_first_failure_s"]["median"] for d in side.results["detect"])
         found["detect s max"] = _median(d["time_to_first_failure_s"]["max"] for d in side.results["detect"])

@@ -14,6 +14,9 @@ from nanfuzz.reference.case import DTYPES, KV_CACHE_DTYPES, SCALE_MODES
 from nanfuzz.reference.errors import NanfuzzError
 from nanfuzz.reference.features import POISON_CLASS_NAMES
 
+# The command's start, near enough: a ``nanfuzz`` command loads this module first (the JSON's timeline)
+_BEGAN = time.time()
+
 # strategies.cases.TIERS, named here so that the command line starts without Hypothesis
 TIERS = ("small", "production", "mixed")
 
@@ -443,6 +446,7 @@ def _fuzz(args, settings) -> int:
         from nanfuzz.harness.campaign.compile_ahead import compile_ahead
 
         ahead = compile_ahead(runs, settings, _self_check_first_cases, SELF_CHECK_SAMPLES.__getitem__, at_once)
+        ahead.drawn_at = time.time()
     try:
         return _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahead)
     finally:
@@ -535,6 +539,16 @@ def rerun_options(campaign, kernel_settings, settings=None) -> str:
     return " ".join(options)
 
 
+def _since_began(at: float | None) -> float | None:
+    return None if at is None else round(at - _BEGAN, 3)
+
+
+def _timeline(ahead) -> dict:
+    """Seconds from the command's start: the self-check's first cases drawn for its farm (its campaigns
+    begin after), and the summary written; each campaign's ``began_s`` is beside them."""
+    return {"first_cases_drawn_s": _since_began(getattr(ahead, "drawn_at", None)), "summary_s": _since_began(time.time())}
+
+
 def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
     """The campaign's entry in --summary-json."""
     from nanfuzz.harness.campaign.scope import campaign_tier
@@ -563,7 +577,8 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
             "declined_for_memory": campaign.declined_for_memory,
             "judging_out_of_memory": campaign.judging_out_of_memory,
             "memory_waits": campaign.memory_waits, "memory_wait_s": round(campaign.memory_wait_seconds, 3),
-            "early_examples": campaign.early_examples, "past_budget": campaign.past_budget}
+            "early_examples": campaign.early_examples, "past_budget": campaign.past_budget,
+            "began_s": _since_began(campaign.startup.get("started"))}
 
 
 def _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahead) -> int:
@@ -632,7 +647,8 @@ def _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahea
     if args.summary_json:
         try:
             _write_json("--summary-json", args.summary_json, {"device": settings.device, "profile": profile.name,
-                                                              "kernels": summary, "compile_farm": compiled})
+                                                              "kernels": summary, "compile_farm": compiled,
+                                                              "timeline": _timeline(ahead)})
         except NanfuzzError as exc:  # the findings above stand: their exit status, this one line beside it
             print(f"nanfuzz: {exc}", file=sys.stderr)
     if interrupted:

@@ -4,6 +4,7 @@ samples per entry after them, and each campaign waiting for its own plan alone."
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from nanfuzz.harness.campaign import compile_ahead as ahead_module
 from nanfuzz.harness.campaign.compile_ahead import compile_ahead
@@ -136,6 +137,8 @@ def test_a_farm_starts_its_processes_before_it_is_given_the_first_cases(tmp_path
     with Farm([plan], processes=2, marks=BuiltMarks(tmp_path), first_cases_later=True) as farm:
         assert len(farm._processes) == 2 and farm._tasks == []  # started, nothing sent yet
         assert farm.handle.running() and farm.handle.for_plan(0).running() and farm.awaits_first_cases
+        assert farm.summary()["scheduled_seconds"] is None
+        time.sleep(0.2)  # the campaign drawing its first cases
         farm.schedule({0: first})
         assert not farm.awaits_first_cases
         farm.schedule({0: ()})  # once only
@@ -145,6 +148,7 @@ def test_a_farm_starts_its_processes_before_it_is_given_the_first_cases(tmp_path
     assert tasks == [(0, 1, "u0"), (0, 0, "u1")] + [(0, e, 0) for e in range(len(plan.entries))]
     assert summary["compiled"] == len(tasks) and summary["upcoming"] == 2
     assert summary["first_built_seconds"] is not None and summary["first_built_seconds"] >= 0
+    assert 0.2 <= summary["scheduled_seconds"] <= summary["wall_seconds"]
 
 
 def test_each_plan_s_campaign_waits_for_its_own_plan_alone(tmp_path):

@@ -36,6 +36,7 @@ class Ahead:
     farm: Farm | None
     seeds: list[int | None] = field(default_factory=list)
     plans: list[int | None] = field(default_factory=list)
+    drawn_at: float | None = None  # when the first cases were drawn and sent out (the wall clock)
 
     def handle(self, campaign: int) -> FarmHandle | None:
         """What campaign ``campaign`` waits for: its own plan of the farm."""
