@@ -8,13 +8,15 @@ import time
 
 from nanfuzz.harness.campaign import compile_ahead as ahead_module
 from nanfuzz.harness.campaign.compile_ahead import compile_ahead
+from nanfuzz.harness.campaign import drawn_ahead
+from nanfuzz.harness.campaign.drawn_ahead import DrawOrders, draw_at_once
 from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks, fuzz
 from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, BuiltMarks, Farm, FarmHandle, Plan, entry_of, sample_cases
 from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import worker_spec
-from nanfuzz.harness.registry import resolve
+from nanfuzz.harness.registry import import_path, resolve
 from tests.test_upcoming import _Recording
 from tests.torch_kernels import torch_kernel
 
@@ -258,3 +260,33 @@ def test_plans_group_by_their_campaigns_place_in_the_run_not_by_their_own_number
                   device_wait=3600.0, first_cases_later=True) as farm:
             farm.schedule(upcoming, at_once=2, campaigns=campaigns)
             assert list(farm._tasks) == expected, campaigns
+
+
+def test_each_campaign_s_first_cases_are_drawn_in_a_process_of_its_own_as_this_one_draws_them(monkeypatch):
+    monkeypatch.setattr(drawn_ahead, "LEAST_CORES", 1)  # however few cores the host has
+    settings = Settings(device="cuda", pool_size=3, max_examples=40, use_database=False)
+    runners = [CampaignRunner(resolve(spec), settings, Hooks(), seed=seed)
+               for spec, seed in (("tests.farm_subjects:slow", 3), ("paged_decode@masked", 11))]
+    orders = [DrawOrders(n, import_path(r.kernel), r.settings, r.search_seed, 12) for n, r in enumerate(runners)]
+    drawn_here = []
+    drawn = draw_at_once(orders, lambda n: drawn_here.append(n) or runners[n].first_cases(12))
+    assert drawn_here == []  # every campaign's came from its process
+    assert drawn == {n: r.first_cases(12) for n, r in enumerate(runners)} and all(len(c) == 12 for c in drawn.values())
+    # sensitivity: another search seed draws other cases
+    assert draw_at_once([dataclasses.replace(orders[1], search_seed=12)], None)[1] != drawn[1]
+
+
+def test_a_campaign_its_process_cannot_draw_is_drawn_here(monkeypatch):
+    monkeypatch.setattr(drawn_ahead, "LEAST_CORES", 1)
+    settings = Settings(device="cuda", pool_size=3, max_examples=40, use_database=False)
+    kernel = torch_kernel()  # made in this process: no import path resolves it in another
+    runner = CampaignRunner(kernel, settings, Hooks(), seed=4)
+    orders = [DrawOrders(0, "tests.no_such_module:kernel", settings, 4, 6)]
+    drawn_here = []
+    assert draw_at_once(orders, lambda n: drawn_here.append(n) or runner.first_cases(6)) == {0: runner.first_cases(6)}
+    assert drawn_here == [0]
+    # on a host of fewer cores than LEAST_CORES every campaign's are drawn here
+    monkeypatch.setattr(drawn_ahead, "LEAST_CORES", 10 ** 6)
+    drawn_here.clear()
+    good = [DrawOrders(0, "paged_decode@masked", settings, 4, 6)]
+    assert draw_at_once(good, lambda n: drawn_here.append(n) or ()) == {0: ()} and drawn_here == [0]

@@ -20,12 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from nanfuzz.harness.campaign.drawn_ahead import DrawOrders, draw_at_once
 from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks
 from nanfuzz.harness.campaign.scope import start_farm
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import Farm, FarmHandle
 from nanfuzz.harness.launch.subjects import worker_spec
+from nanfuzz.harness.registry import import_path
 from nanfuzz.reference.errors import NanfuzzError
 
 
@@ -76,10 +78,13 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
             plans.append(plan)
             count = first_cases(kernel) if alone else 0
             planners.append((runner, runner.max_examples if count is None else count))
-    # the farm's processes start while the first cases are drawn here
+    # the farm's processes start while the first cases are drawn, every campaign's at once
     ahead.farm = start_farm(plans, settings, first_cases_later=True)
     if ahead.farm is not None and ahead.farm.awaits_first_cases:
         campaigns = [c for c, plan in enumerate(ahead.plans) if plan is not None]
-        ahead.farm.schedule({p: runner.first_cases(count) for p, (runner, count) in enumerate(planners)}, at_once,
-                            campaigns)
+        orders = [DrawOrders(p, import_path(runner.kernel), runner.settings, runner.search_seed, count,
+                             runner.kernel.stands_in_for) for p, (runner, count) in enumerate(planners) if count]
+        drawn = {p: () for p, (_, count) in enumerate(planners) if not count}  # its jobs draw their own
+        drawn.update(draw_at_once(orders, lambda p: planners[p][0].first_cases(planners[p][1])))
+        ahead.farm.schedule(drawn, at_once, campaigns)
     return ahead
