@@ -446,7 +446,6 @@ def _fuzz(args, settings) -> int:
         from nanfuzz.harness.campaign.compile_ahead import compile_ahead
 
         ahead = compile_ahead(runs, settings, _self_check_first_cases, SELF_CHECK_SAMPLES.__getitem__, at_once)
-        ahead.drawn_at = time.time()
     try:
         return _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahead)
     finally:
@@ -546,7 +545,9 @@ def _since_began(at: float | None) -> float | None:
 def _timeline(ahead) -> dict:
     """Seconds from the command's start: the self-check's first cases drawn for its farm (its campaigns
     begin after), and the summary written; each campaign's ``began_s`` is beside them."""
-    return {"first_cases_drawn_s": _since_began(getattr(ahead, "drawn_at", None)), "summary_s": _since_began(time.time())}
+    farm = ahead.farm if ahead is not None else None
+    return {"first_cases_drawn_s": _since_began(farm.scheduled_at if farm is not None else None),
+            "summary_s": _since_began(time.time())}
 
 
 def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:

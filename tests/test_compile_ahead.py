@@ -9,7 +9,8 @@ import time
 from nanfuzz.harness.campaign import compile_ahead as ahead_module
 from nanfuzz.harness.campaign.compile_ahead import compile_ahead
 from nanfuzz.harness.campaign import drawn_ahead
-from nanfuzz.harness.campaign.drawn_ahead import DrawOrders, draw_at_once
+from nanfuzz.harness.campaign.drawn_ahead import draw_at_once
+from nanfuzz.harness.campaign.side_by_side import CampaignOrders
 from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks, fuzz
 from nanfuzz.harness.campaign.scope import campaign_capabilities, campaign_pool_of
 from nanfuzz.harness.campaign.settings import Settings
@@ -267,13 +268,14 @@ def test_each_campaign_s_first_cases_are_drawn_in_a_process_of_its_own_as_this_o
     settings = Settings(device="cuda", pool_size=3, max_examples=40, use_database=False)
     runners = [CampaignRunner(resolve(spec), settings, Hooks(), seed=seed)
                for spec, seed in (("tests.farm_subjects:slow", 3), ("paged_decode@masked", 11))]
-    orders = [DrawOrders(n, import_path(r.kernel), r.settings, r.search_seed, 12) for n, r in enumerate(runners)]
+    orders = [(CampaignOrders(n, r.kernel.name, import_path(r.kernel), r.settings, search_seed=r.search_seed), 12)
+              for n, r in enumerate(runners)]
     drawn_here = []
     drawn = draw_at_once(orders, lambda n: drawn_here.append(n) or runners[n].first_cases(12))
     assert drawn_here == []  # every campaign's came from its process
     assert drawn == {n: r.first_cases(12) for n, r in enumerate(runners)} and all(len(c) == 12 for c in drawn.values())
     # sensitivity: another search seed draws other cases
-    assert draw_at_once([dataclasses.replace(orders[1], search_seed=12)], None)[1] != drawn[1]
+    assert draw_at_once([(dataclasses.replace(orders[1][0], search_seed=12), 12)], None)[1] != drawn[1]
 
 
 def test_a_campaign_its_process_cannot_draw_is_drawn_here(monkeypatch):
@@ -281,12 +283,12 @@ def test_a_campaign_its_process_cannot_draw_is_drawn_here(monkeypatch):
     settings = Settings(device="cuda", pool_size=3, max_examples=40, use_database=False)
     kernel = torch_kernel()  # made in this process: no import path resolves it in another
     runner = CampaignRunner(kernel, settings, Hooks(), seed=4)
-    orders = [DrawOrders(0, "tests.no_such_module:kernel", settings, 4, 6)]
+    orders = [(CampaignOrders(0, kernel.name, "tests.no_such_module:kernel", settings, search_seed=4), 6)]
     drawn_here = []
     assert draw_at_once(orders, lambda n: drawn_here.append(n) or runner.first_cases(6)) == {0: runner.first_cases(6)}
     assert drawn_here == [0]
     # on a host of fewer cores than LEAST_CORES every campaign's are drawn here
     monkeypatch.setattr(drawn_ahead, "LEAST_CORES", 10 ** 6)
     drawn_here.clear()
-    good = [DrawOrders(0, "paged_decode@masked", settings, 4, 6)]
+    good = [(CampaignOrders(0, "paged_decode@masked", "paged_decode@masked", settings, search_seed=4), 6)]
     assert draw_at_once(good, lambda n: drawn_here.append(n) or ()) == {0: ()} and drawn_here == [0]

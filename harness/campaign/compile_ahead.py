@@ -20,10 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from nanfuzz.harness.campaign.drawn_ahead import DrawOrders, draw_at_once
+from nanfuzz.harness.campaign.drawn_ahead import draw_at_once
 from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks
 from nanfuzz.harness.campaign.scope import start_farm
 from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.campaign.side_by_side import CampaignOrders
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import Farm, FarmHandle
 from nanfuzz.harness.launch.subjects import worker_spec
@@ -38,7 +39,6 @@ class Ahead:
     farm: Farm | None
     seeds: list[int | None] = field(default_factory=list)
     plans: list[int | None] = field(default_factory=list)
-    drawn_at: float | None = None  # when the first cases were drawn and sent out (the wall clock)
 
     def handle(self, campaign: int) -> FarmHandle | None:
         """What campaign ``campaign`` waits for: its own plan of the farm."""
@@ -82,8 +82,9 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
     ahead.farm = start_farm(plans, settings, first_cases_later=True)
     if ahead.farm is not None and ahead.farm.awaits_first_cases:
         campaigns = [c for c, plan in enumerate(ahead.plans) if plan is not None]
-        orders = [DrawOrders(p, import_path(runner.kernel), runner.settings, runner.search_seed, count,
-                             runner.kernel.stands_in_for) for p, (runner, count) in enumerate(planners) if count]
+        orders = [(CampaignOrders(p, runner.kernel.name, import_path(runner.kernel), runner.settings,
+                                  search_seed=runner.search_seed, stands_in_for=runner.kernel.stands_in_for), count)
+                  for p, (runner, count) in enumerate(planners) if count]
         drawn = {p: () for p, (_, count) in enumerate(planners) if not count}  # its jobs draw their own
         drawn.update(draw_at_once(orders, lambda p: planners[p][0].first_cases(planners[p][1])))
         ahead.farm.schedule(drawn, at_once, campaigns)

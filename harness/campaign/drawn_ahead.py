@@ -6,8 +6,9 @@ drawn.  Drawing them (``CampaignRunner.first_cases``) is Hypothesis's work on
 one core: a few milliseconds a small case, tens a production one, so one
 campaign after another the self-check's nine took seconds while every farm
 process waited.  Here each campaign's are drawn in a process of the fork
-server's of its own, which resolves the kernel again and draws with the
-campaign's settings and search seed: what a seed draws depends on neither the
+server's of its own, which resolves the kernel again from the campaign's orders
+(``harness.campaign.side_by_side.CampaignOrders``, as its campaign will) and draws with its
+settings and search seed: what a seed draws depends on neither the
 process nor what it imported (``harness.campaign.upcoming``), so they are the
 cases the campaign's search then meets.  A campaign whose process fails to
 draw or to report is drawn here instead, one after another, as before.
@@ -16,10 +17,8 @@ from __future__ import annotations
 
 import queue
 import time
-from dataclasses import dataclass
 
-from nanfuzz.harness.campaign.settings import Settings
-from nanfuzz.harness.device import DeviceProperties
+from nanfuzz.harness.campaign.side_by_side import CampaignOrders
 from nanfuzz.reference.case import Case
 
 # How long the run waits for a drawing process before it draws that campaign's cases itself.
@@ -29,44 +28,31 @@ DRAW_WAIT = 60.0
 LEAST_CORES = 4
 
 
-@dataclass(frozen=True)
-class DrawOrders:
-    """Campaign ``number``'s first ``count`` cases: its kernel (by import path), settings and search seed."""
-
-    number: int
-    kernel_spec: str
-    settings: Settings
-    search_seed: int
-    count: int
-    stands_in_for: DeviceProperties | None = None
-
-
-def _draw(orders: DrawOrders, results) -> None:
-    """A drawing process: puts ``(number, cases)``, or ``(number, None)`` where it could not draw them."""
+def _draw(orders: CampaignOrders, count: int, results) -> None:
+    """A drawing process: puts ``(index, cases)``, or ``(index, None)`` where it could not draw them."""
     try:
         from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks
-        from nanfuzz.harness.registry import resolve_for_process
 
-        kernel = resolve_for_process(orders.kernel_spec, orders.settings.sources, orders.stands_in_for)
-        runner = CampaignRunner(kernel, orders.settings, Hooks(), seed=orders.search_seed)
-        results.put((orders.number, runner.first_cases(orders.count)))
+        runner = CampaignRunner(orders.resolve(), orders.settings, Hooks(), seed=orders.search_seed)
+        results.put((orders.index, runner.first_cases(count)))
     except BaseException:  # the run draws these itself, and meets whatever stopped this
-        results.put((orders.number, None))
+        results.put((orders.index, None))
 
 
-def draw_at_once(orders: list[DrawOrders], draw_here, wait: float = DRAW_WAIT) -> dict[int, tuple[Case, ...]]:
-    """Each order's cases by its number, drawn in processes of their own at once (where the host
-    has ``LEAST_CORES`` or more); ``draw_here(number)`` draws those of a campaign whose process
-    did not give them."""
+def draw_at_once(orders: list[tuple[CampaignOrders, int]], draw_here,
+                 wait: float = DRAW_WAIT) -> dict[int, tuple[Case, ...]]:
+    """The first ``count`` cases of each campaign (``(orders, count)``) by its index, drawn in
+    processes of their own at once (where the host has ``LEAST_CORES`` or more); ``draw_here(index)``
+    draws those of a campaign whose process did not give them."""
     from nanfuzz.harness.launch.backend import usable_cores
 
     drawn = _drawn_in_processes(orders, wait) if usable_cores() >= LEAST_CORES else {}
-    return {order.number: drawn[order.number] if drawn.get(order.number) is not None else draw_here(order.number)
-            for order in orders}
+    return {order.index: drawn[order.index] if drawn.get(order.index) is not None else draw_here(order.index)
+            for order, _ in orders}
 
 
-def _drawn_in_processes(orders: list[DrawOrders], wait: float) -> dict[int, tuple[Case, ...] | None]:
-    """What the orders' processes drew, by number, within ``wait`` seconds (None: one that could not)."""
+def _drawn_in_processes(orders: list[tuple[CampaignOrders, int]], wait: float) -> dict[int, tuple[Case, ...] | None]:
+    """What the campaigns' processes drew, by index, within ``wait`` seconds (None: one that could not)."""
     from nanfuzz.harness.launch.processes import fork_server_context, start
 
     drawn: dict[int, tuple[Case, ...] | None] = {}
@@ -74,19 +60,19 @@ def _drawn_in_processes(orders: list[DrawOrders], wait: float) -> dict[int, tupl
     try:
         context = fork_server_context()
         results = context.Queue()
-        for order in orders:
-            process = context.Process(target=_draw, args=(order, results), name="nanfuzz-draw", daemon=True)
+        for order, count in orders:
+            process = context.Process(target=_draw, args=(order, count, results), name="nanfuzz-draw", daemon=True)
             start(process)
             processes.append(process)
         deadline = time.monotonic() + wait
         while len(drawn) < len(processes) and time.monotonic() < deadline:
             try:
-                number, cases = results.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+                index, cases = results.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
             except queue.Empty:
                 if not any(p.is_alive() for p in processes):
                     break  # every process ended, some without a word
                 continue
-            drawn[number] = cases
+            drawn[index] = cases
     except (OSError, EOFError, ValueError):  # no process to draw in (or no more): the rest are drawn here
         pass
     finally:

@@ -51,6 +51,12 @@ class CampaignOrders:
     search_seed: int | None = None
     stands_in_for: DeviceProperties | None = None
 
+    def resolve(self):
+        """The kernel, resolved again in this process as the run's was."""
+        from nanfuzz.harness.registry import resolve_for_process
+
+        return resolve_for_process(self.kernel_spec, self.settings.sources, self.stands_in_for)
+
 
 @dataclass(frozen=True)
 class _Links:
@@ -74,9 +80,8 @@ def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
         with stopping_on_signals(once=True):
             links.listening[index] = 1
             from nanfuzz.harness.campaign.runner import Hooks, fuzz
-            from nanfuzz.harness.registry import resolve_for_process
 
-            kernel = resolve_for_process(orders.kernel_spec, orders.settings.sources, orders.stands_in_for)
+            kernel = orders.resolve()
 
             def note_example(campaign) -> None:
                 links.examples[index] = campaign.examples

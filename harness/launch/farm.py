@@ -287,7 +287,7 @@ class Farm:
         self.started = time.monotonic()
         self.started_at = time.time()  # the wall clock, which farm processes stamp their tasks' ends with
         self.finished_at: float | None = None
-        self.scheduled_at: float | None = None  # when the tasks went out (``schedule``)
+        self.scheduled_at: float | None = None  # when the tasks went out (``schedule``; the wall clock)
         self._stopping = threading.Event()
         self._closed: dict | None = None
         # per plan, its tasks not yet done (``FarmHandle.for_plan``); None once all are; no plan is
@@ -336,7 +336,7 @@ class Farm:
         copies = UPCOMING_COPIES if self._per_binary else 1  # without claims a second copy would only wait
         # plan by plan: a campaign meets its later entries before the campaigns after it start
         self._tasks = _in_turn(_upcoming_tasks(self._plans, copies), self._samples, max(1, at_once), campaigns)
-        self.scheduled_at = time.monotonic()
+        self.scheduled_at = time.time()
         for task in self._tasks:
             self._marker(*task, "planned").touch()
         for t, (p, e, sample) in enumerate(self._tasks):
@@ -435,7 +435,7 @@ class Farm:
                 "slowest_task_seconds": round(max((r["seconds"] or 0.0 for r in results), default=0.0), 3),
                 "wall_seconds": None if self.finished_at is None else round(self.finished_at - self.started, 3),
                 # from the farm's start to its tasks sent out: the campaigns' first cases drawn meanwhile
-                "scheduled_seconds": None if self.scheduled_at is None else round(self.scheduled_at - self.started, 3),
+                "scheduled_seconds": None if self.scheduled_at is None else round(self.scheduled_at - self.started_at, 3),
                 # from the farm's start to its first task built: processes started, devices opened, a compile
                 "first_built_seconds": min((round(r["at"] - self.started_at, 3) for r in results
                                             if r["ok"] and "at" in r), default=None),
