@@ -58,3 +58,62 @@ def test_the_fork_server_starts_before_the_command_imports_torch():
         "      '--summary-json', 'out.json', '--device', 'cpu'])\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.stdout.strip() == "torch not imported", proc.stdout + proc.stderr
+
+
+_CTRL_C_STORM = """
+import os, signal, sys, threading, time
+from nanfuzz.harness.launch.isolation import isolate
+from nanfuzz.harness.launch.processes import fork_server_context, start
+
+RUN = os.getpid()
+interrupts = [0]
+
+
+def child():
+    isolate()
+
+
+def received(signum, frame):
+    if os.getpid() != RUN:  # the run's own handler, run in a child before its main took Ctrl-C
+        raise KeyboardInterrupt
+    interrupts[0] += 1
+
+
+if __name__ == "__main__":
+    plain = sys.argv[1] == "fork"
+    context = __import__("multiprocessing").get_context("fork") if plain else fork_server_context()
+    if not plain:
+        start(context.Process(target=child))  # the fork server up before the storm
+    signal.signal(signal.SIGINT, received)
+    storming = [True]
+
+    def storm():
+        while storming[0]:
+            os.killpg(0, signal.SIGINT)
+            time.sleep(0.0002)
+
+    threading.Thread(target=storm, daemon=True).start()
+    statuses = []
+    for _ in range(40):
+        process = context.Process(target=child)
+        start(process, not plain, plain_fork=plain)
+        process.join()
+        statuses.append(process.exitcode)
+    storming[0] = False
+    time.sleep(0.01)
+    print("statuses", sorted(set(statuses)), "interrupts", interrupts[0], flush=True)
+"""
+
+
+def test_ctrl_c_to_the_group_as_processes_start_never_reaches_their_start_up(tmp_path):
+    # Ctrl-C to the whole process group, every 0.2 ms, while 40 processes start one after another from
+    # the fork server (jobs, farm processes, workers) and as plain forks (a job's workers): the run
+    # takes each interrupt, and none reaches a child between its fork and its own first act, where it
+    # would end the child with multiprocessing's traceback
+    (tmp_path / "storm.py").write_text(_CTRL_C_STORM)
+    for how in ("fork_server", "fork"):
+        proc = subprocess.run([sys.executable, "storm.py", how], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300, start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 0 and "statuses [0]" in proc.stdout, (how, proc.stdout + proc.stderr[-3000:])
+        assert "Traceback" not in proc.stderr, (how, proc.stderr[-3000:])
+        assert int(proc.stdout.split("interrupts")[1]) > 0, "the storm reached the run"

@@ -48,6 +48,8 @@ def isolate() -> None:
     except OSError:
         pass  # already a group leader: nothing to leave
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # a plain fork starts with it blocked (``ctrl_c_blocked``)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     for signum in _DEFAULT_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     if not _die_with_parent():
@@ -68,14 +70,16 @@ def _start_guard() -> None:
         if os.fork():
             return
     try:
-        signal.signal(_GUARD_SIGNAL, lambda *_: _end_guarded_group(leader))
         # a kernel signalling its group ends its worker; the guard then ends the rest
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
+        # blocked and waited for, not handled: a death signal that came between the look at the
+        # parent and a pause would be handled only after the pause, which nothing else would end
+        signal.pthread_sigmask(signal.SIG_BLOCK, {_GUARD_SIGNAL})
         watched = _prctl(_PR_SET_PDEATHSIG, _GUARD_SIGNAL)
         while os.getppid() == leader:
             if watched:
-                signal.pause()
+                signal.sigtimedwait({_GUARD_SIGNAL}, _PARENT_POLL)
             else:
                 time.sleep(_PARENT_POLL)
     finally:
@@ -107,6 +111,20 @@ def interrupts_held():
             first = _held[0]
             _held.clear()
             first()
+
+
+@contextlib.contextmanager
+def ctrl_c_blocked(blocked: bool = True):
+    """Ctrl-C blocked in this thread (where ``blocked`` and the platform can), for a child forked
+    meanwhile to inherit; one that reaches this process meanwhile is delivered as the block ends."""
+    if not blocked or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def hold_while_starting(act: Callable[[], None]) -> bool:

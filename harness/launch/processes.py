@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-from nanfuzz.harness.launch.isolation import interrupts_held
+from nanfuzz.harness.launch.isolation import ctrl_c_blocked, interrupts_held
 
 
 def fork_server_context():
@@ -29,7 +29,7 @@ def fork_server_context():
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "triton", "nanfuzz.harness.judge.check", "nanfuzz.harness.registry",
+    context.set_forkserver_preload(["nanfuzz.harness.launch.fork_server_signals", "torch", "triton", "nanfuzz.harness.judge.check", "nanfuzz.harness.registry",
                                     "nanfuzz.harness.campaign.runner", "nanfuzz.harness.launch.warm_start"])
     return context
 
@@ -69,12 +69,15 @@ def restart_fork_server() -> None:
     start_fork_server()
 
 
-def start(process, forked_by_server: bool = True) -> None:
+def start(process, forked_by_server: bool = True, plain_fork: bool = False) -> None:
     """``process.start()``; for a process of ``fork_server_context()``, from a fresh fork server
-    where a kernel killed the last one (also where the server dies as it forks)."""
+    where a kernel killed the last one (also where the server dies as it forks).  ``plain_fork``:
+    a process forked from this one, whose main begins with ``isolation.isolate()``; it is forked
+    with Ctrl-C blocked, so that one reaching it before ``isolate`` ignores it waits, and is
+    dropped, instead of running this process's handler in the child."""
     if forked_by_server and fork_server_died():
         restart_fork_server()
-    with interrupts_held():
+    with interrupts_held(), ctrl_c_blocked(plain_fork):
         try:
             process.start()
         except (EOFError, OSError):

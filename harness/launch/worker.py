@@ -243,7 +243,7 @@ class Supervised:
         self._process, self._conn = process, parent  # a stop raised as it starts still finds it to end
         self._ready = False
         try:
-            start(process, self._forked_by_server)
+            start(process, self._forked_by_server, plain_fork=self._plain_fork)
         finally:
             child.close()
 
