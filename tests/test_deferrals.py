@@ -12,6 +12,7 @@ import pytest
 from nanfuzz.harness.launch import shared_compiles
 from nanfuzz.harness.judge.check import Outcome, Verdict
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
+from nanfuzz.harness.campaign.result import EARLY_EXAMPLES
 from nanfuzz.harness.campaign.runner import fuzz
 from nanfuzz.harness.launch.subjects import worker_spec
 from nanfuzz.harness.registry import resolve
@@ -117,6 +118,29 @@ def test_a_passing_campaign_checks_every_case_it_drew_once_whatever_was_put_off(
     assert found.examples == expected.examples == len(late.checked)
 
 
+def test_a_case_put_off_among_the_first_examples_is_kept_in_place_with_what_it_cost(tmp_path):
+    order = []  # what the subject did with each case it was asked, in turn
+
+    class Costing(PuttingOff):
+        def check(self, case, *, digest=False, explain=False, defer=False, patience=None):
+            outcome = super().check(case, digest=digest, explain=explain, defer=defer, patience=patience)
+            order.append("put off" if isinstance(outcome, Deferred) else outcome.verdict.value)
+            if isinstance(outcome, Deferred):
+                return Deferred(outcome.skipped, 0.25, 0.0, (("materialize", 0.2), ("kernel", 0.01)))
+            return outcome
+
+    subject = Costing(tmp_path, lambda case: False, every=3, lands_after=2)
+    campaign = _campaign(tmp_path, subject, max_examples=100, seed=5)
+    early = campaign.early_examples
+    put_off = [record for record in early if record["verdict"] == "put off"]
+    judged = [record for record in early if record["verdict"] != "put off"]
+    assert campaign.examples > EARLY_EXAMPLES
+    assert put_off and len(judged) == EARLY_EXAMPLES  # beyond the examples' count, not in place of them
+    assert all(r["judged_s"] == 0.25 and r["phases"] == {"materialize": 0.2, "kernel": 0.01} for r in put_off)
+    assert [r["at_s"] for r in early] == sorted(r["at_s"] for r in early)  # in the order they were checked
+    assert [r["verdict"] for r in early] == order[:len(early)]  # each in its place among the checks
+
+
 def test_nothing_is_put_off_once_a_failure_is_found(tmp_path):
     asked = []
 
@@ -186,6 +210,9 @@ def test_a_worker_puts_off_a_case_whose_binary_another_process_compiles_or_nobod
     try:
         put_off = subject.check(windowed, defer=CLAIMED)
         assert isinstance(put_off, Deferred) and put_off.skipped.claim == str(claim)
+        # what the check spent before it put the case off: the batches built, the launch begun
+        phases = dict(put_off.phases)
+        assert phases["materialize"] > 0 and "kernel" in phases and put_off.seconds >= sum(phases.values())
         assert shared_compiles.claim_pending(put_off.skipped.claim) and not os.path.exists(put_off.skipped.landed)
         assert subject.check(consecutive_case([(1, 20)]), defer=CLAIMED).verdict is Verdict.PASS
         claim.unlink()  # the other process is gone: nobody compiles it now

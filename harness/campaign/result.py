@@ -22,6 +22,7 @@ _SHRINK_DECLINE_NOTE = "a case met while shrinking did not get its device memory
 # The first examples of a campaign whose timing it keeps (``Campaign.early_examples``): as many
 # as it draws in advance for the compile farm (``harness.campaign.upcoming``).
 EARLY_EXAMPLES = UPCOMING_CASES
+PUT_OFF = "put off"  # an early record's verdict where the worker put its case off (kept beside the examples)
 
 # A check begun before the time budget ran out and ended this long past it gets a note: a budget
 # stops new checks, not one under way (a worker compiling a new binary, a wait for device memory).
@@ -36,6 +37,14 @@ def check_record(outcome: Outcome, started: float, seconds: float) -> dict:
             "farm_wait_s": round(outcome.timings.get("compile", 0.0), 3),
             "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value,
             "phases": {phase: round(spent, 4) for phase, spent in outcome.timings.items()}}
+
+
+def put_off_record(deferred, started: float, seconds: float) -> dict:
+    """``check_record`` of a case its worker put off (``worker.Deferred``): what the check spent before
+    the launch that needed a binary still compiling elsewhere (a case's batches built, then left)."""
+    return {"at_s": round(started, 3), "seconds": round(seconds, 3), "judged_s": round(deferred.seconds, 3),
+            "memory_wait_s": round(deferred.memory_waited, 3), "farm_wait_s": 0.0, "compiled_s": 0.0,
+            "verdict": PUT_OFF, "phases": {phase: round(spent, 4) for phase, spent in deferred.phases if spent}}
 
 
 def declined_record(started: float, seconds: float) -> dict:
@@ -109,15 +118,17 @@ class Campaign:
             return {}
         return {f"{step}_s": round(at - since, 3) for step, at in self.startup.items() if step != "started"}
 
-    def note_early(self, outcome: Outcome, started: float, seconds: float) -> None:
-        """One of the campaign's first examples: when its check started (seconds from the campaign's
-        start), how long it took, how much of that the judging process spent on it (the rest is the
-        handoff: the case to the worker and the outcome back), how much it waited for device memory,
-        how much for a binary another process was compiling, how much its worker spent compiling (or
-        loading) binaries itself, and its check's phases (materialise, kernel, oracle...; what the
-        judging process spent beside them and the memory wait is its admission)."""
-        if len(self.early_examples) < EARLY_EXAMPLES:
-            self.early_examples.append(check_record(outcome, started, seconds))
+    def note_early(self, record: dict) -> None:
+        """A check among the campaign's first examples (``check_record``): when it started (seconds from
+        the campaign's start), how long it took, how much of that the judging process spent on it (the
+        rest is the handoff: the case to the worker and the outcome back), how much it waited for device
+        memory, how much for a binary another process was compiling, how much its worker spent compiling
+        (or loading) binaries itself, and its check's phases (materialise, kernel, oracle...; what the
+        judging process spent beside them and the memory wait is its admission).  Checks whose case was
+        put off (``put_off_record``) are kept in place among them, beyond the ``EARLY_EXAMPLES`` examples'
+        count: the time between two examples is theirs."""
+        if sum(early["verdict"] != PUT_OFF for early in self.early_examples) < EARLY_EXAMPLES:
+            self.early_examples.append(record)
 
     def passed_budget(self, record: dict) -> None:
         """A check under way when the ``record["budget_s"]`` time budget ran out, which ended

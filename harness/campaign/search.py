@@ -25,7 +25,7 @@ from hypothesis.errors import HypothesisException, Unsatisfiable
 from nanfuzz.harness.campaign import reach
 from nanfuzz.harness.campaign.deferrals import Deferrals, FoundLate, Replay
 from nanfuzz.harness.campaign.profiles import Profile
-from nanfuzz.harness.campaign.result import check_record, declined_record
+from nanfuzz.harness.campaign.result import check_record, declined_record, put_off_record
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.check import Outcome, Verdict
@@ -328,13 +328,14 @@ class Search:
         if isinstance(outcome, Deferred):
             self._spent("handoff", round_trip)  # the case to the worker, and back put off
             self.deferrals.add(case, outcome.skipped)
+            campaign.note_early(put_off_record(outcome, checked - run.start, round_trip))
             return None
         if isinstance(outcome, Declined):
             self._spent("memory wait", round_trip)  # waiting for memory that did not come free (or judging out of it)
             campaign.declined(outcome, shrinking=self.first is not None)
             return None
         returned = time.perf_counter()
-        campaign.note_early(outcome, checked - run.start, returned - checked)
+        campaign.note_early(check_record(outcome, checked - run.start, returned - checked))
         split_check_time(campaign.phase_times, outcome, round_trip)
         campaign.count(outcome)
         if campaign.time_to_first_example is None:

@@ -272,7 +272,10 @@ class CaseCheck:
             raise
         except BaseException as exc:  # the kernel's own failure is the finding, SystemExit included
             self._refuse_if_interpreter_cannot_run(exc)
-            return self._crash(exc, "on the poisoned run")
+            self.timings["kernel"] += time.perf_counter() - t0
+            crashed = self._crash(exc, "on the poisoned run")
+            crashed.timings = self.timings  # a launch put off for a binary compiling elsewhere says what it cost
+            return crashed
         self.trace = trace if self.trace_reads else None
         self.timings["kernel"] += time.perf_counter() - t0
         expected_shape = (case.num_tokens, g.num_q_heads, g.v_head_size)

@@ -134,9 +134,13 @@ CLAIMED, UNBUILT = "claimed", "unbuilt"
 @dataclass(frozen=True)
 class Deferred:
     """No verdict yet: a launch of the case needed a binary it did without (``skipped``: where its
-    compile is claimed, where it lands, whether anyone was compiling it; see ``harness.campaign.deferrals``)."""
+    compile is claimed, where it lands, whether anyone was compiling it; see ``harness.campaign.deferrals``).
+    ``seconds``, ``memory_waited`` and ``phases`` (name, seconds): what the check spent before it put the case off."""
 
     skipped: Skipped
+    seconds: float = 0.0
+    memory_waited: float = 0.0
+    phases: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -333,7 +337,7 @@ class Supervised:
                 if kind == "error":
                     raise NanfuzzError(payload)
                 if kind == "deferred":
-                    return Deferred(payload)
+                    return Deferred(*payload)
                 if kind == "declined":
                     return Declined(*payload)
                 assert kind == "outcome", kind
@@ -495,7 +499,8 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
                     event("compiled")  # a compile that raised, or a wait that did, leaves no compile open
                     event("returned")  # nor a launch
             if skipped and not outcome.fatal:  # a skipped launch: no verdict, the case comes back later
-                conn.send(("deferred", skipped[0]))
+                conn.send(("deferred", (skipped[0], outcome.seconds or 0.0, outcome.memory_waited,
+                                        tuple(outcome.timings.items()))))
                 continue
             waited = shared_compiles.waited_seconds() - waited
             _move_compile_waits(outcome, waited)
