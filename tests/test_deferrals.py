@@ -311,3 +311,99 @@ def test_a_late_failure_the_redrawn_run_never_meets_stands_unshrunk_with_a_note(
     campaign = _campaign(tmp_path, subject, max_examples=200, seed=3)
     assert campaign.failed and campaign.failing_case == only[0]  # as found
     assert any("unshrunk" in note for note in campaign.notes), campaign.notes
+
+
+class CompilingNewShapes:
+    """A GPU-like subject on a clock moved by hand: a case of a shape it has not compiled yet takes
+    ``compile_s`` (its binary compiled in the worker), unless the check may put such a case off
+    (``UNBUILT``); any other case takes 0.1 s."""
+
+    defers = True
+
+    def __init__(self, tmp_path, now: list, compile_s: float = 3.0):
+        self.tmp_path, self.now, self.compile_s = tmp_path, now, compile_s
+        self.built: set = set()
+        self.compiles_began: list[float] = []  # when each compile began, on the clock
+        self.checked_at: list[float] = []      # when each check that got a verdict began
+
+    def check(self, case, *, digest=False, explain=False, defer=None, patience=None):
+        g = case.geometry
+        shape = (g.num_q_heads, g.num_kv_heads, g.head_size, g.block_size, g.dtype)
+        if shape not in self.built and defer == UNBUILT:
+            n = len(self.built)
+            return Deferred(Skipped(str(self.tmp_path / f"claim-{n}"), str(self.tmp_path / f"landed-{n}")))
+        self.checked_at.append(self.now[0])
+        outcome = Outcome(Verdict.PASS, "PASS", {})
+        if shape not in self.built:
+            self.compiles_began.append(self.now[0])
+            self.built.add(shape)
+            self.now[0] += self.compile_s
+            outcome.compiled_seconds = self.compile_s
+        else:
+            self.now[0] += 0.1
+        return outcome
+
+    def close(self):
+        pass
+
+
+def _budget_run(tmp_path, monkeypatch, reserve: float, compile_s: float = 3.0, budget: float = 30.0,
+                examples: int = 100_000):
+    import time as time_module
+    import types
+
+    from nanfuzz.harness.campaign import runner, search
+
+    now = [0.0]
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0], process_time=time_module.process_time,
+                                  time=time_module.time, sleep=time_module.sleep)
+    monkeypatch.setattr(runner, "time", clock)
+    monkeypatch.setattr(search, "time", clock)
+    monkeypatch.setattr(search, "LEAST_COMPILE_RESERVE", reserve)
+    subject = CompilingNewShapes(tmp_path, now, compile_s)
+    campaign = _campaign(tmp_path, subject, max_examples=examples, time_budget=budget, seed=4)
+    return campaign, subject, now[0]
+
+
+def test_in_the_budget_s_last_seconds_no_check_begins_a_compile(tmp_path, monkeypatch):
+    campaign, subject, ended = _budget_run(tmp_path, monkeypatch, reserve=10.0)
+    assert not campaign.failed and subject.compiles_began
+    assert max(subject.compiles_began) < 20.0  # none with less than 10 s of the 30 s budget left
+    assert ended < 30.0 + 0.1 + 1e-9  # the last check began before the budget ran out, and compiled nothing
+    assert any(at >= 20.0 for at in subject.checked_at)  # cases of shapes already built are still checked
+    count = campaign.left_at_budget_end
+    assert count > 0 and campaign.notes.count(
+        f"{KERNEL.name}: {count} case{'s' if count > 1 else ''} drawn in the time budget's last seconds "
+        f"{'were' if count > 1 else 'was'} left unchecked, as a compile of a binary no process had built "
+        "would have run past the budget") == 1
+    # without the reserve the same search compiles in those seconds, and runs past the budget
+    campaign, subject, ended = _budget_run(tmp_path, monkeypatch, reserve=0.0)
+    assert max(subject.compiles_began) >= 20.0 and campaign.left_at_budget_end == 0
+
+
+def test_the_reserve_is_the_longest_compile_seen_when_that_is_longer(tmp_path, monkeypatch):
+    campaign, subject, ended = _budget_run(tmp_path, monkeypatch, reserve=1.0, compile_s=4.0)
+    assert max(subject.compiles_began) < 30.0 - 4.0 and ended < 30.1  # 4 s compiles: none in the last 4 s
+    assert campaign.left_at_budget_end > 0  # (with a reserve of 1 s alone, one began 26.2 s in)
+
+
+def test_a_budget_shorter_than_the_reserve_still_compiles_its_first_example(tmp_path, monkeypatch):
+    # every shape new, none built by anyone: the first case compiles, as a campaign must judge one
+    campaign, subject, ended = _budget_run(tmp_path, monkeypatch, reserve=10.0, budget=5.0, examples=300)
+    assert campaign.examples >= 1 and subject.compiles_began[0] == 0.0 and ended < 10.0
+
+
+def test_jobs_cases_left_at_the_budget_s_end_are_summed_in_one_note():
+    from nanfuzz.harness.campaign.jobs import _merge
+    from nanfuzz.harness.campaign.result import Campaign
+
+    jobs = []
+    for left in (2, 3):
+        job = Campaign(kernel="k", device="cuda", examples=10, left_at_budget_end=left)
+        job.note_left_at_budget_end()
+        jobs.append((job, (0.0, 1.0)))
+    merged = _merge("k", "cuda", jobs, 0.0)
+    assert merged.left_at_budget_end == 5
+    assert [note for note in merged.notes if "left unchecked" in note] == [
+        "k: 5 cases drawn in the time budget's last seconds were left unchecked, as a compile of a binary no "
+        "process had built would have run past the budget"]

@@ -369,6 +369,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.notes += [note for note in campaign.notes if note not in merged.notes]  # each job says the same
         merged.worker_restarts += campaign.worker_restarts
         merged.deferred += campaign.deferred
+        merged.left_at_budget_end += campaign.left_at_budget_end
         merged.declined_for_memory += campaign.declined_for_memory
         merged.stacks = summed(merged.stacks, campaign.stacks)
         merged.judging_out_of_memory += campaign.judging_out_of_memory
@@ -409,4 +410,5 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
     merged.note_unreached()
     merged.note_reads()
     merged.note_past_budget()
+    merged.note_left_at_budget_end()
     return merged

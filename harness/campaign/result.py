@@ -28,6 +28,8 @@ PUT_OFF = "put off"  # an early record's verdict where the worker put its case o
 # stops new checks, not one under way (a worker compiling a new binary, a wait for device memory).
 PAST_BUDGET_NOTE_S = 5.0
 _PAST_BUDGET_NOTE = "past its time budget"
+_LEFT_AT_BUDGET_END_NOTE = ("left unchecked, as a compile of a binary no process had built would have run past "
+                            "the budget")
 
 
 def check_record(outcome: Outcome, started: float, seconds: float) -> dict:
@@ -89,6 +91,9 @@ class Campaign:
     early_examples: list[dict] = field(default_factory=list)
     # the check under way when the time budget ran out that ended furthest past it (``passed_budget``)
     past_budget: dict | None = None
+    # cases drawn in the time budget's last seconds whose launch needed a binary nobody had built:
+    # left unchecked rather than compiled past the budget (``search.LEAST_COMPILE_RESERVE``)
+    left_at_budget_end: int = 0
     compiles: int | None = None   # kernel specialisations the campaign's workers compiled or loaded (GPU)
     deferred: int = 0             # checks put off while a binary they needed compiled elsewhere (GPU)
     declined_for_memory: int = 0  # cases skipped: their device memory did not come free (harness.judge.memory)
@@ -149,6 +154,14 @@ class Campaign:
         self.notes.append(f"{self.kernel}: a check under way when the {record['budget_s']:g} s budget ran out ended "
                           f"{record['past_s']:.1f} s {_PAST_BUDGET_NOTE}, after {record['seconds']:.1f} s"
                           + (f" ({where})" if where else "") + "; a time budget stops new checks, not one under way")
+
+    def note_left_at_budget_end(self) -> None:
+        """The note (replacing any earlier one: each job's) for the cases left unchecked at the budget's end."""
+        self.notes = [note for note in self.notes if _LEFT_AT_BUDGET_END_NOTE not in note]
+        if self.left_at_budget_end:
+            count = self.left_at_budget_end
+            self.notes.append(f"{self.kernel}: {count} case{'s' if count > 1 else ''} drawn in the time budget's last "
+                              f"seconds {'were' if count > 1 else 'was'} {_LEFT_AT_BUDGET_END_NOTE}")
 
     def declined(self, declined, shrinking: bool = False) -> None:
         """A case declined for memory (a ``harness.launch.worker.Declined``): counted, and the first

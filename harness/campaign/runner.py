@@ -424,6 +424,7 @@ class CampaignRunner:
         campaign.note_declines()
         campaign.note_reads()
         campaign.note_past_budget()
+        campaign.note_left_at_budget_end()
         self.note_unreached()
         if self.pool_growth:
             campaign.notes.append(f"{self.kernel.name}: the specialisation pool grew {self.pool_growth} time"

@@ -51,6 +51,11 @@ _FIRST_CHUNK = {"cpu": 2, "cuda": 32}
 _CHUNK_SHARE = 0.5
 # How often the end of a Hypothesis run looks whether the binaries of the cases it put off have landed.
 _LANDING_POLL = 0.01
+# In a time-bounded GPU campaign's last seconds a check compiles nothing: a case whose launch needs a
+# binary no process has built is left unchecked, as if the budget had run out before it was drawn
+# (a worker compiling a production kernel took 14 jobs of vLLM's ROCM_ATTN 17 s past a 50 s budget).
+# The last seconds: the longest compile a check of the campaign has made so far, at least this.
+LEAST_COMPILE_RESERVE = 10.0
 
 
 class KernelFailed(Exception):
@@ -145,6 +150,7 @@ class Search:
         self.judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
         self.replay: Replay | None = None      # the replay under way, if any
         self.calls, self.drawn_ahead = 0, False  # see _target
+        self.longest_compile = 0.0  # seconds, the longest a check's worker spent compiling (``_compiles_too_late``)
         self.strategy = None  # each Hypothesis run's own (``CampaignRunner.strategy``)
         self.phases = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target] + (
             [Phase.shrink] if run.settings.shrink else [])
@@ -327,14 +333,18 @@ class Search:
         self._past_the_budget(outcome, checked, round_trip)
         if isinstance(outcome, Deferred):
             self._spent("handoff", round_trip)  # the case to the worker, and back put off
-            self.deferrals.add(case, outcome.skipped)
             campaign.note_early(put_off_record(outcome, checked - run.start, round_trip))
+            if self._compiles_too_late() and not run.waiting.farm_running():
+                campaign.left_at_budget_end += 1  # no farm will build it, and a compile would outlast the budget
+            else:
+                self.deferrals.add(case, outcome.skipped)
             return None
         if isinstance(outcome, Declined):
             self._spent("memory wait", round_trip)  # waiting for memory that did not come free (or judging out of it)
             campaign.declined(outcome, shrinking=self.first is not None)
             return None
         returned = time.perf_counter()
+        self.longest_compile = max(self.longest_compile, outcome.compiled_seconds or 0.0)
         campaign.note_early(check_record(outcome, checked - run.start, returned - checked))
         split_check_time(campaign.phase_times, outcome, round_trip)
         campaign.count(outcome)
@@ -400,10 +410,22 @@ class Search:
 
     # -- cases put off while their binaries compile --------------------------------------
     def _deferring(self) -> str | None:
-        """What a check may put off now (``worker.CLAIMED``, ``UNBUILT``): nothing once a failure is found."""
+        """What a check may put off now (``worker.CLAIMED``, ``UNBUILT``): nothing once a failure is found;
+        a binary nobody has built while a farm runs (it will build it) or in the budget's last seconds
+        (``_compiles_too_late``)."""
         if not self.defers or self.first is not None:
             return None
-        return UNBUILT if self.run.waiting.farm_running() else CLAIMED
+        return UNBUILT if self.run.waiting.farm_running() or self._compiles_too_late() else CLAIMED
+
+    def _compiles_too_late(self) -> bool:
+        """Would a compile begun now outlast the time budget (``LEAST_COMPILE_RESERVE``)?  Never once a
+        failure is found (its shrink checks every case it meets), nor before a first example (a campaign
+        that tried nothing is no pass, however short its budget)."""
+        run = self.run
+        if run.time_budget is None or self.first is not None or not self.campaign.examples:
+            return False
+        left = run.start + run.time_budget - time.perf_counter()
+        return left < max(LEAST_COMPILE_RESERVE, self.longest_compile)
 
     def _judge_late(self, case: Case, defer: str | None) -> None:
         """Check a case put off earlier; a failure ends the run (``FoundLate``)."""
@@ -416,7 +438,7 @@ class Search:
         """The put-off cases whose binaries have landed, checked now (one whose compile failed in
         another process, compiling it here)."""
         for case, built in self.deferrals.landed(self.run.waiting.farm_running()):
-            self._judge_late(case, self._deferring() if built else CLAIMED)
+            self._judge_late(case, self._deferring() if built or self._compiles_too_late() else CLAIMED)
 
     def _check_remaining(self) -> None:
         """The run is over: every case still put off is checked as soon as its binaries land, and
@@ -430,4 +452,4 @@ class Search:
                 self._spent("compile", time.perf_counter() - polled)  # waiting for binaries being compiled
                 continue
             for case in self.deferrals.remaining():
-                self._judge_late(case, None)
+                self._judge_late(case, UNBUILT if self.defers and self._compiles_too_late() else None)
