@@ -29,7 +29,8 @@ def fork_server_context():
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["nanfuzz.harness.launch.fork_server_signals", "torch", "triton", "nanfuzz.harness.judge.check", "nanfuzz.harness.registry",
+    context.set_forkserver_preload(["nanfuzz.harness.launch.fork_server_signals",  # first: see there
+                                    "torch", "triton", "nanfuzz.harness.judge.check", "nanfuzz.harness.registry",
                                     "nanfuzz.harness.campaign.runner", "nanfuzz.harness.launch.warm_start"])
     return context
 
