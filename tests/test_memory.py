@@ -460,6 +460,67 @@ def test_a_helper_process_opens_its_context_only_while_room_for_cases_stays(tmp_
     assert not Governor(Gpu(), Ledger.open(tmp_path, "gpu-test")).open_context(room=8 * GiB)
 
 
+def test_a_helper_process_opens_its_context_outside_the_ledger_s_lock(tmp_path):
+    """Opening a context takes tenths of a second; held under the ledger's lock, every check's look at
+    the ledger waited for it while sixteen compile processes opened theirs in turn."""
+    import fcntl
+
+    from nanfuzz.harness.judge.ledger import Ledger
+    from nanfuzz.harness.judge.memory import Governor
+
+    ledger = Ledger.open(tmp_path, "gpu-test")
+
+    class Gpu(_Gpu):
+        opened_while_locked = None
+
+        def free(self):
+            if Gpu.opened_while_locked is None:  # the first look opens the context
+                fd = os.open(ledger.path, os.O_RDWR)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    Gpu.opened_while_locked = False
+                except BlockingIOError:
+                    Gpu.opened_while_locked = True
+                finally:
+                    os.close(fd)
+            return self.size
+
+    assert Governor(Gpu(), ledger).open_context(room=4 * GiB)
+    assert Gpu.opened_while_locked is False
+
+    class Full(Gpu):  # other processes' entries leave no room: the context is never opened
+        def free(self):
+            raise AssertionError("opened a context on a device the ledger says is full")
+
+    with ledger.entries() as entries:
+        entries["1"] = {"started": None, "weight": 14 * GiB, "allocated": 14 * GiB}  # pid 1 lives on
+    assert not Governor(Full(), ledger).open_context(room=4 * GiB)
+
+
+def test_a_reservation_with_headroom_leaves_it_free_for_others(tmp_path):
+    """A compile process reserves a task's tensors only while a quarter of the device stays free beside
+    them for the campaign's checks, and its entry weighs the tensors alone: a check may take that room."""
+    from nanfuzz.harness.judge.ledger import Ledger, _started
+    from nanfuzz.harness.judge.memory import Governor
+
+    class Gpu(_Gpu):
+        def free(self):
+            return self.size  # what others hold is the ledger's to say
+
+    class ParentsLedger(Ledger):  # this process's parent's entry: a second live process in the ledger
+        me = str(os.getppid())
+        started = _started(os.getppid())
+
+    farm = Governor(Gpu(), Ledger.open(tmp_path, Gpu.key))
+    campaign = Governor(Gpu(), ParentsLedger(Ledger.open(tmp_path, Gpu.key).path))
+    assert farm.reserve(8 * GiB, patience=0.0, headroom=4 * GiB) == 8 * GiB
+    with pytest.raises(TooLargeForDevice, match="are not held or wanted"):  # 8 + 5 leave 3 GiB: short of the room
+        campaign.reserve(5 * GiB, patience=0.0, headroom=4 * GiB)
+    assert campaign.reserve(8 * GiB, patience=0.0) == 8 * GiB  # the room was never reserved: a check takes it
+    with pytest.raises(TooLargeForDevice, match=r"more than the 12\.0 GiB the device has beside the room"):
+        farm.reserve(13 * GiB, patience=0.0, headroom=4 * GiB)
+
+
 def test_a_device_runtime_error_that_is_out_of_memory_is_ours_and_others_are_not():
     from nanfuzz.harness.judge.memory import out_of_memory
 

@@ -22,6 +22,7 @@ from nanfuzz.harness.judge.memory import GiB, MemoryPolicy, TooLargeForDevice, g
 from nanfuzz.harness.judge.runs import check_footprint
 from nanfuzz.harness.registry import builtin_kernels, resolve
 from nanfuzz.harness.scaling import drawn
+from nanfuzz.reference.materialize import materialize
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +110,39 @@ def test_a_production_check_peaks_within_what_it_reserves(name, tmp_path):
     assert len(rows) >= 4
     # what the governor reserves: the estimate and the caching allocator's rounding beside it
     assert all(peak <= share.device.footprint(estimate) for peak, _, estimate in rows)
+
+
+@pytest.mark.parametrize("name", ["paged_decode@masked", "split_decode@masked", "prefix_prefill@masked",
+                                  *LIBRARY_KERNELS])
+def test_a_compile_process_s_launch_peaks_within_what_it_reserves(name, tmp_path):
+    """A compile process builds a case and launches it (compile-only there; run here, so the kernel's
+    own buffers count too) within what it reserves (``farm.compile_footprint``), a fraction of a check's."""
+    from nanfuzz.harness.launch import farm
+
+    kernel, focus = _kernel(name)
+    settings = Settings(device="cuda", state_dir=tmp_path, size="production", campaigns_per_device=2, focus=focus)
+    caps, _ = campaign_capabilities(kernel, settings)
+    pool, _ = campaign_pool_of(caps, settings, tier="production")
+    share = governor(settings.memory, torch.device("cuda"))
+    rows = []
+    for case in drawn(campaign_strategy(caps, settings, pool, "production"), 6):
+        estimate = farm.compile_footprint(kernel, case)
+        if share.larger_than_device(estimate):
+            continue
+        share.give_back()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        batch = farm._built_on_device(case, torch.device("cuda")) if case.large else materialize(case, "cuda")
+        g = case.geometry
+        out = torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=batch.q.dtype, device="cuda")
+        kernel(batch, out)
+        torch.cuda.synchronize()
+        del batch, out
+        rows.append((torch.cuda.max_memory_reserved(), estimate, case.large))
+    print(f"{name}: peak held / reserved per compile, MiB: " + "; ".join(
+        f"{p >> 20} / {share.device.footprint(e) >> 20}{' (large)' if large else ''}" for p, e, large in rows))
+    assert sum(large for *_, large in rows) >= 2
+    assert all(peak <= share.device.footprint(estimate) for peak, estimate, _ in rows)
 
 
 def test_campaigns_sharing_the_gpu_end_with_exit_0_or_a_finding_and_its_repro(tmp_path):

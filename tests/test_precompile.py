@@ -346,20 +346,26 @@ def test_a_farm_task_builds_a_large_case_on_its_device_never_on_the_host(monkeyp
 
 
 class _FullDevice:
-    """A governor of a device of 60 usable units whose memory others hold for the first ``busy`` asks."""
+    """A governor of a device of 80 units whose memory others hold for the first ``busy`` asks."""
+
+    class device:
+        @staticmethod
+        def total() -> int:
+            return 80
 
     def __init__(self, busy: int):
         self.busy, self.asks = busy, 0
 
     def larger_than_device(self, need: int) -> bool:
-        return need > 60
+        return need > 80
 
-    def reserve(self, need: int, patience: float) -> int:
+    def reserve(self, need: int, patience: float, headroom: int = 0) -> int:
         from nanfuzz.harness.judge.memory import TooLargeForDevice
 
         assert patience == 0.0  # a farm task never stands in line ahead of the campaign's checks
+        assert headroom == 20   # and leaves a quarter of the device to them
         self.asks += 1
-        if self.asks <= self.busy or need > 60:
+        if self.asks <= self.busy or need + headroom > 80:
             raise TooLargeForDevice("taken")
         return need
 
@@ -374,7 +380,7 @@ def test_a_farm_task_refused_for_memory_asks_again_while_its_process_s_patience_
     farm._reserve_politely(held_a_moment, 10)   # built once the campaign's check gave its memory back
     assert held_a_moment.asks == 4
     too_large = _FullDevice(busy=0)
-    with pytest.raises(TooLargeForDevice):       # more than the device has: given up at once
+    with pytest.raises(TooLargeForDevice):       # more than the device has beside the checks' room: given up at once
         farm._reserve_politely(too_large, 70)
     assert too_large.asks == 1
     held_for_good = _FullDevice(busy=10 ** 9)

@@ -30,6 +30,19 @@ def large_check_footprint(case, copies_caches: bool = True) -> Footprint:
                      written_blocks=3 * written_bytes(case), **oracle_parts(case))
 
 
+def large_build_footprint(case, copies_caches: bool = True) -> Footprint:
+    """About what a compile-only launch of a large case holds (``harness.launch.farm``): its caches in a
+    pool of its own, a kernel's layout copy of them, its written blocks once (the build) and its output.
+    Nothing is judged there, so none of a check's copies and oracle (``large_check_footprint``, five to
+    ten times as much: a compile process that reserved that held a third of an 80 GB GPU through a
+    compile of twenty seconds while the campaign's check waited for it)."""
+    caches = case_bytes(case)
+    copy = {"layout_copy": caches} if copies_caches else {}
+    g = case.geometry
+    output = case.num_tokens * g.num_q_heads * g.v_head_size * 4
+    return Footprint(pool_caches=caches, **copy, written_blocks=written_bytes(case), output=output)
+
+
 def large_batch(case, small: dict, caches: dict) -> PagedBatch:
     """A large case's batch: its small inputs beside its caches, views into a pool's buffers."""
     return PagedBatch.from_allocations(case, {**small, **caches})

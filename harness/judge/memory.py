@@ -135,13 +135,15 @@ class Governor:
 
     # -- a case's memory -----------------------------------------------------------
     def reserve(self, estimate: int | Callable[[], int], patience: float,
-                waiting: Callable[[bool], None] = lambda on: None, keep: bool = True) -> int:
+                waiting: Callable[[bool], None] = lambda on: None, keep: bool = True, headroom: int = 0) -> int:
         """Reserve what a case whose check holds about ``estimate`` bytes at its peak needs (what
         this process holds between cases included: a function of it is asked again once this
         process has given back what it holds); wait up to ``patience`` seconds for it.  Returns
         the bytes reserved; ``TooLargeForDevice`` when it never fits or does not come free in
         time.  ``waiting(True)`` is told when a wait begins, ``waiting(False)`` when it ends.
-        ``keep``: a small case's reservation stays this process's claim after it (``CLAIM_LIMIT``)."""
+        ``keep``: a small case's reservation stays this process's claim after it (``CLAIM_LIMIT``).
+        ``headroom``: bytes that must stay free beside it, never reserved (what a helper leaves for
+        the campaign's checks)."""
         asked = estimate  # the estimate last asked for
 
         def needed() -> int:
@@ -164,14 +166,15 @@ class Governor:
             gave_back = True
             self.device.give_back()
             need = needed()
-        if self._larger_than_device(need):
+        if self._larger_than_device(need + headroom):
             raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} memory"
-                                    f"{made_of()}, more than the {amount(total)} the device has; declined")
+                                    f"{made_of()}, more than the {amount(total - headroom)} the device has"
+                                    f"{' beside the room left for checks' if headroom else ''}; declined")
         started = time.monotonic()
         try:
             while True:
                 with self._entries() as entries:
-                    shortfall = self._shortfall(entries, need, total, started)
+                    shortfall = self._shortfall(entries, need, total, started, headroom)
                     held = self.device.held()
                     if shortfall:
                         # the entry weighs what this process holds, and wants the rest; a process that
@@ -233,9 +236,19 @@ class Governor:
     def open_context(self, room: int) -> bool:
         """May this process open its context on the device, leaving ``room`` bytes for cases?  Asked
         by a process that helps (a compile farm's) rather than judges: never waited for.  Where it
-        may, its entry weighs the context from now on."""
+        may, its entry weighs the context from now on.  The context opens outside the ledger's lock,
+        once the other processes' entries leave room for it: opening one takes tenths of a second,
+        and held under the lock, sixteen compile processes opening theirs in turn made every check of
+        the campaign wait about 0.2 s at each look at the ledger for the first seconds of its life."""
         from nanfuzz.harness.judge.device_memory import CONTEXT_BYTES
 
+        need = self.device.footprint(CONTEXT_BYTES + room)
+        if self._larger_than_device(need):
+            return False
+        with self._entries() as entries:
+            if self._shortfall(entries, need, self.device.total(), time.monotonic(), look_at_device=False):
+                return False
+        self.device.free()  # opens the context: what it reports comes next, under the lock
         try:
             self.reserve(CONTEXT_BYTES + room, patience=0.0, keep=False)
         except TooLargeForDevice:
@@ -243,8 +256,11 @@ class Governor:
         self.settle()
         return True
 
-    def _shortfall(self, entries: dict, need: int, total: int, started: float) -> str:
-        """Why ``need`` does not fit now ("" when it does)."""
+    def _shortfall(self, entries: dict, need: int, total: int, started: float, headroom: int = 0,
+                   look_at_device: bool = True) -> str:
+        """Why ``need`` (with ``headroom`` left free beside it) does not fit now ("" when it does);
+        ``look_at_device=False``: by the other processes' entries alone."""
+        need += headroom
         me = self.ledger.me if self.ledger is not None else None
         others = {pid: e for pid, e in entries.items() if pid != me}
         committed = sum(e.get("weight", 0) for e in others.values())
@@ -254,7 +270,7 @@ class Governor:
         if committed + ahead + need > total:
             return (f"{amount(total - committed - ahead)} are not held or wanted by the "
                     f"{len(others)} other nanfuzz process(es) on it")
-        free = self.device.free()
+        free = self.device.free() if look_at_device else None
         if free is None:
             return ""
         pending = sum(max(0, e.get("weight", 0) - e.get("allocated", 0)) for e in others.values())

@@ -557,8 +557,9 @@ def _preload(plan: Plan):
 
 
 # What a compile process leaves the device for the cases of every campaign on it: it opens its
-# context only while a quarter of the device stays free beside it (a context is about half a GiB,
-# and sixteen processes a campaign, several campaigns a device, would otherwise fill it).
+# context, and reserves a task's tensors, only while a quarter of the device stays free beside them
+# (a context is about half a GiB, a production task's tensors a few GiB, and sixteen processes a
+# campaign, several campaigns a device, would otherwise fill it and keep the checks waiting).
 FARM_ROOM_SHARE = 4
 
 
@@ -711,16 +712,12 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
     a task whose memory stays taken is given up, and the campaign compiles it when it meets it)."""
     import torch
 
-    from nanfuzz.harness.judge.large import large_check_footprint
     from nanfuzz.harness.judge.memory import governor
-    from nanfuzz.harness.judge.runs import case_bytes
     from nanfuzz.reference.materialize import materialize
 
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
     share = governor(plan.spec.memory, device)
-    # the batch, and the output and a layout copy at most (a large case: its compact build too)
-    _reserve_politely(share, large_check_footprint(case, kernel.copies_caches_of(case)) if case.large
-                      else 2 * case_bytes(case))
+    _reserve_politely(share, compile_footprint(kernel, case))
     try:
         batch = _built_on_device(case, device) if case.large else materialize(case, device)
         share.built()
@@ -730,6 +727,15 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
         del batch, out
     finally:
         share.give_back()
+
+
+def compile_footprint(kernel, case: Case) -> int:
+    """About what ``_compile_case`` holds on the device: the batch, and the output and a layout copy at
+    most (a large case: its caches, their layout copy, its compact build and output)."""
+    from nanfuzz.harness.judge.large import large_build_footprint
+    from nanfuzz.harness.judge.runs import case_bytes
+
+    return large_build_footprint(case, kernel.copies_caches_of(case)) if case.large else 2 * case_bytes(case)
 
 
 # How long, in all, a farm process asks again for device memory the campaign's own checks hold (a
@@ -745,18 +751,20 @@ _patience_left = [MEMORY_PATIENCE]
 
 
 def _reserve_politely(share, need: int) -> None:
-    """``share.reserve(need)`` without a place in line, asked again every ``_MEMORY_POLL`` s while
-    this process's ``MEMORY_PATIENCE`` lasts; ``TooLargeForDevice`` once it is spent, and at once
-    for a case larger than the device."""
+    """``share.reserve(need)`` without a place in line and only while ``FARM_ROOM_SHARE`` of the device
+    stays free beside it for the campaign's checks, asked again every ``_MEMORY_POLL`` s while this
+    process's ``MEMORY_PATIENCE`` lasts; ``TooLargeForDevice`` once it is spent, and at once for a case
+    that would not leave that room on the device however empty."""
     from nanfuzz.harness.judge.memory import TooLargeForDevice
 
+    room = share.device.total() // FARM_ROOM_SHARE
     while True:
         started = time.monotonic()
         try:
-            share.reserve(need, patience=0.0)
+            share.reserve(need, patience=0.0, headroom=room)
             return
         except TooLargeForDevice:
-            if _patience_left[0] <= 0 or share.larger_than_device(need):
+            if _patience_left[0] <= 0 or share.larger_than_device(need + room):
                 raise
         time.sleep(_MEMORY_POLL)
         _patience_left[0] -= time.monotonic() - started
