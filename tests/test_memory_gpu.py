@@ -139,8 +139,11 @@ def test_a_compile_process_s_launch_peaks_within_what_it_reserves(name, tmp_path
         torch.cuda.synchronize()
         del batch, out
         rows.append((torch.cuda.max_memory_reserved(), estimate, case.large))
-    print(f"{name}: peak held / reserved per compile, MiB: " + "; ".join(
-        f"{p >> 20} / {share.device.footprint(e) >> 20}{' (large)' if large else ''}" for p, e, large in rows))
+        g = case.geometry
+        print(f"{name}: {case.num_tokens} tokens of {len(case.sequences)} sequences, {g.num_q_heads}/{g.num_kv_heads} "
+              f"heads of {g.head_size}, {g.dtype}: peak held {rows[-1][0] >> 20} MiB (allocated "
+              f"{torch.cuda.max_memory_allocated() >> 20}), reserved {share.device.footprint(estimate) >> 20} MiB for "
+              f"{estimate.described() if hasattr(estimate, 'described') else estimate}")
     assert sum(large for *_, large in rows) >= 2
     assert all(peak <= share.device.footprint(estimate) for peak, estimate, _ in rows)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nanfuzz.harness.judge.device_memory import Footprint
 from nanfuzz.harness.judge.pool import CachePool, process_pool
-from nanfuzz.harness.judge.runs import case_bytes, oracle_parts
+from nanfuzz.harness.judge.runs import cache_bytes, case_bytes, oracle_parts
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.device_build import DeviceBuild, build_on_device, written_blocks
 
@@ -30,17 +30,27 @@ def large_check_footprint(case, copies_caches: bool = True) -> Footprint:
                      written_blocks=3 * written_bytes(case), **oracle_parts(case))
 
 
+# fp32 rows a kernel's own scratch may hold per output element: a split-K launch's segment outputs, maxima
+# and sums (vLLM's TRITON_ATTN: 16 segments of a head padded to a power of two, twice the head at most)
+SCRATCH_ROWS_PER_OUTPUT = 2 * 16 + 2
+
+
 def large_build_footprint(case, copies_caches: bool = True) -> Footprint:
     """About what a compile-only launch of a large case holds (``harness.launch.farm``): its caches in a
-    pool of its own, a kernel's layout copy of them, its written blocks once (the build) and its output.
-    Nothing is judged there, so none of a check's copies and oracle (``large_check_footprint``, five to
-    ten times as much: a compile process that reserved that held a third of an 80 GB GPU through a
-    compile of twenty seconds while the campaign's check waited for it)."""
-    caches = case_bytes(case)
+    pool of its own, a kernel's layout copy of them, its written blocks and tokens once (the build), its
+    output, and the kernel's own scratch (``SCRATCH_ROWS_PER_OUTPUT``); never more than a check of it
+    (``large_check_footprint``).  Nothing is judged there, so a check's copies and oracle are not: a
+    compile process that reserved a check's footprint held 29 GiB of an 80 GB GPU through a compile of
+    many seconds, allocating 4, while the campaign's check waited for it."""
+    caches = cache_bytes(case)
     copy = {"layout_copy": caches} if copies_caches else {}
     g = case.geometry
+    tokens = case_bytes(case) - caches
     output = case.num_tokens * g.num_q_heads * g.v_head_size * 4
-    return Footprint(pool_caches=caches, **copy, written_blocks=written_bytes(case), output=output)
+    build = Footprint(pool_caches=caches, **copy, written_blocks=written_bytes(case), tokens=2 * tokens,
+                      output=output, kernel_scratch=SCRATCH_ROWS_PER_OUTPUT * output)
+    check = large_check_footprint(case, copies_caches)
+    return build if build < check else check
 
 
 def large_batch(case, small: dict, caches: dict) -> PagedBatch:

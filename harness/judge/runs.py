@@ -116,14 +116,24 @@ def digest(t: torch.Tensor) -> str:
 
 def case_bytes(case: Case) -> int:
     """About what one copy of a case's tensors (redzones included) takes."""
-    from nanfuzz.reference.materialize import TORCH_DTYPES
+    g = case.geometry
+    tokens = (case.num_tokens + 2) * (g.num_q_heads * g.head_size + g.num_kv_heads * (g.head_size + g.v_head_size))
+    return cache_bytes(case) + tokens * _element_size(case)
+
+
+def cache_bytes(case: Case) -> int:
+    """About what one copy of a case's KV caches (redzones included) takes."""
     from nanfuzz.reference.redzones import CACHE_BLOCKS_AFTER, CACHE_BLOCKS_BEFORE
 
     g = case.geometry
-    element = torch.empty((), dtype=TORCH_DTYPES[g.dtype]).element_size()
     caches = (g.num_blocks + CACHE_BLOCKS_BEFORE + CACHE_BLOCKS_AFTER) * g.block_size * g.num_kv_heads * g.slot_width
-    tokens = (case.num_tokens + 2) * (g.num_q_heads * g.head_size + g.num_kv_heads * (g.head_size + g.v_head_size))
-    return (caches + tokens) * element
+    return caches * _element_size(case)
+
+
+def _element_size(case: Case) -> int:
+    from nanfuzz.reference.materialize import TORCH_DTYPES
+
+    return torch.empty((), dtype=TORCH_DTYPES[case.geometry.dtype]).element_size()
 
 
 def check_footprint(case: Case) -> Footprint:
