@@ -32,28 +32,33 @@ _LEFT_AT_BUDGET_END_NOTE = ("left unchecked, as a compile of a binary no process
                             "the budget")
 
 
+def _record(started: float, seconds: float, verdict: str, *, judged: float = 0.0, memory_wait: float = 0.0,
+            farm_wait: float = 0.0, compiled: float = 0.0, phases=()) -> dict:
+    """The one shape of an early example's record (``Campaign.note_early``), ``started`` seconds from
+    the campaign's start, ``seconds`` its round trip, ``phases`` (phase, seconds) pairs."""
+    return {"at_s": round(started, 3), "seconds": round(seconds, 3), "judged_s": round(judged, 3),
+            "memory_wait_s": round(memory_wait, 3), "farm_wait_s": round(farm_wait, 3),
+            "compiled_s": round(compiled, 3), "verdict": verdict,
+            "phases": {phase: round(spent, 4) for phase, spent in phases}}
+
+
 def check_record(outcome: Outcome, started: float, seconds: float) -> dict:
-    """One check's timing (``Campaign.note_early``), ``started`` seconds from the campaign's start."""
-    return {"at_s": round(started, 3), "seconds": round(seconds, 3),
-            "judged_s": round(outcome.seconds, 3), "memory_wait_s": round(outcome.memory_waited, 3),
-            "farm_wait_s": round(outcome.timings.get("compile", 0.0), 3),
-            "compiled_s": round(outcome.compiled_seconds, 3), "verdict": outcome.verdict.value,
-            "phases": {phase: round(spent, 4) for phase, spent in outcome.timings.items()}}
+    """A check's record: its verdict, and how its time divided."""
+    return _record(started, seconds, outcome.verdict.value, judged=outcome.seconds,
+                   memory_wait=outcome.memory_waited, farm_wait=outcome.timings.get("compile", 0.0),
+                   compiled=outcome.compiled_seconds, phases=outcome.timings.items())
 
 
 def put_off_record(deferred, started: float, seconds: float) -> dict:
-    """``check_record`` of a case its worker put off (``worker.Deferred``): what the check spent before
-    the launch that needed a binary still compiling elsewhere (a case's batches built, then left)."""
-    return {"at_s": round(started, 3), "seconds": round(seconds, 3), "judged_s": round(deferred.seconds, 3),
-            "memory_wait_s": round(deferred.memory_waited, 3), "farm_wait_s": 0.0, "compiled_s": 0.0,
-            "verdict": PUT_OFF, "phases": {phase: round(spent, 4) for phase, spent in deferred.phases if spent}}
+    """The record of a case its worker put off (``worker.Deferred``): what the check spent before the
+    launch that needed a binary still compiling elsewhere (a case's batches built, then left)."""
+    return _record(started, seconds, PUT_OFF, judged=deferred.seconds, memory_wait=deferred.memory_waited,
+                   phases=[(phase, spent) for phase, spent in deferred.phases if spent])
 
 
 def declined_record(started: float, seconds: float) -> dict:
-    """``check_record`` of a case declined for memory: its time was the wait."""
-    return {"at_s": round(started, 3), "seconds": round(seconds, 3), "judged_s": 0.0,
-            "memory_wait_s": round(seconds, 3), "farm_wait_s": 0.0, "compiled_s": 0.0,
-            "verdict": "declined for memory", "phases": {}}
+    """The record of a case declined for memory: its time was the wait."""
+    return _record(started, seconds, "declined for memory", memory_wait=seconds)
 
 
 def add_known(total: float | None, part: float | None) -> float | None:

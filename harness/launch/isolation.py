@@ -114,7 +114,7 @@ def interrupts_held():
 
 
 @contextlib.contextmanager
-def ctrl_c_blocked(blocked: bool = True):
+def ctrl_c_blocked(blocked: bool):
     """Ctrl-C blocked in this thread (where ``blocked`` and the platform can), for a child forked
     meanwhile to inherit; one that reaches this process meanwhile is delivered as the block ends."""
     if not blocked or not hasattr(signal, "pthread_sigmask"):

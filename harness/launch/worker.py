@@ -424,7 +424,9 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
         isolate()  # a session of its own, and death with its parent; Ctrl-C ignored from there on
     except KeyboardInterrupt:
         # a Ctrl-C to the campaign's process group reached this worker as it started, before it could
-        # ignore it: the campaign stops and ends the worker; the worker carries on until it does
+        # ignore it: the campaign stops and ends the worker; the worker carries on until it does.  Only a
+        # spawned worker (no fork server: not Linux) can meet it: the fork server's children start with
+        # Ctrl-C ignored and a plain fork with it blocked (``processes.start``)
         isolate()
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(log, 1)
