@@ -38,10 +38,11 @@ SCRATCH_ROWS_PER_OUTPUT = 2 * 16 + 2
 def large_build_footprint(case, copies_caches: bool = True) -> Footprint:
     """About what a compile-only launch of a large case holds (``harness.launch.farm``): its caches in a
     pool of its own, a kernel's layout copy of them, its written blocks (three times: the build's
-    transients, as a check counts them), its tokens twice, its output, and the kernel's own scratch (``SCRATCH_ROWS_PER_OUTPUT``); never more than a check of it
-    (``large_check_footprint``).  Nothing is judged there, so a check's copies and oracle are not: a
-    compile process that reserved a check's footprint held 29 GiB of an 80 GB GPU through a compile of
-    many seconds, allocating 4, while the campaign's check waited for it."""
+    transients, as a check counts them), its tokens twice, its output, and the kernel's own scratch
+    (``SCRATCH_ROWS_PER_OUTPUT``); never more than a check of it (``large_check_footprint``).  Nothing
+    is judged there, so a check's copies and oracle are not: a compile process that reserved a check's
+    footprint held 29 GiB of an 80 GB GPU through a compile of many seconds, allocating 4, while the
+    campaign's check waited for it."""
     caches = cache_bytes(case)
     copy = {"layout_copy": caches} if copies_caches else {}
     g = case.geometry

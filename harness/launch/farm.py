@@ -731,7 +731,7 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
 
 def compile_footprint(kernel, case: Case) -> int:
     """About what ``_compile_case`` holds on the device: the batch, and the output and a layout copy at
-    most (a large case: its caches, their layout copy, its compact build and output)."""
+    most (a large case: ``large_build_footprint``)."""
     from nanfuzz.harness.judge.large import large_build_footprint
     from nanfuzz.harness.judge.runs import case_bytes
 
