@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nanfuzz.harness.judge.device_memory import Footprint
 from nanfuzz.harness.judge.pool import CachePool, process_pool
-from nanfuzz.harness.judge.runs import cache_bytes, case_bytes, oracle_parts
+from nanfuzz.harness.judge.runs import cache_bytes, case_bytes, element_size, oracle_parts, token_bytes
 from nanfuzz.reference.batch import PagedBatch
 from nanfuzz.reference.device_build import DeviceBuild, build_on_device, written_blocks
 
@@ -13,8 +13,7 @@ def written_bytes(case) -> int:
     """About what a large case's blocks that hold something take once (``written_blocks``)."""
     g = case.geometry
     blocks = int(written_blocks(case).size)
-    element = 4 if g.dtype == "float32" else 2
-    return blocks * g.block_size * g.num_kv_heads * g.slot_width * element
+    return blocks * g.block_size * g.num_kv_heads * g.slot_width * element_size(case)
 
 
 def large_check_footprint(case, copies_caches: bool = True) -> Footprint:
@@ -46,9 +45,8 @@ def large_build_footprint(case, copies_caches: bool = True) -> Footprint:
     caches = cache_bytes(case)
     copy = {"layout_copy": caches} if copies_caches else {}
     g = case.geometry
-    tokens = case_bytes(case) - caches
     output = case.num_tokens * g.num_q_heads * g.v_head_size * 4
-    build = Footprint(pool_caches=caches, **copy, written_blocks=3 * written_bytes(case), tokens=2 * tokens,
+    build = Footprint(pool_caches=caches, **copy, written_blocks=3 * written_bytes(case), tokens=2 * token_bytes(case),
                       output=output, kernel_scratch=SCRATCH_ROWS_PER_OUTPUT * output)
     check = large_check_footprint(case, copies_caches)
     return build if build < check else check

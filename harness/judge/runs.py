@@ -116,9 +116,14 @@ def digest(t: torch.Tensor) -> str:
 
 def case_bytes(case: Case) -> int:
     """About what one copy of a case's tensors (redzones included) takes."""
+    return cache_bytes(case) + token_bytes(case)
+
+
+def token_bytes(case: Case) -> int:
+    """About what one copy of a case's tokens (its queries, new keys and values, redzones included) takes."""
     g = case.geometry
     tokens = (case.num_tokens + 2) * (g.num_q_heads * g.head_size + g.num_kv_heads * (g.head_size + g.v_head_size))
-    return cache_bytes(case) + tokens * _element_size(case)
+    return tokens * element_size(case)
 
 
 def cache_bytes(case: Case) -> int:
@@ -127,10 +132,11 @@ def cache_bytes(case: Case) -> int:
 
     g = case.geometry
     caches = (g.num_blocks + CACHE_BLOCKS_BEFORE + CACHE_BLOCKS_AFTER) * g.block_size * g.num_kv_heads * g.slot_width
-    return caches * _element_size(case)
+    return caches * element_size(case)
 
 
-def _element_size(case: Case) -> int:
+def element_size(case: Case) -> int:
+    """Bytes of one element of the case's dtype."""
     from nanfuzz.reference.materialize import TORCH_DTYPES
 
     return torch.empty((), dtype=TORCH_DTYPES[case.geometry.dtype]).element_size()
