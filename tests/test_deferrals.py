@@ -272,6 +272,9 @@ class FarmFinishingAfter:
     def wait_for(self, kernel, case) -> float:
         return 0.0
 
+    def unbuilt(self, kernel, case) -> str | None:
+        return None
+
 
 def test_while_a_farm_runs_nothing_waits_for_a_binary_and_the_end_of_the_run_waits_for_the_farm(tmp_path):
     asked = []
@@ -407,3 +410,78 @@ def test_jobs_cases_left_at_the_budget_s_end_are_summed_in_one_note():
     assert [note for note in merged.notes if "left unchecked" in note] == [
         "k: 5 cases drawn in the time budget's last seconds were left unchecked, as a compile of a binary no "
         "process had built would have run past the budget"]
+
+
+class FarmBuildingEntries(FarmFinishingAfter):
+    """Stands for a per-binary farm that builds the pool entries one at a time, in the order the search
+    first asks about them: each ``every`` looks at it, the first entry still waiting is done."""
+
+    def __init__(self, folder: Path, polls: int, every: int = 4):
+        super().__init__(polls)
+        self.folder, self.every = folder, every
+        self.waiting: list = []  # entries met and not yet built, in order
+        self.built: set = set()
+        self.looks = 0
+
+    def _marker(self, entry) -> Path:
+        return self.folder / f"entry-{abs(hash(entry))}.done"
+
+    def unbuilt(self, kernel, case) -> str | None:
+        from nanfuzz.harness.launch.farm import entry_of
+
+        self.looks += 1
+        if self.waiting and self.looks % self.every == 0:
+            done = self.waiting.pop(0)
+            self._marker(done).touch()
+            self.built.add(done)
+        entry = entry_of(case)
+        if entry in self.built:
+            return None
+        if entry not in self.waiting:
+            self.waiting.append(entry)
+        return str(self._marker(entry))
+
+    def is_built(self, case) -> bool:
+        from nanfuzz.harness.launch.farm import entry_of
+
+        return entry_of(case) in self.built or not self.peek()
+
+
+def test_a_case_of_an_entry_the_farm_has_built_nothing_of_is_put_off_before_its_worker_sees_it(tmp_path):
+    sent_unbuilt = []
+
+    class Recording(PuttingOff):
+        def check(self, case, *, digest=False, explain=False, defer=None, patience=None):
+            if not farm.is_built(case):
+                sent_unbuilt.append(case)
+            return super().check(case, digest=digest, explain=explain, defer=defer, patience=patience)
+
+    in_order = PuttingOff(tmp_path, lambda case: False)
+    in_order.defers = False
+    subject = Recording(tmp_path, lambda case: False, every=10**9)  # its worker never puts a case off itself
+    farm = FarmBuildingEntries(tmp_path / "farm", polls=300)
+    farm.folder.mkdir()
+    expected = _campaign(tmp_path, in_order, max_examples=60, seed=5)
+    campaign = _campaign(tmp_path, subject, max_examples=60, seed=5, farm=farm)
+    assert not sent_unbuilt
+    assert not campaign.failed and campaign.deferred > 0 and subject.put_off == []
+    put_off = [record for record in campaign.early_examples if record["verdict"] == "put off"]
+    assert put_off and all(record["seconds"] == 0 and record["judged_s"] == 0 for record in put_off)
+    assert sorted(map(repr, subject.checked)) == sorted(map(repr, in_order.checked))  # each once, as in order
+    assert campaign.examples == expected.examples
+
+
+def test_the_farm_s_first_unfinished_task_of_an_entry_is_its_first_upcoming_case(tmp_path):
+    from nanfuzz.harness.launch.farm import FarmHandle, _marker, entry_of
+
+    case = consecutive_case([(1, 3), (1, 17)])
+    kernel = "nanfuzz.kernels:paged_decode"
+    for sample in ("2", "u3.1", "u3", "u12", "0"):
+        _marker(tmp_path, kernel, entry_of(case), sample, "planned").touch()
+    handle = FarmHandle(str(tmp_path), per_binary=True)
+    first = _marker(tmp_path, kernel, entry_of(case), "u3", "done")
+    assert handle.unbuilt(kernel, case) == str(first)
+    assert handle.unbuilt("another:kernel", case) is None  # an entry the farm does not build
+    assert FarmHandle(str(tmp_path)).unbuilt(kernel, case) is None  # workers wait for whole entries there
+    _marker(tmp_path, kernel, entry_of(case), "0", "done").touch()
+    assert handle.unbuilt(kernel, case) is None  # something of it is built: a check finds out the rest

@@ -76,6 +76,11 @@ class _FarmWait:
             self.farm = None  # done for good (the entries it held are built or given up): no more looks
         return self.farm is not None
 
+    def unbuilt(self, case: Case) -> str | None:
+        """While the farm runs and has built nothing of ``case``'s entry: the marker its first task of
+        that entry leaves when done (``FarmHandle.unbuilt``)."""
+        return self.farm.unbuilt(self.kernel, case) if self.farm_running() else None
+
     def __call__(self, case: Case, campaign: Campaign) -> None:
         if self.farm is None:
             return

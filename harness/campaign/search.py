@@ -29,6 +29,7 @@ from nanfuzz.harness.campaign.result import check_record, declined_record, put_o
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.upcoming import UPCOMING_CASES
 from nanfuzz.harness.judge.check import Outcome, Verdict
+from nanfuzz.harness.launch.shared_compiles import Skipped
 from nanfuzz.harness.launch.worker import CLAIMED, UNBUILT, Declined, Deferred
 from nanfuzz.harness.report import coverage
 from nanfuzz.reference.case import Case
@@ -278,7 +279,10 @@ class Search:
             self._check_landed()
         run.waiting(case, self.campaign)
         self._stop_if_asked()  # the budget may have run out while it waited for the farm
-        outcome = self._judge(case, self._deferring())
+        defer = self._deferring()
+        if defer == UNBUILT and self._put_off_unbuilt(case):
+            return
+        outcome = self._judge(case, defer)
         if outcome is not None:
             tallied = time.perf_counter()
             self._target(outcome)
@@ -332,12 +336,7 @@ class Search:
         run.journal.clear()
         self._past_the_budget(outcome, checked, round_trip)
         if isinstance(outcome, Deferred):
-            self._spent("handoff", round_trip)  # the case to the worker, and back put off
-            campaign.note_early(put_off_record(outcome, checked - run.start, round_trip))
-            if self._compiles_too_late() and not run.waiting.farm_running():
-                campaign.left_at_budget_end += 1  # no farm will build it, and a compile would outlast the budget
-            else:
-                self.deferrals.add(case, outcome.skipped)
+            self._put_off(case, outcome, checked, round_trip)
             return None
         if isinstance(outcome, Declined):
             self._spent("memory wait", round_trip)  # waiting for memory that did not come free (or judging out of it)
@@ -365,6 +364,28 @@ class Search:
         if run.hooks.on_example is not None:
             run.hooks.on_example(campaign)
         return outcome
+
+    def _put_off(self, case: Case, deferred: Deferred, checked: float, round_trip: float) -> None:
+        """Count a case put off for a binary (``deferred.skipped``) and queue it, unless no farm will
+        build that binary and a compile would outlast the budget."""
+        run, campaign = self.run, self.campaign
+        self._spent("handoff", round_trip)  # the case to the worker, and back put off
+        campaign.note_early(put_off_record(deferred, checked - run.start, round_trip))
+        if self._compiles_too_late() and not run.waiting.farm_running():
+            campaign.left_at_budget_end += 1
+        else:
+            self.deferrals.add(case, deferred.skipped)
+
+    def _put_off_unbuilt(self, case: Case) -> bool:
+        """Put a case off without sending it to its worker while the farm has built nothing of its
+        entry: sent, its check would build its batches and reserve its memory, maybe waiting for
+        that, only to find its binary missing.  It waits for the farm's first task of the entry."""
+        marker = self.run.waiting.unbuilt(case)
+        if marker is None:
+            return False
+        self._put_off(case, Deferred(Skipped(claim="", landed=marker, claimed=False)),
+                      time.perf_counter(), 0.0)
+        return True
 
     def _past_the_budget(self, outcome, checked: float, seconds: float) -> None:
         """A search's check under way when the time budget ran out (``Campaign.passed_budget``)."""

@@ -230,6 +230,21 @@ class FarmHandle:
             return False
         return self.plan is None or not (folder / f"{_FINISHED}.{self.plan}").exists()
 
+    def unbuilt(self, kernel: str, case: Case) -> str | None:
+        """Where the farm's first task of ``case``'s entry marks itself done, while the farm holds
+        tasks of that entry and has finished none of them: a check of the case would only build its
+        batches, reserve its memory and find its binary missing.  None otherwise, and for a farm
+        whose workers wait for whole entries (``wait_for``)."""
+        if not self.per_binary:
+            return None
+        prefix = entry_key(kernel, entry_of(case)) + "."
+        planned = sorted(Path(self.folder).glob(prefix + "*.planned"),
+                         key=lambda path: _task_order(path.name[len(prefix):-len(".planned")]))
+        done = [path.with_name(path.name[:-len("planned")] + "done") for path in planned]
+        if not done or any(path.exists() for path in done):
+            return None
+        return str(done[0])
+
     def wait_for(self, kernel: str, case: Case, limit: float = TASK_TIMEOUT + 60.0) -> float:
         """Wait while the farm still holds a task of ``case``'s entry; the seconds waited (0 when it does not)."""
         if self.per_binary:
@@ -502,6 +517,15 @@ def _in_turn(upcoming: list[tuple[int, int, str]], samples: list[tuple[int, int,
             rank[task] = seen.get(task[0], 0)
             seen[task[0]] = rank[task] + 1
     return sorted(upcoming + samples, key=lambda task: (group(task[0]), isinstance(task[2], int), rank[task], task[0]))
+
+
+def _task_order(sample: str) -> tuple[int, int, int]:
+    """Where a task of one entry goes out among that entry's others (``_in_turn``): its upcoming
+    cases in the order met (``u3`` before ``u3.1`` before ``u4``), then its samples by number."""
+    if sample.startswith("u"):
+        number, _, copy = sample[1:].partition(".")
+        return (0, int(number), int(copy or 0))
+    return (1, int(sample), 0)
 
 
 def _upcoming_number(sample: str) -> int:
