@@ -261,6 +261,7 @@ class FarmFinishingAfter:
 
     def __init__(self, polls: int):
         self.polls = polls
+        self.folder = ""  # no tasks' markers to read
 
     def running(self) -> bool:
         self.polls -= 1
@@ -351,7 +352,7 @@ class CompilingNewShapes:
 
 
 def _budget_run(tmp_path, monkeypatch, reserve: float, compile_s: float = 3.0, budget: float = 30.0,
-                examples: int = 100_000):
+                examples: int = 100_000, farm=None):
     import time as time_module
     import types
 
@@ -364,7 +365,7 @@ def _budget_run(tmp_path, monkeypatch, reserve: float, compile_s: float = 3.0, b
     monkeypatch.setattr(search, "time", clock)
     monkeypatch.setattr(search, "LEAST_COMPILE_RESERVE", reserve)
     subject = CompilingNewShapes(tmp_path, now, compile_s)
-    campaign = _campaign(tmp_path, subject, max_examples=examples, time_budget=budget, seed=4)
+    campaign = _campaign(tmp_path, subject, max_examples=examples, time_budget=budget, seed=4, farm=farm)
     return campaign, subject, now[0]
 
 
@@ -388,6 +389,41 @@ def test_the_reserve_is_the_longest_compile_seen_when_that_is_longer(tmp_path, m
     campaign, subject, ended = _budget_run(tmp_path, monkeypatch, reserve=1.0, compile_s=4.0)
     assert max(subject.compiles_began) < 30.0 - 4.0 and ended < 30.1  # 4 s compiles: none in the last 4 s
     assert campaign.left_at_budget_end > 0  # (with a reserve of 1 s alone, one began 26.2 s in)
+
+
+class FarmDoneAlready:
+    """Stands for a per-binary farm that finished before the campaign's first case, its tasks' markers
+    left in ``folder``: each ``(ok, seconds, seconds of them waiting for memory)``."""
+
+    per_binary = True
+
+    def __init__(self, folder: Path, tasks):
+        import json
+
+        folder.mkdir()
+        self.folder = str(folder)
+        for n, (ok, seconds, memory_wait) in enumerate(tasks):
+            (folder / f"entry.{n}.done").write_text(json.dumps({"ok": ok, "seconds": seconds,
+                                                                "memory_wait": memory_wait}))
+
+    def running(self) -> bool:
+        return False
+
+    def wait_for(self, kernel, case) -> float:
+        return 0.0
+
+    def unbuilt(self, kernel, case) -> str | None:
+        return None
+
+
+def test_the_reserve_is_the_farm_s_slowest_task_when_that_is_longer(tmp_path, monkeypatch):
+    # its slowest built task: 13 s, 1 s of them waiting for memory; one given up, one mostly waiting
+    farm = FarmDoneAlready(tmp_path / "farm", [(True, 13.0, 1.0), (False, 40.0, 0.0), (True, 40.0, 35.0)])
+    campaign, subject, ended = _budget_run(tmp_path, monkeypatch, reserve=1.0, compile_s=3.0, farm=farm)
+    assert max(subject.compiles_began) < 30.0 - 12.0 and campaign.left_at_budget_end > 0
+    assert max(subject.compiles_began) >= 10.0  # the waits for memory are not compiling
+    campaign, subject, ended = _budget_run(tmp_path, monkeypatch, reserve=1.0, compile_s=3.0)
+    assert max(subject.compiles_began) >= 30.0 - 12.0  # without the farm's tasks: compiles until 3 s are left
 
 
 def test_a_budget_shorter_than_the_reserve_still_compiles_its_first_example(tmp_path, monkeypatch):

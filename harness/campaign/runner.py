@@ -17,6 +17,7 @@ search, and a failure found is kept there for every later campaign.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -42,7 +43,7 @@ from nanfuzz.harness.judge.check import Verdict
 from nanfuzz.harness.judge.outcome import Outcome
 from nanfuzz.harness.report.statistics import Statistics
 from nanfuzz.harness.kernel import Kernel
-from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, FarmHandle, Plan
+from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, FarmHandle, FinishedTasks, Plan
 from nanfuzz.harness.launch.processes import fork_server_context, run_queue_seconds
 from nanfuzz.harness.launch.subjects import subject_for, worker_spec
 from nanfuzz.harness.launch.worker import Declined
@@ -70,11 +71,23 @@ class _FarmWait:
 
         self.farm = farm
         self.kernel = import_path(kernel) if farm is not None else None  # what the farm's plan names it by
+        self._tasks = FinishedTasks(farm.folder) if farm is not None else None
+        self._tasks_read = -math.inf  # when (perf_counter) the farm's tasks were last read
 
     def farm_running(self) -> bool:
         if self.farm is not None and not self.farm.running():
             self.farm = None  # done for good (the entries it held are built or given up): no more looks
         return self.farm is not None
+
+    def slowest_task(self) -> float:
+        """The longest compile task the farm has finished, its memory wait left out (seconds; 0
+        without a farm), read at most once a second."""
+        if self._tasks is None:
+            return 0.0
+        if time.perf_counter() - self._tasks_read >= 1.0:
+            self._tasks.update()
+            self._tasks_read = time.perf_counter()
+        return self._tasks.slowest
 
     def unbuilt(self, case: Case) -> str | None:
         """While the farm runs and has built nothing of ``case``'s entry: the marker its first task of

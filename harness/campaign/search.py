@@ -55,7 +55,8 @@ _LANDING_POLL = 0.01
 # In a time-bounded GPU campaign's last seconds a check compiles nothing: a case whose launch needs a
 # binary no process has built is left unchecked, as if the budget had run out before it was drawn
 # (a worker compiling a production kernel took 14 jobs of vLLM's ROCM_ATTN 17 s past a 50 s budget).
-# The last seconds: the longest compile a check of the campaign has made so far, at least this.
+# The last seconds: the longest compile a check of the campaign has made so far, or a compile farm's
+# task has taken (it builds the same entries' cases), at least this.
 LEAST_COMPILE_RESERVE = 10.0
 
 
@@ -446,7 +447,9 @@ class Search:
         if run.time_budget is None or self.first is not None or not self.campaign.examples:
             return False
         left = run.start + run.time_budget - time.perf_counter()
-        return left < max(LEAST_COMPILE_RESERVE, self.longest_compile)
+        if left < max(LEAST_COMPILE_RESERVE, self.longest_compile):
+            return True
+        return left < self.run.waiting.slowest_task()
 
     def _judge_late(self, case: Case, defer: str | None) -> None:
         """Check a case put off earlier; a failure ends the run (``FoundLate``)."""

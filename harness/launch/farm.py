@@ -263,6 +263,33 @@ class FarmHandle:
         return time.monotonic() - start
 
 
+class FinishedTasks:
+    """How long the farm's tasks took, read from their ``done`` markers as they appear: the longest
+    built so far, its wait for memory left out (seconds; 0 before any)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.slowest = 0.0
+        self._read: set[str] = set()
+
+    def update(self) -> float:
+        try:
+            names = os.listdir(self.folder)
+        except OSError:  # the farm was closed: what was read stands
+            return self.slowest
+        for name in names:
+            if not name.endswith(".done") or name in self._read:
+                continue
+            self._read.add(name)
+            try:
+                result = json.loads(Path(self.folder, name).read_text())
+            except (OSError, ValueError):
+                continue
+            if result.get("ok") and result.get("seconds") is not None:
+                self.slowest = max(self.slowest, result["seconds"] - result.get("memory_wait", 0.0))
+        return self.slowest
+
+
 class Farm:
     """Farm processes compiling ``plans``' tasks, plan by plan: a plan's upcoming cases in order,
     then each sample case of each of its entries, its first samples before its later ones.
@@ -655,11 +682,10 @@ def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None
                 after.wait(device_wait)
                 waited = True
                 since[slot] = time.monotonic()
-            if number < len(cases):  # a small entry may have fewer distinct cases
-                _compile_case(kernel, plan, cases[number])
-            if not isinstance(sample, str):
+            memory_wait = _compile_case(kernel, plan, cases[number]) if number < len(cases) else 0.0
+            if not isinstance(sample, str):  # (a small entry may have fewer distinct cases)
                 marks.mark(plan, entry, list(_LAUNCHED), sample)
-            result = {"ok": True, "error": None, "skipped": _SKIPPED[0]}
+            result = {"ok": True, "error": None, "skipped": _SKIPPED[0], "memory_wait": memory_wait}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
             result = {"ok": False, "error": one_line(exc)}
         shared_compiles.release_claims()  # a compile that raised leaves its claim
@@ -731,9 +757,10 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
     return found
 
 
-def _compile_case(kernel, plan: Plan, case: Case) -> None:
+def _compile_case(kernel, plan: Plan, case: Case) -> float:
     """Launch ``case`` compile-only, its tensors' device memory reserved first (``_reserve_politely``:
-    a task whose memory stays taken is given up, and the campaign compiles it when it meets it)."""
+    a task whose memory stays taken is given up, and the campaign compiles it when it meets it);
+    the seconds it waited for that memory."""
     import torch
 
     from nanfuzz.harness.judge.memory import governor
@@ -741,7 +768,7 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
 
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
     share = governor(plan.spec.memory, device)
-    _reserve_politely(share, compile_footprint(kernel, case))
+    waited = _reserve_politely(share, compile_footprint(kernel, case))
     try:
         batch = _built_on_device(case, device) if case.large else materialize(case, device)
         share.built()
@@ -751,6 +778,7 @@ def _compile_case(kernel, plan: Plan, case: Case) -> None:
         del batch, out
     finally:
         share.give_back()
+    return waited
 
 
 def compile_footprint(kernel, case: Case) -> int:
@@ -774,19 +802,20 @@ _MEMORY_POLL = 0.2
 _patience_left = [MEMORY_PATIENCE]
 
 
-def _reserve_politely(share, need: int) -> None:
+def _reserve_politely(share, need: int) -> float:
     """``share.reserve(need)`` without a place in line and only while ``FARM_ROOM_SHARE`` of the device
     stays free beside it for the campaign's checks, asked again every ``_MEMORY_POLL`` s while this
     process's ``MEMORY_PATIENCE`` lasts; ``TooLargeForDevice`` once it is spent, and at once for a case
-    that would not leave that room on the device however empty."""
+    that would not leave that room on the device however empty.  The seconds it asked for."""
     from nanfuzz.harness.judge.memory import TooLargeForDevice
 
     room = share.device.total() // FARM_ROOM_SHARE
+    first = time.monotonic()
     while True:
         started = time.monotonic()
         try:
             share.reserve(need, patience=0.0, headroom=room)
-            return
+            return time.monotonic() - first
         except TooLargeForDevice:
             if _patience_left[0] <= 0 or share.larger_than_device(need + room):
                 raise
