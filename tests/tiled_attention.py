@@ -229,6 +229,19 @@ def heap_kept():
         mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(_GLIBC_MMAP_THRESHOLD_MAX))
 
 
+# The oracle's references and summands of each (case, precision) judged in this process: several kernels
+# are judged on the same drawn cases, whose float64 oracle took most of a production test's time.  A case
+# materialises bit for bit the same every time, so its references do not change; they are per row, small.
+_references: dict = {}
+
+
+def _references_of(batch, precision: str):
+    key = (batch.case, precision)
+    if key not in _references:
+        _references[key] = attend_and_measure(batch, (FLOAT64, same_precision(batch.case.geometry.dtype, precision)))
+    return _references[key]
+
+
 def judged(kernel: Kernel, case, rows: dict[int, torch.Tensor] | None = None) -> tuple[RowErrors, torch.Tensor]:
     """The check's MISMATCH judgement of ``kernel`` on ``case`` (the rows' errors) and the output judged,
     without the other verdicts' runs; ``rows`` replaces some output rows (token: ``[heads, head_size]``)."""
@@ -239,7 +252,7 @@ def judged(kernel: Kernel, case, rows: dict[int, torch.Tensor] | None = None) ->
     for token, row in (rows or {}).items():
         out[token] = row
     precision = kernel.capabilities.precision
-    (exact, reference), summands = attend_and_measure(batch, (FLOAT64, same_precision(g.dtype, precision)))
+    (exact, reference), summands = _references_of(batch, precision)
     return row_errors(out.double(), exact, reference, summands, g.dtype, precision, case.kv_cache.quantized), out
 
 
