@@ -483,7 +483,9 @@ class FarmBuildingEntries(FarmFinishingAfter):
         return entry_of(case) in self.built or not self.peek()
 
 
-def test_a_case_of_an_entry_the_farm_has_built_nothing_of_is_put_off_before_its_worker_sees_it(tmp_path):
+def _unbuilt_entries_run(tmp_path, name: str):
+    """A campaign beside a farm that builds its entries one at a time: the cases its worker was sent
+    while their entry was unbuilt, the campaign, its subject and the same search run in order."""
     sent_unbuilt = []
 
     class Recording(PuttingOff):
@@ -495,16 +497,32 @@ def test_a_case_of_an_entry_the_farm_has_built_nothing_of_is_put_off_before_its_
     in_order = PuttingOff(tmp_path, lambda case: False)
     in_order.defers = False
     subject = Recording(tmp_path, lambda case: False, every=10**9)  # its worker never puts a case off itself
-    farm = FarmBuildingEntries(tmp_path / "farm", polls=300)
+    farm = FarmBuildingEntries(tmp_path / name, polls=300)
     farm.folder.mkdir()
     expected = _campaign(tmp_path, in_order, max_examples=60, seed=5)
     campaign = _campaign(tmp_path, subject, max_examples=60, seed=5, farm=farm)
+    return sent_unbuilt, campaign, subject, in_order, expected
+
+
+def test_a_large_case_of_an_entry_the_farm_has_built_nothing_of_is_put_off_before_its_worker_sees_it(
+        tmp_path, monkeypatch):
+    from nanfuzz.reference import case as case_module
+
+    monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)  # every case drawn counts as large
+    sent_unbuilt, campaign, subject, in_order, expected = _unbuilt_entries_run(tmp_path, "farm")
     assert not sent_unbuilt
     assert not campaign.failed and campaign.deferred > 0 and subject.put_off == []
     put_off = [record for record in campaign.early_examples if record["verdict"] == "put off"]
     assert put_off and all(record["seconds"] == 0 and record["judged_s"] == 0 for record in put_off)
     assert sorted(map(repr, subject.checked)) == sorted(map(repr, in_order.checked))  # each once, as in order
     assert campaign.examples == expected.examples
+
+
+def test_a_small_case_goes_to_its_worker_whatever_the_farm_has_built(tmp_path):
+    # its worker finds a missing binary in milliseconds, and another entry's task may have built it
+    sent_unbuilt, campaign, subject, in_order, expected = _unbuilt_entries_run(tmp_path, "farm")
+    assert sent_unbuilt and campaign.deferred == 0
+    assert sorted(map(repr, subject.checked)) == sorted(map(repr, in_order.checked))
 
 
 def test_the_farm_s_first_unfinished_task_of_an_entry_is_its_first_upcoming_case(tmp_path):

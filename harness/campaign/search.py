@@ -378,9 +378,13 @@ class Search:
             self.deferrals.add(case, deferred.skipped)
 
     def _put_off_unbuilt(self, case: Case) -> bool:
-        """Put a case off without sending it to its worker while the farm has built nothing of its
-        entry: sent, its check would build its batches and reserve its memory, maybe waiting for
-        that, only to find its binary missing.  It waits for the farm's first task of the entry."""
+        """Put a large case off without sending it to its worker while the farm has built nothing of
+        its entry: sent, its check would build its batches on the device and reserve their memory,
+        maybe waiting for that, only to find its binary missing.  It waits for the farm's first task
+        of the entry.  A small case is sent: finding its binary missing costs its worker milliseconds,
+        and another entry's task may have built it already (entries share binaries)."""
+        if not case.large:
+            return False
         marker = self.run.waiting.unbuilt(case)
         if marker is None:
             return False
