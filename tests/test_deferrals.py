@@ -4,6 +4,7 @@ found that way is shrunk as if it had been found in order; a passing campaign st
 every case it drew, once."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -398,8 +399,6 @@ class FarmDoneAlready:
     per_binary = True
 
     def __init__(self, folder: Path, tasks):
-        import json
-
         folder.mkdir()
         self.folder = str(folder)
         for n, (ok, seconds, memory_wait) in enumerate(tasks):

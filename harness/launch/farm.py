@@ -682,8 +682,9 @@ def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None
                 after.wait(device_wait)
                 waited = True
                 since[slot] = time.monotonic()
+            # (a small entry may have fewer distinct cases than samples)
             memory_wait = _compile_case(kernel, plan, cases[number]) if number < len(cases) else 0.0
-            if not isinstance(sample, str):  # (a small entry may have fewer distinct cases)
+            if not isinstance(sample, str):
                 marks.mark(plan, entry, list(_LAUNCHED), sample)
             result = {"ok": True, "error": None, "skipped": _SKIPPED[0], "memory_wait": memory_wait}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
