@@ -17,7 +17,6 @@ search, and a failure found is kept there for every later campaign.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -72,7 +71,6 @@ class _FarmWait:
         self.farm = farm
         self.kernel = import_path(kernel) if farm is not None else None  # what the farm's plan names it by
         self._tasks = FinishedTasks(farm.folder) if farm is not None else None
-        self._tasks_read = -math.inf  # when (perf_counter) the farm's tasks were last read
 
     def farm_running(self) -> bool:
         if self.farm is not None and not self.farm.running():
@@ -81,13 +79,8 @@ class _FarmWait:
 
     def slowest_task(self) -> float:
         """The longest compile task the farm has finished, its memory wait left out (seconds; 0
-        without a farm), read at most once a second."""
-        if self._tasks is None:
-            return 0.0
-        if time.perf_counter() - self._tasks_read >= 1.0:
-            self._tasks.update()
-            self._tasks_read = time.perf_counter()
-        return self._tasks.slowest
+        without a farm: ``FinishedTasks``)."""
+        return self._tasks.slowest() if self._tasks is not None else 0.0
 
     def unbuilt(self, case: Case) -> str | None:
         """While the farm runs and has built nothing of ``case``'s entry: the marker its first task of

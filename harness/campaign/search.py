@@ -388,8 +388,8 @@ class Search:
         marker = self.run.waiting.unbuilt(case)
         if marker is None:
             return False
-        self._put_off(case, Deferred(Skipped(claim="", landed=marker, claimed=False)),
-                      time.perf_counter(), 0.0)
+        nobody_compiles_it = Skipped(claim="", landed=marker, claimed=False)  # no claim to watch: the marker
+        self._put_off(case, Deferred(nobody_compiles_it), time.perf_counter(), 0.0)
         return True
 
     def _past_the_budget(self, outcome, checked: float, seconds: float) -> None:

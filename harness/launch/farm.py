@@ -240,7 +240,7 @@ class FarmHandle:
         prefix = entry_key(kernel, entry_of(case)) + "."
         planned = sorted(Path(self.folder).glob(prefix + "*.planned"),
                          key=lambda path: _task_order(path.name[len(prefix):-len(".planned")]))
-        done = [path.with_name(path.name[:-len("planned")] + "done") for path in planned]
+        done = [_done_of(path) for path in planned]
         if not done or any(path.exists() for path in done):
             return None
         return str(done[0])
@@ -251,8 +251,7 @@ class FarmHandle:
             return 0.0
         folder, entry = Path(self.folder), entry_of(case)
         prefix = entry_key(kernel, entry) + "."
-        held = [planned.with_name(planned.name[:-len("planned")] + "done")
-                for planned in folder.glob(prefix + "*.planned")]
+        held = [_done_of(planned) for planned in folder.glob(prefix + "*.planned")]
         if all(done.exists() for done in held):
             return 0.0
         start = time.monotonic()
@@ -263,20 +262,32 @@ class FarmHandle:
         return time.monotonic() - start
 
 
+def _done_of(planned: Path) -> Path:
+    """The ``done`` marker of the task whose ``planned`` marker this is."""
+    return planned.with_name(planned.name[:-len("planned")] + "done")
+
+
 class FinishedTasks:
-    """How long the farm's tasks took, read from their ``done`` markers as they appear: the longest
-    built so far, its wait for memory left out (seconds; 0 before any)."""
+    """How long the farm's tasks took, read from their ``done`` markers as they appear (at most once a
+    second): the longest built so far, its wait for memory left out (seconds; 0 before any)."""
 
     def __init__(self, folder: str):
         self.folder = folder
-        self.slowest = 0.0
+        self._slowest = 0.0
         self._read: set[str] = set()
+        self._read_at = -float("inf")  # when (monotonic) the folder was last listed
 
-    def update(self) -> float:
+    def slowest(self) -> float:
+        if time.monotonic() - self._read_at >= 1.0:
+            self._read_at = time.monotonic()
+            self._read_new()
+        return self._slowest
+
+    def _read_new(self) -> None:
         try:
             names = os.listdir(self.folder)
         except OSError:  # the farm was closed: what was read stands
-            return self.slowest
+            return
         for name in names:
             if not name.endswith(".done") or name in self._read:
                 continue
@@ -286,8 +297,7 @@ class FinishedTasks:
             except (OSError, ValueError):
                 continue
             if result.get("ok") and result.get("seconds") is not None:
-                self.slowest = max(self.slowest, result["seconds"] - result.get("memory_wait", 0.0))
-        return self.slowest
+                self._slowest = max(self._slowest, result["seconds"] - result.get("memory_wait", 0.0))
 
 
 class Farm:
@@ -557,7 +567,7 @@ def _task_order(sample: str) -> tuple[int, int, int]:
 
 def _upcoming_number(sample: str) -> int:
     """The index in ``Plan.upcoming`` of an upcoming task's case (``u3``, ``u3.1`` -> 3)."""
-    return int(sample[1:].split(".")[0])
+    return _task_order(sample)[1]
 
 
 def default_processes() -> int:
