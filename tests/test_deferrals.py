@@ -274,7 +274,10 @@ class FarmFinishingAfter:
     def wait_for(self, kernel, case) -> float:
         return 0.0
 
-    def unbuilt(self, kernel, case) -> str | None:
+    def unbuilt(self, kernel, case) -> tuple[str, str] | None:
+        return None
+
+    def stuck_marker(self, kernel, case) -> str | None:
         return None
 
 
@@ -295,6 +298,59 @@ def test_while_a_farm_runs_nothing_waits_for_a_binary_and_the_end_of_the_run_wai
     assert len(set(map(repr, subject.checked))) == len(set(map(repr, subject.asked)))
     # the end of the run, polling for the farm's binaries, is waiting for compiles, not generation
     assert campaign.phase_times.get("compile", 0.0) > 0.005, campaign.phase_times
+
+
+class FarmStuckOnItsTasks(FarmFinishingAfter):
+    """Stands for a per-binary farm whose task of every entry waits for device memory (``stuck``)."""
+
+    def __init__(self, stuck: Path, polls: int):
+        super().__init__(polls)
+        self.stuck = stuck
+
+    def stuck_marker(self, kernel, case) -> str | None:
+        return str(self.stuck)
+
+
+def test_a_case_put_off_for_a_binary_nobody_compiles_is_checked_once_the_farm_s_task_of_it_is_stuck(tmp_path):
+    asked = []
+
+    class NobodyCompiles(PuttingOff):
+        """Puts off each new case once, for a binary nobody compiles (left to the farm)."""
+
+        def check(self, case, *, digest=False, explain=False, defer=None, patience=None):
+            asked.append((case, defer, farm.peek()))
+            if defer == UNBUILT and case not in self.put_off:
+                self.put_off.append(case)
+                name = f"binary-{len(self.put_off)}"
+                return Deferred(Skipped(str(tmp_path / name), str(tmp_path / f"{name}.landed"), claimed=False))
+            return super().check(case, digest=digest, explain=explain, defer=defer, patience=patience)
+
+    stuck = tmp_path / "task.stuck"
+    stuck.touch()
+    subject = NobodyCompiles(tmp_path, lambda case: False, every=10**9)
+    farm = FarmStuckOnItsTasks(stuck, polls=400)
+    campaign = _campaign(tmp_path, subject, max_examples=30, seed=5, farm=farm)
+    assert not campaign.failed and campaign.deferred == len(subject.put_off) > 0
+    again = _asked_again(asked, subject.put_off)
+    assert again and all(defer == CLAIMED and running for defer, running in again)  # not at the farm's end
+    stuck.unlink()  # the farm's task compiling: such a case waits for it, as before
+    asked.clear()
+    subject = NobodyCompiles(tmp_path, lambda case: False, every=10**9)
+    farm = FarmStuckOnItsTasks(stuck, polls=400)
+    campaign = _campaign(tmp_path, subject, max_examples=30, seed=5, farm=farm)
+    again = _asked_again(asked, subject.put_off)
+    assert again and not any(running for defer, running in again)
+
+
+def _asked_again(asked, put_off) -> list:
+    """(defer, whether the farm ran) of each late check of a case put off (a case drawn again is asked
+    to be checked with deferral allowed, as any new case)."""
+    met, again = set(), []
+    for case, defer, running in asked:
+        if case in put_off and repr(case) in met and defer != UNBUILT:
+            again.append((defer, running))
+        met.add(repr(case))
+    return again
 
 
 def test_a_late_failure_the_redrawn_run_never_meets_stands_unshrunk_with_a_note(tmp_path, monkeypatch):
@@ -411,7 +467,10 @@ class FarmDoneAlready:
     def wait_for(self, kernel, case) -> float:
         return 0.0
 
-    def unbuilt(self, kernel, case) -> str | None:
+    def unbuilt(self, kernel, case) -> tuple[str, str] | None:
+        return None
+
+    def stuck_marker(self, kernel, case) -> str | None:
         return None
 
 
@@ -458,23 +517,25 @@ class FarmBuildingEntries(FarmFinishingAfter):
         self.built: set = set()
         self.looks = 0
 
-    def _marker(self, entry) -> Path:
-        return self.folder / f"entry-{abs(hash(entry))}.done"
+    def _marker(self, entry, state: str = "done") -> Path:
+        return self.folder / f"entry-{abs(hash(entry))}.{state}"
 
-    def unbuilt(self, kernel, case) -> str | None:
+    def unbuilt(self, kernel, case) -> tuple[str, str] | None:
         from nanfuzz.harness.launch.farm import entry_of
 
         self.looks += 1
         if self.waiting and self.looks % self.every == 0:
-            done = self.waiting.pop(0)
-            self._marker(done).touch()
-            self.built.add(done)
+            self._finish(self.waiting.pop(0))
         entry = entry_of(case)
         if entry in self.built:
             return None
         if entry not in self.waiting:
             self.waiting.append(entry)
-        return str(self._marker(entry))
+        return str(self._marker(entry)), str(self._marker(entry, "stuck"))
+
+    def _finish(self, entry) -> None:
+        self._marker(entry).touch()
+        self.built.add(entry)
 
     def is_built(self, case) -> bool:
         from nanfuzz.harness.launch.farm import entry_of
@@ -482,7 +543,15 @@ class FarmBuildingEntries(FarmFinishingAfter):
         return entry_of(case) in self.built or not self.peek()
 
 
-def _unbuilt_entries_run(tmp_path, name: str):
+class FarmStuckOnEntries(FarmBuildingEntries):
+    """As ``FarmBuildingEntries``, but each entry's task gets stuck (waiting for memory, say) instead of
+    being built; it marks nothing done while it runs."""
+
+    def _finish(self, entry) -> None:
+        self._marker(entry, "stuck").touch()
+
+
+def _unbuilt_entries_run(tmp_path, name: str, farm_kind=FarmBuildingEntries):
     """A campaign beside a farm that builds its entries one at a time: the cases its worker was sent
     while their entry was unbuilt, the campaign, its subject and the same search run in order."""
     sent_unbuilt = []
@@ -490,13 +559,13 @@ def _unbuilt_entries_run(tmp_path, name: str):
     class Recording(PuttingOff):
         def check(self, case, *, digest=False, explain=False, defer=None, patience=None):
             if not farm.is_built(case):
-                sent_unbuilt.append(case)
+                sent_unbuilt.append((case, defer, farm.peek()))
             return super().check(case, digest=digest, explain=explain, defer=defer, patience=patience)
 
     in_order = PuttingOff(tmp_path, lambda case: False)
     in_order.defers = False
     subject = Recording(tmp_path, lambda case: False, every=10**9)  # its worker never puts a case off itself
-    farm = FarmBuildingEntries(tmp_path / name, polls=300)
+    farm = farm_kind(tmp_path / name, polls=300)
     farm.folder.mkdir()
     expected = _campaign(tmp_path, in_order, max_examples=60, seed=5)
     campaign = _campaign(tmp_path, subject, max_examples=60, seed=5, farm=farm)
@@ -517,6 +586,18 @@ def test_a_large_case_of_an_entry_the_farm_has_built_nothing_of_is_put_off_befor
     assert campaign.examples == expected.examples
 
 
+def test_a_large_case_put_off_for_a_farm_task_that_is_stuck_is_checked_while_the_farm_runs(tmp_path, monkeypatch):
+    # its check's memory may come sooner than the farm's: it compiles what it needs itself
+    from nanfuzz.reference import case as case_module
+
+    monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)
+    sent_unbuilt, campaign, subject, in_order, expected = _unbuilt_entries_run(tmp_path, "farm", FarmStuckOnEntries)
+    assert not campaign.failed and campaign.deferred > 0
+    assert sent_unbuilt and all(defer == CLAIMED and running for _, defer, running in sent_unbuilt[:10])
+    assert sorted(map(repr, subject.checked)) == sorted(map(repr, in_order.checked))
+    assert campaign.examples == expected.examples
+
+
 def test_a_small_case_goes_to_its_worker_whatever_the_farm_has_built(tmp_path):
     # its worker finds a missing binary in milliseconds, and another entry's task may have built it
     sent_unbuilt, campaign, subject, in_order, expected = _unbuilt_entries_run(tmp_path, "farm")
@@ -532,9 +613,15 @@ def test_the_farm_s_first_unfinished_task_of_an_entry_is_its_first_upcoming_case
     for sample in ("2", "u3.1", "u3", "u12", "0"):
         _marker(tmp_path, kernel, entry_of(case), sample, "planned").touch()
     handle = FarmHandle(str(tmp_path), per_binary=True)
-    first = _marker(tmp_path, kernel, entry_of(case), "u3", "done")
-    assert handle.unbuilt(kernel, case) == str(first)
+    first = [str(_marker(tmp_path, kernel, entry_of(case), "u3", state)) for state in ("done", "stuck")]
+    assert handle.unbuilt(kernel, case) == tuple(first)
     assert handle.unbuilt("another:kernel", case) is None  # an entry the farm does not build
     assert FarmHandle(str(tmp_path)).unbuilt(kernel, case) is None  # workers wait for whole entries there
+    Path(first[1]).touch()
+    assert handle.unbuilt(kernel, case) is None  # waiting for memory: a check may get it sooner
+    assert handle.stuck_marker(kernel, case) == first[1]
+    Path(first[0]).touch()
+    assert handle.stuck_marker(kernel, case) == str(_marker(tmp_path, kernel, entry_of(case), "u3.1", "stuck"))
+    Path(first[1]).unlink()
     _marker(tmp_path, kernel, entry_of(case), "0", "done").touch()
     assert handle.unbuilt(kernel, case) is None  # something of it is built: a check finds out the rest

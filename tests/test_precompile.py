@@ -59,7 +59,9 @@ def test_the_farm_visits_every_entry_and_a_raising_kernel_gives_up_only_its_wind
     with Farm([plan], processes=2, marks=BuiltMarks(tmp_path)) as farm:
         assert farm.wait(timeout=120)
         summary = farm.summary()
+        stuck = len(list(Path(farm.folder).glob("*.stuck")))  # the cases waiting for a task given up stop waiting
     assert farm.summary() == summary  # still known once the farm's folder is gone
+    assert stuck == summary["given_up"]
     tasks = SAMPLES_PER_ENTRY * len(plan.entries)
     assert summary["entries"] == len(plan.entries) and summary["tasks"] == tasks
     assert summary["given_up"] == SAMPLES_PER_ENTRY * len(_windowed(plan))
@@ -76,7 +78,8 @@ def test_a_kernel_that_kills_or_hangs_its_farm_process_costs_only_its_entries(sp
         assert farm.wait(timeout=1200)
         summary = farm.summary()
         waited = farm.handle.wait_for(plan.spec.kernel, sample_cases(plan, _windowed(plan)[0])[0], limit=3600.0)
-    assert why in summary["first_error"]
+        stuck = len(list(Path(farm.folder).glob("*.stuck")))
+    assert why in summary["first_error"] and stuck >= 1
     # the one farm process is gone after the first windowed entry's case: the rest are given up, none is lost
     assert summary["given_up"] >= 1 and summary["compiled"] + summary["given_up"] <= summary["tasks"]
     assert waited < 3600.0  # the finished farm ended the wait, not its limit
@@ -391,3 +394,35 @@ def test_a_farm_task_refused_for_memory_asks_again_while_its_process_s_patience_
     with pytest.raises(TooLargeForDevice):       # and later tasks no longer wait at all
         farm._reserve_politely(spent, 10)
     assert spent.asks == 1
+
+
+class _WatchedFullDevice(_FullDevice):
+    """``_FullDevice``, noting at each ask whether the task's ``stuck`` marker is there."""
+
+    def __init__(self, busy: int, marker: Path):
+        super().__init__(busy)
+        self.marker, self.seen = marker, []
+
+    def reserve(self, need: int, patience: float, headroom: int = 0) -> int:
+        self.seen.append(self.marker.exists())
+        return super().reserve(need, patience, headroom)
+
+
+def test_a_farm_task_waiting_for_memory_says_so_while_it_waits(monkeypatch, tmp_path):
+    # the campaign's cases put off for this task are checked meanwhile (``Skipped.stuck``)
+    from nanfuzz.harness.judge.memory import TooLargeForDevice
+    from nanfuzz.harness.launch import farm
+
+    monkeypatch.setattr(farm, "_MEMORY_POLL", 0.01)
+    monkeypatch.setattr(farm, "_patience_left", [0.5])
+    marker = tmp_path / "task.stuck"
+    held_a_moment = _WatchedFullDevice(busy=3, marker=marker)
+    farm._reserve_politely(held_a_moment, 10, marker)
+    assert held_a_moment.seen == [False, True, True, True] and not marker.exists()  # reserved: compiling now
+    at_once = _WatchedFullDevice(busy=0, marker=marker)
+    farm._reserve_politely(at_once, 10, marker)
+    assert at_once.seen == [False] and not marker.exists()
+    held_for_good = _WatchedFullDevice(busy=10 ** 9, marker=marker)
+    with pytest.raises(TooLargeForDevice):
+        farm._reserve_politely(held_for_good, 10, marker)
+    assert marker.exists()  # given up: it stays

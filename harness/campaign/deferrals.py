@@ -53,8 +53,9 @@ class Deferrals:
     def landed(self, farm_running: bool) -> list[tuple[Case, bool]]:
         """Take out the cases that can be checked now, each with whether its binary is built.  It is
         when it has landed.  It is not when a compile of it was under way elsewhere and ended without
-        landing it (that compile failed, or its process died), or when nobody compiles it and no farm
-        runs that would: the check then compiles it itself, and meets whatever stopped the other."""
+        landing it (that compile failed, or its process died), when the farm's task that was to build it
+        is stuck (``Skipped.stuck``), or when nobody compiles it and no farm runs that would: the check
+        then compiles it itself, and meets whatever stopped the other."""
         states: dict[Skipped, bool | None] = {}  # many cases wait for one binary: look once per binary
         ready, waiting = [], []
         for case, skipped in self._waiting:
@@ -69,6 +70,8 @@ class Deferrals:
 
     def _state(self, skipped: Skipped, farm_running: bool) -> bool | None:
         """True: landed; False: ready to compile in the check; None: still to wait for."""
+        if skipped.stuck and os.path.exists(skipped.stuck):
+            return False
         if os.path.exists(skipped.landed):
             return True
         if shared_compiles.claim_pending(skipped.claim):

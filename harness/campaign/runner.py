@@ -82,10 +82,15 @@ class _FarmWait:
         without a farm: ``FinishedTasks``)."""
         return self._tasks.slowest() if self._tasks is not None else 0.0
 
-    def unbuilt(self, case: Case) -> str | None:
-        """While the farm runs and has built nothing of ``case``'s entry: the marker its first task of
-        that entry leaves when done (``FarmHandle.unbuilt``)."""
+    def unbuilt(self, case: Case) -> tuple[str, str] | None:
+        """While the farm runs and has built nothing of ``case``'s entry: the markers its first task of
+        that entry leaves when done and while stuck (``FarmHandle.unbuilt``)."""
         return self.farm.unbuilt(self.kernel, case) if self.farm_running() else None
+
+    def stuck_marker(self, case: Case) -> str | None:
+        """While the farm runs: the ``stuck`` marker of its first task of ``case``'s entry not done yet
+        (``FarmHandle.stuck_marker``)."""
+        return self.farm.stuck_marker(self.kernel, case) if self.farm_running() else None
 
     def __call__(self, case: Case, campaign: Campaign) -> None:
         if self.farm is None:

@@ -17,6 +17,7 @@ import hashlib
 import math
 import random
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from hypothesis import HealthCheck, Phase, given, reject, seed as hypothesis_seed, settings as hypothesis_settings, target
@@ -368,27 +369,34 @@ class Search:
 
     def _put_off(self, case: Case, deferred: Deferred, checked: float, round_trip: float) -> None:
         """Count a case put off for a binary (``deferred.skipped``) and queue it, unless no farm will
-        build that binary and a compile would outlast the budget."""
+        build that binary and a compile would outlast the budget.  One that nobody compiles yet waits
+        for the farm only while the farm's task of its entry is not stuck (``Skipped.stuck``)."""
         run, campaign = self.run, self.campaign
         self._spent("handoff", round_trip)  # the case to the worker, and back put off
         campaign.note_early(put_off_record(deferred, checked - run.start, round_trip))
         if self._compiles_too_late() and not run.waiting.farm_running():
             campaign.left_at_budget_end += 1
-        else:
-            self.deferrals.add(case, deferred.skipped)
+            return
+        skipped = deferred.skipped
+        if not skipped.claimed and not skipped.stuck:
+            skipped = replace(skipped, stuck=run.waiting.stuck_marker(case) or "")
+        self.deferrals.add(case, skipped)
 
     def _put_off_unbuilt(self, case: Case) -> bool:
         """Put a large case off without sending it to its worker while the farm has built nothing of
         its entry: sent, its check would build its batches on the device and reserve their memory,
         maybe waiting for that, only to find its binary missing.  It waits for the farm's first task
-        of the entry.  A small case is sent: finding its binary missing costs its worker milliseconds,
-        and another entry's task may have built it already (entries share binaries)."""
+        of the entry, or until that task is stuck (waiting for device memory, or given up: the case is
+        then checked, as its check's memory may come sooner than the farm's).  A small case is sent:
+        finding its binary missing costs its worker milliseconds, and another entry's task may have
+        built it already (entries share binaries)."""
         if not case.large:
             return False
-        marker = self.run.waiting.unbuilt(case)
-        if marker is None:
+        markers = self.run.waiting.unbuilt(case)
+        if markers is None:
             return False
-        nobody_compiles_it = Skipped(claim="", landed=marker, claimed=False)  # no claim to watch: the marker
+        done, stuck = markers
+        nobody_compiles_it = Skipped(claim="", landed=done, claimed=False, stuck=stuck)  # no claim: the markers
         self._put_off(case, Deferred(nobody_compiles_it), time.perf_counter(), 0.0)
         return True
 

@@ -41,7 +41,9 @@ A worker that needs a binary a farm process (or another worker) is compiling
 waits for that binary alone and loads it (``harness.launch.shared_compiles``), and
 compiles what nobody is compiling; a fuzzing campaign's worker rather puts
 the case off and checks others meanwhile, and while the farm runs leaves
-to it what nobody compiles yet (``harness.campaign.deferrals``).  Where claims cannot be installed (a Triton
+to it what nobody compiles yet (``harness.campaign.deferrals``), unless the
+farm's task of the case's entry is ``stuck``: waiting for device memory, or
+ended without building its case (the case then compiles what it needs).  Where claims cannot be installed (a Triton
 without ``knobs``, a cache manager of the user's own), the campaign instead
 waits before each case while the farm still holds any task of the case's
 entry (``FarmHandle.wait_for``).
@@ -53,6 +55,7 @@ as it would without a farm, and meets whatever the kernel does there.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -126,7 +129,8 @@ def entry_key(kernel: str, entry: Specialisation) -> str:
 
 def _marker(folder, kernel: str, entry: Specialisation, sample: int | str, state: str) -> Path:
     """A task's marker in the farm's folder: ``planned`` when the farm starts, ``done`` when it is built or
-    given up.  ``sample``: the number of one of the entry's sample cases, or ``u<n>`` for upcoming case n."""
+    given up, ``stuck`` while it waits for device memory and for good once it ends without building its
+    case.  ``sample``: the number of one of the entry's sample cases, or ``u<n>`` for upcoming case n."""
     return Path(folder) / f"{entry_key(kernel, entry)}.{sample}.{state}"
 
 
@@ -230,20 +234,31 @@ class FarmHandle:
             return False
         return self.plan is None or not (folder / f"{_FINISHED}.{self.plan}").exists()
 
-    def unbuilt(self, kernel: str, case: Case) -> str | None:
-        """Where the farm's first task of ``case``'s entry marks itself done, while the farm holds
-        tasks of that entry and has finished none of them: a check of the case would only build its
-        batches, reserve its memory and find its binary missing.  None otherwise, and for a farm
-        whose workers wait for whole entries (``wait_for``)."""
+    def unbuilt(self, kernel: str, case: Case) -> tuple[str, str] | None:
+        """The ``done`` and ``stuck`` markers of the farm's first task of ``case``'s entry, while the
+        farm holds tasks of that entry, has finished none of them and that one is not stuck: a check
+        of the case would only build its batches, reserve its memory and find its binary missing.
+        None otherwise, and for a farm whose workers wait for whole entries (``wait_for``)."""
         if not self.per_binary:
             return None
-        prefix = entry_key(kernel, entry_of(case)) + "."
-        planned = sorted(Path(self.folder).glob(prefix + "*.planned"),
-                         key=lambda path: _task_order(path.name[len(prefix):-len(".planned")]))
-        done = [_done_of(path) for path in planned]
-        if not done or any(path.exists() for path in done):
+        planned = self._entry_tasks(kernel, case)
+        if not planned or any(_done_of(path).exists() for path in planned) or _stuck_of(planned[0]).exists():
             return None
-        return str(done[0])
+        return str(_done_of(planned[0])), str(_stuck_of(planned[0]))
+
+    def stuck_marker(self, kernel: str, case: Case) -> str | None:
+        """The ``stuck`` marker of the farm's first task of ``case``'s entry not done yet (None where
+        none is left): a case waiting for a binary nobody compiles yet waits no longer once it is there."""
+        for path in self._entry_tasks(kernel, case):
+            if not _done_of(path).exists():
+                return str(_stuck_of(path))
+        return None
+
+    def _entry_tasks(self, kernel: str, case: Case) -> list[Path]:
+        """The ``planned`` markers of the farm's tasks of ``case``'s entry, in the order it runs them."""
+        prefix = entry_key(kernel, entry_of(case)) + "."
+        return sorted(Path(self.folder).glob(prefix + "*.planned"),
+                      key=lambda path: _task_order(path.name[len(prefix):-len(".planned")]))
 
     def wait_for(self, kernel: str, case: Case, limit: float = TASK_TIMEOUT + 60.0) -> float:
         """Wait while the farm still holds a task of ``case``'s entry; the seconds waited (0 when it does not)."""
@@ -265,6 +280,11 @@ class FarmHandle:
 def _done_of(planned: Path) -> Path:
     """The ``done`` marker of the task whose ``planned`` marker this is."""
     return planned.with_name(planned.name[:-len("planned")] + "done")
+
+
+def _stuck_of(planned: Path) -> Path:
+    """The ``stuck`` marker of the task whose ``planned`` marker this is."""
+    return planned.with_name(planned.name[:-len("planned")] + "stuck")
 
 
 class FinishedTasks:
@@ -415,6 +435,7 @@ class Farm:
     def _give_up(self, task: int, why: str) -> None:
         done = self._marker(*self._tasks[task], "done")
         if not done.exists():
+            self._marker(*self._tasks[task], "stuck").touch()
             done.write_text(json.dumps({"ok": False, "error": why, "seconds": None}))
 
     def _note_plans_done(self) -> None:
@@ -692,13 +713,15 @@ def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None
                 after.wait(device_wait)
                 waited = True
                 since[slot] = time.monotonic()
+            stuck = _marker(folder, plan.spec.kernel, entry, sample, "stuck")
             # (a small entry may have fewer distinct cases than samples)
-            memory_wait = _compile_case(kernel, plan, cases[number]) if number < len(cases) else 0.0
+            memory_wait = _compile_case(kernel, plan, cases[number], stuck) if number < len(cases) else 0.0
             if not isinstance(sample, str):
                 marks.mark(plan, entry, list(_LAUNCHED), sample)
             result = {"ok": True, "error": None, "skipped": _SKIPPED[0], "memory_wait": memory_wait}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
             result = {"ok": False, "error": one_line(exc)}
+            _touch(_marker(folder, plan.spec.kernel, entry, sample, "stuck"))
         shared_compiles.release_claims()  # a compile that raised leaves its claim
         result["seconds"] = time.perf_counter() - started
         result["at"] = time.time()
@@ -768,10 +791,10 @@ def sample_cases(plan: Plan, entry: Specialisation, count: int = SAMPLES_PER_ENT
     return found
 
 
-def _compile_case(kernel, plan: Plan, case: Case) -> float:
+def _compile_case(kernel, plan: Plan, case: Case, stuck: Path | None = None) -> float:
     """Launch ``case`` compile-only, its tensors' device memory reserved first (``_reserve_politely``:
-    a task whose memory stays taken is given up, and the campaign compiles it when it meets it);
-    the seconds it waited for that memory."""
+    a task whose memory stays taken is given up, and the campaign compiles it when it meets it; the
+    ``stuck`` marker is there while it waits); the seconds it waited for that memory."""
     import torch
 
     from nanfuzz.harness.judge.memory import governor
@@ -779,7 +802,7 @@ def _compile_case(kernel, plan: Plan, case: Case) -> float:
 
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
     share = governor(plan.spec.memory, device)
-    waited = _reserve_politely(share, compile_footprint(kernel, case))
+    waited = _reserve_politely(share, compile_footprint(kernel, case), stuck)
     try:
         batch = _built_on_device(case, device) if case.large else materialize(case, device)
         share.built()
@@ -813,11 +836,12 @@ _MEMORY_POLL = 0.2
 _patience_left = [MEMORY_PATIENCE]
 
 
-def _reserve_politely(share, need: int) -> float:
+def _reserve_politely(share, need: int, stuck: Path | None = None) -> float:
     """``share.reserve(need)`` without a place in line and only while ``FARM_ROOM_SHARE`` of the device
     stays free beside it for the campaign's checks, asked again every ``_MEMORY_POLL`` s while this
     process's ``MEMORY_PATIENCE`` lasts; ``TooLargeForDevice`` once it is spent, and at once for a case
-    that would not leave that room on the device however empty.  The seconds it asked for."""
+    that would not leave that room on the device however empty.  ``stuck`` is there while it asks
+    again (the campaign's cases waiting for this task then stop waiting).  The seconds it asked for."""
     from nanfuzz.harness.judge.memory import TooLargeForDevice
 
     room = share.device.total() // FARM_ROOM_SHARE
@@ -826,12 +850,23 @@ def _reserve_politely(share, need: int) -> float:
         started = time.monotonic()
         try:
             share.reserve(need, patience=0.0, headroom=room)
-            return time.monotonic() - first
+            break
         except TooLargeForDevice:
             if _patience_left[0] <= 0 or share.larger_than_device(need + room):
-                raise
+                raise  # the task ends without building: its marker stays
+        if stuck is not None:
+            _touch(stuck)
         time.sleep(_MEMORY_POLL)
         _patience_left[0] -= time.monotonic() - started
+    if stuck is not None:
+        with contextlib.suppress(OSError):
+            stuck.unlink()
+    return time.monotonic() - first
+
+
+def _touch(marker: Path) -> None:
+    with contextlib.suppress(OSError):  # the farm was closed meanwhile: nobody waits for the marker
+        marker.touch()
 
 
 def _built_on_device(case: Case, device):

@@ -87,11 +87,14 @@ def install(skip_claimed: bool = False) -> bool:
 class Skipped:
     """A binary a launch did without: ``claim``, where a compile of it is claimed; ``landed``,
     where its metadata group appears once it is in the cache (Triton's file cache's naming);
-    ``claimed``, whether another process was compiling it (else nobody was, yet)."""
+    ``claimed``, whether another process was compiling it (else nobody was, yet); ``stuck``, where
+    a marker appears once what was to build it will not soon (a compile farm's task waiting for
+    device memory, or given up), "" where nothing is watched so."""
 
     claim: str
     landed: str
     claimed: bool = True
+    stuck: str = ""
 
 
 @contextlib.contextmanager
