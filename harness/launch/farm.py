@@ -435,7 +435,7 @@ class Farm:
     def _give_up(self, task: int, why: str) -> None:
         done = self._marker(*self._tasks[task], "done")
         if not done.exists():
-            self._marker(*self._tasks[task], "stuck").touch()
+            _touch(self._marker(*self._tasks[task], "stuck"))
             done.write_text(json.dumps({"ok": False, "error": why, "seconds": None}))
 
     def _note_plans_done(self) -> None:
@@ -698,6 +698,7 @@ def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None
         current[slot] = task
         plan = plans[plan_index]
         entry = plan.entries[entry_index]
+        stuck = _marker(folder, plan.spec.kernel, entry, sample, "stuck")
         started = time.perf_counter()
         try:
             kernel = kernels.get(plan_index) or kernels.setdefault(plan_index, plan.spec.load())
@@ -713,7 +714,6 @@ def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None
                 after.wait(device_wait)
                 waited = True
                 since[slot] = time.monotonic()
-            stuck = _marker(folder, plan.spec.kernel, entry, sample, "stuck")
             # (a small entry may have fewer distinct cases than samples)
             memory_wait = _compile_case(kernel, plan, cases[number], stuck) if number < len(cases) else 0.0
             if not isinstance(sample, str):
@@ -721,7 +721,7 @@ def _compile_tasks(plans, queue, current, since, folder, slot, marks, after=None
             result = {"ok": True, "error": None, "skipped": _SKIPPED[0], "memory_wait": memory_wait}
         except BaseException as exc:  # the kernel's own failure is for the campaign to find
             result = {"ok": False, "error": one_line(exc)}
-            _touch(_marker(folder, plan.spec.kernel, entry, sample, "stuck"))
+            _touch(stuck)
         shared_compiles.release_claims()  # a compile that raised leaves its claim
         result["seconds"] = time.perf_counter() - started
         result["at"] = time.time()
