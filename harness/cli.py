@@ -580,7 +580,7 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
             "memory_waits": campaign.memory_waits, "memory_wait_s": round(campaign.memory_wait_seconds, 3),
             "early_examples": campaign.early_examples, "past_budget": campaign.past_budget,
             "left_at_budget_end": campaign.left_at_budget_end,
-            "began_s": _since_began(campaign.startup.get("started"))}
+            "began_s": _since_began(campaign.startup.get("started")), "startup_s": campaign.startup_seconds()}
 
 
 def _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahead) -> int:

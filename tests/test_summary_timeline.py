@@ -11,9 +11,12 @@ def test_a_campaign_s_start_and_the_summary_are_timed_from_the_command_s_start(t
     monkeypatch.setattr(cli, "_BEGAN", time.time() - 100.0)  # a command begun 100 s ago
     summary = tmp_path / "summary.json"
     assert cli.main(["fuzz", "--kernel", "paged_decode@masked", "--device", "cpu", "--max-examples", "3",
-                     "--no-isolation", "--state-dir", str(tmp_path / "state"), "--summary-json", str(summary)]) == 0
+                     "--state-dir", str(tmp_path / "state"), "--summary-json", str(summary)]) == 0
     written = json.loads(summary.read_text())
     (entry,) = written["kernels"]
     assert written["timeline"]["first_cases_drawn_s"] is None  # no farm under the interpreter: nothing drawn ahead
     assert 100.0 <= entry["began_s"] <= entry["began_s"] + entry["elapsed_s"] <= written["timeline"]["summary_s"]
     assert written["timeline"]["summary_s"] < 100.0 + 120.0
+    # its own start's steps, from its start: the worker loaded and ready before its first example
+    steps = entry["startup_s"]
+    assert 0.0 <= steps["worker_loaded_s"] <= steps["worker_ready_s"] <= entry["elapsed_s"], steps
