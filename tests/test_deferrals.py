@@ -593,7 +593,8 @@ def test_a_large_case_put_off_for_a_farm_task_that_is_stuck_is_checked_while_the
     monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)
     sent_unbuilt, campaign, subject, in_order, expected = _unbuilt_entries_run(tmp_path, "farm", FarmStuckOnEntries)
     assert not campaign.failed and campaign.deferred > 0
-    assert sent_unbuilt and all(defer == CLAIMED and running for _, defer, running in sent_unbuilt[:10])
+    while_running = [defer for _, defer, running in sent_unbuilt if running]
+    assert while_running and set(while_running) == {CLAIMED}  # each compiling what it needs, the farm still at work
     assert sorted(map(repr, subject.checked)) == sorted(map(repr, in_order.checked))
     assert campaign.examples == expected.examples
 
