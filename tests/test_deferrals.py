@@ -516,6 +516,7 @@ class FarmBuildingEntries(FarmFinishingAfter):
         self.waiting: list = []  # entries met and not yet built, in order
         self.built: set = set()
         self.looks = 0
+        self.unstuck_answers = 0  # cases of an unbuilt entry whose task was not stuck
 
     def _marker(self, entry, state: str = "done") -> Path:
         return self.folder / f"entry-{abs(hash(entry))}.{state}"
@@ -531,7 +532,9 @@ class FarmBuildingEntries(FarmFinishingAfter):
             return None
         if entry not in self.waiting:
             self.waiting.append(entry)
-        return str(self._marker(entry)), str(self._marker(entry, "stuck"))
+        stuck = self._marker(entry, "stuck")
+        self.unstuck_answers += not stuck.exists()
+        return str(self._marker(entry)), str(stuck)
 
     def _finish(self, entry) -> None:
         self._marker(entry).touch()
@@ -553,7 +556,8 @@ class FarmStuckOnEntries(FarmBuildingEntries):
 
 def _unbuilt_entries_run(tmp_path, name: str, farm_kind=FarmBuildingEntries):
     """A campaign beside a farm that builds its entries one at a time: the cases its worker was sent
-    while their entry was unbuilt, the campaign, its subject and the same search run in order."""
+    while their entry was unbuilt, the campaign, its subject (its ``farm`` beside it) and the same
+    search run in order."""
     sent_unbuilt = []
 
     class Recording(PuttingOff):
@@ -565,7 +569,7 @@ def _unbuilt_entries_run(tmp_path, name: str, farm_kind=FarmBuildingEntries):
     in_order = PuttingOff(tmp_path, lambda case: False)
     in_order.defers = False
     subject = Recording(tmp_path, lambda case: False, every=10**9)  # its worker never puts a case off itself
-    farm = farm_kind(tmp_path / name, polls=300)
+    farm = subject.farm = farm_kind(tmp_path / name, polls=300)
     farm.folder.mkdir()
     expected = _campaign(tmp_path, in_order, max_examples=60, seed=5)
     campaign = _campaign(tmp_path, subject, max_examples=60, seed=5, farm=farm)
@@ -595,6 +599,7 @@ def test_a_large_case_put_off_for_a_farm_task_that_is_stuck_is_checked_while_the
     assert not campaign.failed and campaign.deferred > 0
     while_running = [defer for _, defer, running in sent_unbuilt if running]
     assert while_running and set(while_running) == {CLAIMED}  # each compiling what it needs, the farm still at work
+    assert campaign.deferred == subject.farm.unstuck_answers  # a case whose entry's task was stuck: sent at once
     assert sorted(map(repr, subject.checked)) == sorted(map(repr, in_order.checked))
     assert campaign.examples == expected.examples
 
@@ -618,9 +623,8 @@ def test_the_farm_s_first_unfinished_task_of_an_entry_is_its_first_upcoming_case
     assert handle.unbuilt(kernel, case) == tuple(first)
     assert handle.unbuilt("another:kernel", case) is None  # an entry the farm does not build
     assert FarmHandle(str(tmp_path)).unbuilt(kernel, case) is None  # workers wait for whole entries there
-    Path(first[1]).touch()
-    assert handle.unbuilt(kernel, case) is None  # waiting for memory: a check may get it sooner
-    assert handle.stuck_marker(kernel, case) == first[1]
+    Path(first[1]).touch()  # waiting for memory: the search sends the case (a check may get memory sooner)
+    assert handle.unbuilt(kernel, case) == tuple(first) and handle.stuck_marker(kernel, case) == first[1]
     Path(first[0]).touch()
     assert handle.stuck_marker(kernel, case) == str(_marker(tmp_path, kernel, entry_of(case), "u3.1", "stuck"))
     Path(first[1]).unlink()

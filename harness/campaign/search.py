@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import random
 import time
 from dataclasses import replace
@@ -282,8 +283,10 @@ class Search:
         run.waiting(case, self.campaign)
         self._stop_if_asked()  # the budget may have run out while it waited for the farm
         defer = self._deferring()
-        if defer == UNBUILT and self._put_off_unbuilt(case):
-            return
+        if defer == UNBUILT and case.large:
+            defer = self._large_case_s_deferral(case)
+            if defer is None:
+                return
         outcome = self._judge(case, defer)
         if outcome is not None:
             tallied = time.perf_counter()
@@ -382,23 +385,25 @@ class Search:
             skipped = replace(skipped, stuck=run.waiting.stuck_marker(case) or "")
         self.deferrals.add(case, skipped)
 
-    def _put_off_unbuilt(self, case: Case) -> bool:
-        """Put a large case off without sending it to its worker while the farm has built nothing of
-        its entry: sent, its check would build its batches on the device and reserve their memory,
-        maybe waiting for that, only to find its binary missing.  It waits for the farm's first task
-        of the entry, or until that task is stuck (waiting for device memory, or given up: the case is
-        then checked, as its check's memory may come sooner than the farm's).  A small case is sent:
-        finding its binary missing costs its worker milliseconds, and another entry's task may have
-        built it already (entries share binaries)."""
-        if not case.large:
-            return False
+    def _large_case_s_deferral(self, case: Case) -> str | None:
+        """What a large case's check may put off while the farm runs (``UNBUILT``); None where the case
+        was put off here, without sending it to its worker, as the farm has built nothing of its entry:
+        sent, its check would build its batches on the device and reserve their memory, maybe waiting
+        for that, only to find its binary missing.  It waits for the farm's first task of the entry,
+        or until that task is stuck (waiting for device memory, or given up).  A case whose entry's
+        task is stuck already is checked now, compiling what it needs (``CLAIMED``): its check's memory
+        may come sooner than the farm's.  A small case is always sent: finding its binary missing costs
+        its worker milliseconds, and another entry's task may have built it already (entries share
+        binaries)."""
         markers = self.run.waiting.unbuilt(case)
         if markers is None:
-            return False
+            return UNBUILT
         done, stuck = markers
+        if os.path.exists(stuck):
+            return CLAIMED
         nobody_compiles_it = Skipped(claim="", landed=done, claimed=False, stuck=stuck)  # no claim: the markers
         self._put_off(case, Deferred(nobody_compiles_it), time.perf_counter(), 0.0)
-        return True
+        return None
 
     def _past_the_budget(self, outcome, checked: float, seconds: float) -> None:
         """A search's check under way when the time budget ran out (``Campaign.passed_budget``)."""

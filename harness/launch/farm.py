@@ -236,13 +236,13 @@ class FarmHandle:
 
     def unbuilt(self, kernel: str, case: Case) -> tuple[str, str] | None:
         """The ``done`` and ``stuck`` markers of the farm's first task of ``case``'s entry, while the
-        farm holds tasks of that entry, has finished none of them and that one is not stuck: a check
-        of the case would only build its batches, reserve its memory and find its binary missing.
+        farm holds tasks of that entry and has finished none of them: a check of the case would only
+        build its batches, reserve its memory and find its binary missing, unless that task is stuck.
         None otherwise, and for a farm whose workers wait for whole entries (``wait_for``)."""
         if not self.per_binary:
             return None
         planned = self._entry_tasks(kernel, case)
-        if not planned or any(_done_of(path).exists() for path in planned) or _stuck_of(planned[0]).exists():
+        if not planned or any(_done_of(path).exists() for path in planned):
             return None
         return str(_done_of(planned[0])), str(_stuck_of(planned[0]))
 
