@@ -448,30 +448,17 @@ def test_the_reserve_is_the_longest_compile_seen_when_that_is_longer(tmp_path, m
     assert campaign.left_at_budget_end > 0  # (with a reserve of 1 s alone, one began 26.2 s in)
 
 
-class FarmDoneAlready:
+class FarmDoneAlready(FarmFinishingAfter):
     """Stands for a per-binary farm that finished before the campaign's first case, its tasks' markers
     left in ``folder``: each ``(ok, seconds, seconds of them waiting for memory)``."""
 
-    per_binary = True
-
     def __init__(self, folder: Path, tasks):
+        super().__init__(polls=0)  # never running
         folder.mkdir()
         self.folder = str(folder)
         for n, (ok, seconds, memory_wait) in enumerate(tasks):
             (folder / f"entry.{n}.done").write_text(json.dumps({"ok": ok, "seconds": seconds,
                                                                 "memory_wait": memory_wait}))
-
-    def running(self) -> bool:
-        return False
-
-    def wait_for(self, kernel, case) -> float:
-        return 0.0
-
-    def unbuilt(self, kernel, case) -> tuple[str, str] | None:
-        return None
-
-    def stuck_marker(self, kernel, case) -> str | None:
-        return None
 
 
 def test_the_reserve_is_the_farm_s_slowest_task_when_that_is_longer(tmp_path, monkeypatch):

@@ -264,9 +264,8 @@ class FarmHandle:
         """Wait while the farm still holds a task of ``case``'s entry; the seconds waited (0 when it does not)."""
         if self.per_binary:
             return 0.0
-        folder, entry = Path(self.folder), entry_of(case)
-        prefix = entry_key(kernel, entry) + "."
-        held = [_done_of(planned) for planned in folder.glob(prefix + "*.planned")]
+        folder = Path(self.folder)
+        held = [_done_of(planned) for planned in self._entry_tasks(kernel, case)]
         if all(done.exists() for done in held):
             return 0.0
         start = time.monotonic()
