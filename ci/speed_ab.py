@@ -156,7 +156,7 @@ def _self_check(side: Install, a, workdir: Path, round_: int) -> None:
 # examples one by one (an install's summary that lacks a field gives None).
 CAMPAIGN_FIGURES = ("kernel", "verdict", "elapsed_s", "examples", "examples_to_first_failure",
                     "time_to_first_failure_s", "shrink_s", "time_to_first_example_s", "phase_seconds", "compiles",
-                    "deferred", "early_examples", "began_s")
+                    "deferred", "early_examples", "began_s", "startup_s")
 
 
 def _campaign_figures(entry: dict) -> dict:

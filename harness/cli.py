@@ -440,12 +440,14 @@ def _fuzz(args, settings) -> int:
     if at_once > 1 and settings.device != "cpu":  # campaigns sharing a GPU: none draws what only one alone may
         runs = [(kernel, run.replace(campaigns_per_device=run.campaigns_per_device * at_once)) for kernel, run in runs]
     # The self-check's kernels are known up front: one farm compiles what their campaigns meet
-    # first, in the order they run, while the first campaign starts.
+    # first, in the order they run, while the first campaign starts; their first cases are drawn
+    # once the campaigns are started (``_outcomes``).
     ahead = None
     if self_check:
         from nanfuzz.harness.campaign.compile_ahead import compile_ahead
 
-        ahead = compile_ahead(runs, settings, _self_check_first_cases, SELF_CHECK_SAMPLES.__getitem__, at_once)
+        ahead = compile_ahead(runs, settings, _self_check_first_cases, SELF_CHECK_SAMPLES.__getitem__, at_once,
+                              draw_later=True)
     try:
         return _fuzz_kernels(args, settings, profile, runs, at_once, self_check, rows, ahead)
     finally:
@@ -544,7 +546,8 @@ def _since_began(at: float | None) -> float | None:
 
 def _timeline(ahead) -> dict:
     """Seconds from the command's start: the self-check's first cases drawn for its farm (its campaigns
-    begin after), and the summary written; each campaign's ``began_s`` is beside them."""
+    start meanwhile, and begin their searches after), and the summary written; each campaign's
+    ``began_s`` is beside them."""
     farm = ahead.farm if ahead is not None else None
     return {"first_cases_drawn_s": _since_began(farm.scheduled_at if farm is not None else None),
             "summary_s": _since_began(time.time())}
@@ -688,6 +691,8 @@ def _outcomes(profile, runs, at_once, ahead):
     from nanfuzz.harness.report.progress import Progress
 
     if at_once <= 1:
+        if ahead is not None:
+            ahead.draw_first_cases()
         for index, (kernel, kernel_settings) in enumerate(runs):
             handle, seed = (ahead.handle(index), ahead.seeds[index]) if ahead is not None else (None, None)
             try:
@@ -699,13 +704,16 @@ def _outcomes(profile, runs, at_once, ahead):
             if campaign.interrupted or stop_requested():
                 return
         return
+    # campaigns whose first cases the farm builds start their workers while those are drawn
     orders = [CampaignOrders(index, kernel.name, import_path(kernel), kernel_settings,
                              ahead.handle(index) if ahead is not None else None,
-                             ahead.seeds[index] if ahead is not None else None, kernel.stands_in_for)
+                             ahead.seeds[index] if ahead is not None else None, kernel.stands_in_for,
+                             ahead.drawn if ahead is not None else None)
               for index, (kernel, kernel_settings) in enumerate(runs)]
     progress = Progress(f"{len(runs)} campaigns, {at_once} at once")
     try:
-        yield from side_by_side(orders, at_once, on_progress=progress.update)
+        yield from side_by_side(orders, at_once, on_progress=progress.update,
+                                once_started=ahead.draw_first_cases if ahead is not None else None)
     finally:
         progress.finish()
 

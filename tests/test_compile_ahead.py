@@ -292,3 +292,48 @@ def test_a_campaign_its_process_cannot_draw_is_drawn_here(monkeypatch):
     drawn_here.clear()
     good = [(CampaignOrders(0, "paged_decode@masked", "paged_decode@masked", settings, search_seed=4), 6)]
     assert draw_at_once(good, lambda n: drawn_here.append(n) or ()) == {0: ()} and drawn_here == [0]
+
+
+def test_a_run_that_draws_later_sends_the_farm_its_first_cases_once_and_then_lets_its_campaigns_begin(monkeypatch):
+    planned, scheduled = _record_farms(monkeypatch)
+    base = Settings(device="cuda", pool_size=3, max_examples=20, use_database=False)
+    runs = [(resolve("tests.farm_subjects:slow"), base), (resolve("paged_decode@masked"), base)]
+    ahead = compile_ahead(runs, base, lambda kernel: 4, samples=lambda tier: 1, at_once=2, draw_later=True)
+    assert len(planned) == 1 and scheduled == []  # the farm started; nothing drawn yet
+    assert not ahead.drawn.is_set()
+    ahead.draw_first_cases()
+    assert ahead.drawn.is_set() and len(scheduled) == 1
+    assert [len(scheduled[0][p]) for p in (0, 1)] == [4, 4] and ahead.farm.at_once == 2
+    ahead.draw_first_cases()  # once only
+    assert len(scheduled) == 1
+    # drawn at once (as before), the run has nothing to wait for
+    now = compile_ahead(runs, base, lambda kernel: 4, samples=lambda tier: 1)
+    assert now.drawn is None and len(scheduled) == 2 and [len(scheduled[1][p]) for p in (0, 1)] == [4, 4]
+
+
+def test_a_campaign_told_to_wait_for_its_first_cases_starts_its_worker_first_and_checks_nothing_meanwhile():
+    import threading
+
+    event = fork_server_context().Event()
+    settings = Settings(device="cpu", max_examples=6, use_database=False, shrink=False)
+    runner = CampaignRunner(resolve("paged_decode@masked"), settings, Hooks(), start_after=event)
+    seen = {}
+
+    def draw_meanwhile():
+        deadline = time.monotonic() + 60
+        while runner.subject is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        seen["worker started"] = runner.subject is not None and runner.subject._process is not None
+        time.sleep(0.5)  # the search, were it not waiting, would have checked a case by now
+        seen["examples before"] = runner.campaign.examples
+        seen["set at"] = time.time()
+        event.set()
+
+    drawing = threading.Thread(target=draw_meanwhile)
+    drawing.start()
+    campaign = runner.run()
+    drawing.join()
+    assert seen["worker started"] and seen["examples before"] == 0
+    assert campaign.examples == 6 and not campaign.failed
+    assert campaign.startup["first_cases_drawn"] >= seen["set at"]
+    assert "first_cases_drawn_s" in campaign.startup_seconds()

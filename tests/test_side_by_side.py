@@ -82,3 +82,29 @@ def test_on_a_gpu_the_self_check_side_by_side_catches_every_old_variant_and_pass
     assert "self-check: every old variant caught, every fixed variant passed" in out
     reruns = [line for line in out.splitlines() if ": seed " in line]
     assert len(reruns) == 9 and all("with NANFUZZ_CAMPAIGNS_PER_DEVICE=9" in line for line in reruns), reruns
+
+
+def test_campaigns_started_before_their_first_cases_are_drawn_begin_their_searches_once_they_are(tmp_path):
+    import time
+
+    from nanfuzz.harness.campaign.settings import Settings
+    from nanfuzz.harness.campaign.side_by_side import CampaignOrders, side_by_side
+    from nanfuzz.harness.launch.processes import fork_server_context
+
+    drawn = fork_server_context().Event()
+    settings = Settings(device="cpu", max_examples=4, use_database=False, shrink=False, state_dir=str(tmp_path))
+    orders = [CampaignOrders(i, name, name, settings, start_after=drawn)
+              for i, name in enumerate(("paged_decode@masked", "paged_decode@unmasked"))]
+    calls = []
+
+    def draw() -> None:  # as the self-check draws the first cases while its campaigns start
+        calls.append(time.time())
+        time.sleep(1.0)
+        calls.append(time.time())
+        drawn.set()
+
+    outcomes = dict(side_by_side(orders, at_once=2, once_started=draw))
+    assert len(calls) == 2  # once
+    for campaign in outcomes.values():  # each searched only once the drawing was done
+        assert calls[1] <= campaign.startup["first_cases_drawn"] and campaign.examples
+    assert not outcomes[0].failed and outcomes[1].failed

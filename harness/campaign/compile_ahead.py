@@ -14,6 +14,12 @@ before any one's samples.  Each campaign waits only for its own
 plan (``FarmHandle.for_plan``): once that is built it compiles what else it
 meets rather than putting it off until the farm is done with the campaigns
 after it.
+
+Drawing the first cases takes seconds on a GPU host, and so does a campaign's
+start (its worker's imports, its GPU context), so campaigns that run side by
+side start meanwhile: each starts its worker, then waits for ``Ahead.drawn``
+before its search meets a case (``Ahead.draw_first_cases``, which the run
+calls once the campaigns are started).
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.side_by_side import CampaignOrders
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.launch.farm import Farm, FarmHandle
+from nanfuzz.harness.launch.processes import fork_server_context
 from nanfuzz.harness.launch.subjects import worker_spec
 from nanfuzz.harness.registry import import_path
 from nanfuzz.reference.errors import NanfuzzError
@@ -34,11 +41,29 @@ from nanfuzz.reference.errors import NanfuzzError
 
 @dataclass
 class Ahead:
-    """The farm (None: nothing compiles ahead) and, per campaign, its search seed and its plan's number."""
+    """The farm (None: nothing compiles ahead) and, per campaign, its search seed and its plan's
+    number; ``drawn``: an event (of the fork server's context) set once every campaign's first cases
+    are drawn and sent to the farm (None: nothing to draw)."""
 
     farm: Farm | None
     seeds: list[int | None] = field(default_factory=list)
     plans: list[int | None] = field(default_factory=list)
+    drawn: object = None
+    _to_draw: tuple | None = None  # (orders, planners, at_once, campaigns) until drawn
+
+    def draw_first_cases(self) -> None:
+        """Draw each campaign's first cases (a process each) and send the farm its tasks; once only.
+        ``drawn`` is set whatever happens: a campaign waiting for it goes on to meet what it meets."""
+        pending, self._to_draw = self._to_draw, None
+        try:
+            if pending is not None:
+                orders, planners, at_once, campaigns = pending
+                drawn = {p: () for p, (_, count) in enumerate(planners) if not count}  # its jobs draw their own
+                drawn.update(draw_at_once(orders, lambda p: planners[p][0].first_cases(planners[p][1])))
+                self.farm.schedule(drawn, at_once, campaigns)
+        finally:
+            if self.drawn is not None:
+                self.drawn.set()
 
     def handle(self, campaign: int) -> FarmHandle | None:
         """What campaign ``campaign`` waits for: its own plan of the farm."""
@@ -53,12 +78,13 @@ class Ahead:
 
 def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
                   first_cases: Callable[[Kernel], int | None], samples: Callable[[str], int],
-                  at_once: int = 1) -> Ahead:
+                  at_once: int = 1, draw_later: bool = False) -> Ahead:
     """A farm for ``runs`` (kernel, its campaign's settings), run in this order: ``first_cases(kernel)``
     of each campaign's first cases (None: every case its first search run draws while all pass),
     then ``samples(tier)`` cases of each pool entry (``tier``: the campaign's size tier).  A campaign
     of several jobs picks its seeds in its jobs: the farm builds its samples alone.  ``at_once``:
-    the campaigns run that many at a time (``Farm.schedule``)."""
+    the campaigns run that many at a time (``Farm.schedule``).  ``draw_later``: the first cases are
+    drawn at ``Ahead.draw_first_cases``, which the caller calls once its campaigns are started."""
     plans, planners, ahead = [], [], Ahead(None)
     if settings.device == "cpu" or settings.compile_jobs == 0:  # nothing compiles ahead (``scope.plan_for``)
         return Ahead(None, [None] * len(runs), [None] * len(runs))
@@ -85,7 +111,9 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
         orders = [(CampaignOrders(p, runner.kernel.name, import_path(runner.kernel), runner.settings,
                                   search_seed=runner.search_seed, stands_in_for=runner.kernel.stands_in_for), count)
                   for p, (runner, count) in enumerate(planners) if count]
-        drawn = {p: () for p, (_, count) in enumerate(planners) if not count}  # its jobs draw their own
-        drawn.update(draw_at_once(orders, lambda p: planners[p][0].first_cases(planners[p][1])))
-        ahead.farm.schedule(drawn, at_once, campaigns)
+        ahead._to_draw = (orders, planners, at_once, campaigns)
+        if draw_later:
+            ahead.drawn = fork_server_context().Event()
+        else:
+            ahead.draw_first_cases()
     return ahead

@@ -17,6 +17,7 @@ search, and a failure found is kept there for every later campaign.
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -100,6 +101,9 @@ class _FarmWait:
             campaign.phase_times["compile"] = campaign.phase_times.get("compile", 0.0) + waited
 
 
+# Between looks, while a campaign waits for its first cases to be drawn, at whether its run is still there.
+_FIRST_CASES_LOOK = 0.5
+
 # The shortest wait for memory a drawn case gets, however little of the budget is left: other
 # processes give back what they hold within a second of a want.
 _LEAST_WAIT = 5.0
@@ -131,26 +135,29 @@ def note_paths(campaign: Campaign, state_dir) -> None:
 
 
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | None = None, subject=None,
-         farm: FarmHandle | None = None, search_seed: int | None = None, **overrides) -> Campaign:
+         farm: FarmHandle | None = None, search_seed: int | None = None, start_after=None,
+         **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
 
     ``settings`` fields may be overridden by keyword (``device=``, ``max_examples=``, ...).
     ``subject``: a worker the caller keeps between campaigns (jobs, bench); ``farm``: the compile
     farm of a caller that started one for this campaign (jobs, the self-check); otherwise a GPU
     campaign with a pool starts its own.  ``search_seed``: the seed of its search, where the caller
-    picked it to draw the first cases ahead (``CampaignRunner.first_cases``).
+    picked it to draw the first cases ahead (``CampaignRunner.first_cases``).  ``start_after``: an
+    event set once they are drawn and sent to the farm; the campaign starts its worker meanwhile,
+    and its search waits for it (``harness.campaign.compile_ahead``).
     """
     settings = settings or Settings()
     if overrides:
         settings = settings.replace(**overrides)
-    return CampaignRunner(kernel, settings, hooks or Hooks(), subject, farm, search_seed).run()
+    return CampaignRunner(kernel, settings, hooks or Hooks(), subject, farm, search_seed, start_after).run()
 
 
 class CampaignRunner:
     """One campaign against one kernel: what it is, once, and its stages as methods."""
 
     def __init__(self, kernel: Kernel, settings: Settings, hooks: Hooks, subject=None, farm: FarmHandle | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, start_after=None):
         self.kernel, self.settings, self.hooks = kernel, settings, hooks
         self.profile = settings.profile if isinstance(settings.profile, Profile) else get_profile(settings.profile)
         self.caps, skipped = campaign_capabilities(kernel, settings)
@@ -184,10 +191,12 @@ class CampaignRunner:
         self.waiting: _FarmWait | None = None
         self.database = None
         self.journal: Journal | None = None
+        self.start_after = start_after  # an event the search waits for (``fuzz``)
 
     def run(self) -> Campaign:
         try:
             self.prepare()
+            self.await_first_cases()
             # every case this campaign hands its subject is journaled first, a dead campaign's replays included
             with Journal(self.settings.state_dir, self.kernel.name) as self.journal, \
                     hypothesis_files_in(self.settings.state_dir):
@@ -238,6 +247,19 @@ class CampaignRunner:
             if self._own_farm is not None and self._own_farm.awaits_first_cases:
                 self._own_farm.schedule({0: self.first_cases()})
         self.waiting = _FarmWait(self.farm, self.kernel)
+
+    def await_first_cases(self) -> None:
+        """Wait while the run that started this campaign draws its first cases for the farm (``fuzz``'s
+        ``start_after``; the worker started in ``prepare`` loads meanwhile).  A run gone meanwhile
+        (this process's parent, the fork server, ends with it) leaves nobody to report to."""
+        if self.start_after is None:
+            return
+        parent = os.getppid()
+        while not self.start_after.wait(_FIRST_CASES_LOOK):
+            if os.getppid() != parent:
+                raise NanfuzzError(f"kernel {self.kernel.name}: the run that started this campaign ended "
+                                   "before its first cases were drawn")
+        self.campaign.startup["first_cases_drawn"] = time.time()
 
     def farm_plan(self, spec, samples: int = SAMPLES_PER_ENTRY) -> Plan | None:
         """What a compile farm builds ahead of this campaign, but its first cases (``first_cases``):

@@ -41,7 +41,8 @@ _POLL = 0.2
 @dataclass(frozen=True)
 class CampaignOrders:
     """What campaign ``index`` runs: the kernel (its name, and its import path), its settings, the
-    farm's handle for its plan (None: none) and the search seed its first cases were drawn ahead with."""
+    farm's handle for its plan (None: none), the search seed its first cases were drawn ahead with,
+    and an event its search waits for (None: none), set once they are drawn."""
 
     index: int
     kernel_name: str
@@ -50,6 +51,7 @@ class CampaignOrders:
     farm: object = None
     search_seed: int | None = None
     stands_in_for: DeviceProperties | None = None
+    start_after: object = None
 
     def resolve(self):
         """The kernel, resolved again in this process as the run's was."""
@@ -87,7 +89,8 @@ def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
                 links.examples[index] = campaign.examples
 
             campaign = fuzz(kernel, orders.settings, farm=orders.farm, search_seed=orders.search_seed,
-                            hooks=Hooks(on_example=note_example, interrupted=stop_requested))
+                            hooks=Hooks(on_example=note_example, interrupted=stop_requested),
+                            start_after=orders.start_after)
     except NanfuzzError as exc:
         links.results.put((index, str(exc)))
         return
@@ -110,11 +113,13 @@ def default_at_once(device: str, kernels: int, self_check: bool = False) -> int:
 
 
 def side_by_side(orders: list[CampaignOrders], at_once: int,
-                 on_progress: Callable[[int], None] | None = None) -> Iterator[tuple[int, object]]:
+                 on_progress: Callable[[int], None] | None = None,
+                 once_started: Callable[[], None] | None = None) -> Iterator[tuple[int, object]]:
     """``(index, outcome)`` of each campaign in ``orders``' order (see the module notes), running up
     to ``at_once`` of them at a time.  ``on_progress(examples)``: told, a few times a second, the
-    examples of every campaign so far (a shrink's candidates included).  Closing
-    the iterator early ends the campaigns still running."""
+    examples of every campaign so far (a shrink's candidates included).  ``once_started``: called
+    here once the first campaigns' processes are started (the self-check draws their first cases
+    while they start).  Closing the iterator early ends the campaigns still running."""
     from nanfuzz.harness.launch.processes import fork_server_context
 
     # Not fork: a forked child of a process that used CUDA cannot use it.  The fork server has
@@ -144,6 +149,9 @@ def side_by_side(orders: list[CampaignOrders], at_once: int,
                         processes[next_to_start] = process
                         start_process(process)
                         next_to_start += 1
+                    if once_started is not None:
+                        then, once_started = once_started, None
+                        then()
                 _collect_once(processes, links, outcomes, orders)
                 if on_progress is not None and processes:
                     on_progress(sum(links.examples))
