@@ -366,7 +366,7 @@ class _FullDevice:
         from nanfuzz.harness.judge.memory import TooLargeForDevice
 
         assert patience == 0.0  # a farm task never stands in line ahead of the campaign's checks
-        assert headroom == 20   # and leaves a quarter of the device to them
+        assert headroom == max(20, need)  # and leaves a quarter of the device to them, or as much as it takes
         self.asks += 1
         if self.asks <= self.busy or need + headroom > 80:
             raise TooLargeForDevice("taken")
@@ -386,6 +386,13 @@ def test_a_farm_task_refused_for_memory_asks_again_while_its_process_s_patience_
     with pytest.raises(TooLargeForDevice):       # more than the device has beside the checks' room: given up at once
         farm._reserve_politely(too_large, 70)
     assert too_large.asks == 1
+    # a task of over half the device would leave a check of its like no room: given up at once, where a
+    # quarter's room alone would have taken it
+    over_half = _FullDevice(busy=0)
+    with pytest.raises(TooLargeForDevice):
+        farm._reserve_politely(over_half, 45)
+    assert over_half.asks == 1
+    assert farm._reserve_politely(_FullDevice(busy=0), 40) < 1.0  # half: room for one check of its like
     held_for_good = _FullDevice(busy=10 ** 9)
     with pytest.raises(TooLargeForDevice):       # the process's patience is spent: given up
         farm._reserve_politely(held_for_good, 10)

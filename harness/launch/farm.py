@@ -836,14 +836,21 @@ _patience_left = [MEMORY_PATIENCE]
 
 
 def _reserve_politely(share, need: int, stuck: Path | None = None) -> float:
-    """``share.reserve(need)`` without a place in line and only while ``FARM_ROOM_SHARE`` of the device
-    stays free beside it for the campaign's checks, asked again every ``_MEMORY_POLL`` s while this
-    process's ``MEMORY_PATIENCE`` lasts; ``TooLargeForDevice`` once it is spent, and at once for a case
-    that would not leave that room on the device however empty.  ``stuck`` is there while it asks
-    again (the campaign's cases waiting for this task then stop waiting).  The seconds it asked for."""
+    """``share.reserve(need)`` without a place in line and only while ``FARM_ROOM_SHARE`` of the device,
+    and no less than ``need`` itself, stays free beside it for the campaign's checks, asked again every
+    ``_MEMORY_POLL`` s while this process's ``MEMORY_PATIENCE`` lasts; ``TooLargeForDevice`` once it is
+    spent, and at once for a case that would not leave that room on the device however empty.
+    ``stuck`` is there while it asks again (the campaign's cases waiting for this task then stop
+    waiting).  The seconds it asked for.
+
+    The room grows with the task: a farm task is one of the campaign's own upcoming cases, and the
+    check of its like, coming meanwhile, needs as much.  With a quarter of an 80 GB H100 left, a farm
+    task of a 37 GiB production case held the device while it compiled, and the search's check of
+    another such case waited 10 s for it; such a task now leaves its case to the check, which
+    compiles what it needs (on an H200 both fit)."""
     from nanfuzz.harness.judge.memory import TooLargeForDevice
 
-    room = share.device.total() // FARM_ROOM_SHARE
+    room = max(share.device.total() // FARM_ROOM_SHARE, need)
     first = time.monotonic()
     while True:
         started = time.monotonic()
