@@ -17,6 +17,8 @@ def test_a_campaign_s_start_and_the_summary_are_timed_from_the_command_s_start(t
     assert written["timeline"]["first_cases_drawn_s"] is None  # no farm under the interpreter: nothing drawn ahead
     assert 100.0 <= entry["began_s"] <= entry["began_s"] + entry["elapsed_s"] <= written["timeline"]["summary_s"]
     assert written["timeline"]["summary_s"] < 100.0 + 120.0
-    # its own start's steps, from its start: the worker loaded and ready before its first example
+    # its own start's steps, from its start: its worker's process started, its main began, it loaded the
+    # kernel and was ready, before its first example
     steps = entry["startup_s"]
-    assert 0.0 <= steps["worker_loaded_s"] <= steps["worker_ready_s"] <= entry["elapsed_s"], steps
+    assert 0.0 <= steps["worker_started_s"] <= steps["worker_loaded_s"] <= steps["worker_ready_s"] <= entry["elapsed_s"], steps
+    assert steps["worker_began_s"] <= steps["worker_loaded_s"], steps

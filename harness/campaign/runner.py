@@ -118,10 +118,13 @@ def require_a_judged_case(campaign: Campaign) -> None:
 
 
 def note_worker_start(campaign: Campaign, subject) -> None:
-    """When ``subject``'s first worker had loaded the kernel and was ready, in the campaign's start steps."""
+    """When ``subject``'s first worker's main began, had loaded the kernel and was ready, in the
+    campaign's start steps."""
     ready = getattr(subject, "ready_times", None)
     if ready:
         campaign.startup.update(worker_loaded=ready["loaded"], worker_ready=ready["ready"])
+        if "began" in ready:
+            campaign.startup["worker_began"] = ready["began"]
 
 
 def note_paths(campaign: Campaign, state_dir) -> None:
@@ -239,6 +242,7 @@ class CampaignRunner:
         device_opened = fork_server_context().Event() if plan is not None and settings.isolation else None
         if self._own_subject:
             self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
+            self.campaign.startup["worker_started"] = time.time()  # its process started, from here
         if plan is not None:
             # its processes start while this one draws the search's first cases, which they build first
             self._own_farm = start_farm([plan], settings, after=device_opened, first_cases_later=True)

@@ -224,7 +224,8 @@ class Supervised:
         self._ready = False
         self.defers = spec.device == "cuda"  # only there do workers share compiles (and can skip one)
         self.specialisations: int | None = 0  # kernel specialisations launched (GPU: compiles), all workers
-        # when its first worker had loaded the kernel and was ready (its device opened), by the wall clock
+        # when its first worker's main began, had loaded the kernel and was ready (its device opened), by
+        # the wall clock
         self.ready_times: dict[str, float] | None = None
         self._counted = 0
         try:
@@ -420,6 +421,7 @@ class Supervised:
 
 def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_opened=None) -> None:
     """The worker's main: build the subject, then judge cases until the pipe closes."""
+    began = time.time()
     try:
         isolate()  # a session of its own, and death with its parent; Ctrl-C ignored from there on
     except KeyboardInterrupt:
@@ -461,7 +463,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
         warm_oracle(kernel, "cuda")  # beside the first check's launch, not inside its oracle
     if device_opened is not None:
         device_opened.set()
-    conn.send(("ready", {"loaded": loaded, "ready": time.time()}))  # when (``Supervised.ready_times``)
+    conn.send(("ready", {"began": began, "loaded": loaded, "ready": time.time()}))  # when (``Supervised.ready_times``)
     from nanfuzz.harness.launch.compiles import count_specialisations
 
     idle = _idle_look(spec)
