@@ -107,4 +107,4 @@ def test_campaigns_started_before_their_first_cases_are_drawn_begin_their_search
     assert len(calls) == 2  # once
     for campaign in outcomes.values():  # each searched only once the drawing was done
         assert calls[1] <= campaign.startup["first_cases_drawn"] and campaign.examples
-    assert not outcomes[0].failed and outcomes[1].failed
+    assert not outcomes[0].failed  # the masked kernel passes as it would alone
