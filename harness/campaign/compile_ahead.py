@@ -49,18 +49,22 @@ class Ahead:
     seeds: list[int | None] = field(default_factory=list)
     plans: list[int | None] = field(default_factory=list)
     drawn: object = None
-    _to_draw: tuple | None = None  # (orders, planners, at_once, campaigns) until drawn
+    at_once: int = 1  # the campaigns run that many at a time (``Farm.schedule``)
+    _planners: list | None = None  # per plan, its campaign's runner and its first cases' count, until drawn
 
     def draw_first_cases(self) -> None:
         """Draw each campaign's first cases (a process each) and send the farm its tasks; once only.
         ``drawn`` is set whatever happens: a campaign waiting for it goes on to meet what it meets."""
-        pending, self._to_draw = self._to_draw, None
+        planners, self._planners = self._planners, None
         try:
-            if pending is not None:
-                orders, planners, at_once, campaigns = pending
+            if planners is not None:
+                orders = [(CampaignOrders(p, runner.kernel.name, import_path(runner.kernel), runner.settings,
+                                          search_seed=runner.search_seed, stands_in_for=runner.kernel.stands_in_for),
+                           count) for p, (runner, count) in enumerate(planners) if count]
                 drawn = {p: () for p, (_, count) in enumerate(planners) if not count}  # its jobs draw their own
                 drawn.update(draw_at_once(orders, lambda p: planners[p][0].first_cases(planners[p][1])))
-                self.farm.schedule(drawn, at_once, campaigns)
+                campaigns = [c for c, plan in enumerate(self.plans) if plan is not None]
+                self.farm.schedule(drawn, self.at_once, campaigns)
         finally:
             if self.drawn is not None:
                 self.drawn.set()
@@ -85,7 +89,7 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
     of several jobs picks its seeds in its jobs: the farm builds its samples alone.  ``at_once``:
     the campaigns run that many at a time (``Farm.schedule``).  ``draw_later``: the first cases are
     drawn at ``Ahead.draw_first_cases``, which the caller calls once its campaigns are started."""
-    plans, planners, ahead = [], [], Ahead(None)
+    plans, planners, ahead = [], [], Ahead(None, at_once=at_once)
     if settings.device == "cpu" or settings.compile_jobs == 0:  # nothing compiles ahead (``scope.plan_for``)
         return Ahead(None, [None] * len(runs), [None] * len(runs))
     for kernel, run in runs:
@@ -107,11 +111,7 @@ def compile_ahead(runs: list[tuple[Kernel, Settings]], settings: Settings,
     # the farm's processes start while the first cases are drawn, every campaign's at once
     ahead.farm = start_farm(plans, settings, first_cases_later=True)
     if ahead.farm is not None and ahead.farm.awaits_first_cases:
-        campaigns = [c for c, plan in enumerate(ahead.plans) if plan is not None]
-        orders = [(CampaignOrders(p, runner.kernel.name, import_path(runner.kernel), runner.settings,
-                                  search_seed=runner.search_seed, stands_in_for=runner.kernel.stands_in_for), count)
-                  for p, (runner, count) in enumerate(planners) if count]
-        ahead._to_draw = (orders, planners, at_once, campaigns)
+        ahead._planners = planners
         if draw_later:
             ahead.drawn = fork_server_context().Event()
         else:
