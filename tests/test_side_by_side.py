@@ -108,3 +108,17 @@ def test_campaigns_started_before_their_first_cases_are_drawn_begin_their_search
     for campaign in outcomes.values():  # each searched only once the drawing was done
         assert calls[1] <= campaign.startup["first_cases_drawn"] and campaign.examples
     assert not outcomes[0].failed  # the masked kernel passes as it would alone
+
+
+def test_a_campaign_beside_others_forks_its_worker_from_its_own_process(tmp_path, capsys):
+    """A campaign's process is fresh from the run's fork server and runs no torch op: a worker forked
+    from it costs a fork, where a fork server of its own would import torch again first."""
+    forked_only = "tests.torch_kernels:correct_in_a_forked_worker"  # NaN unless its worker is such a fork
+    status, out, err = _fuzz(tmp_path, capsys, "at-once", 2, forked_only, "paged_decode@masked")
+    assert status == 0, out + err
+    assert [(row[0], row[1]) for row in _rows(out)] == [("torch@correct-in-a-forked-worker", "PASS"),
+                                                        ("paged_decode@masked", "PASS")]
+    # the kernel tells: run in this process, the campaign's worker comes from the fork server
+    status, out, err = _fuzz(tmp_path, capsys, "in-turn", 1, forked_only)
+    assert status == 1, out + err
+    assert [(row[0], row[1]) for row in _rows(out)] == [("torch@correct-in-a-forked-worker", "NONFINITE")]

@@ -138,3 +138,19 @@ def _sleeps(batch, out):
 
 burns_cpu = Kernel(name="torch@burns-cpu", run=_burns_cpu, capabilities=CAPS, spec="tests.torch_kernels:burns_cpu")
 sleeps = Kernel(name="torch@sleeps", run=_sleeps, capabilities=CAPS, spec="tests.torch_kernels:sleeps")
+
+
+def _correct_in_a_forked_worker(batch, out):
+    """Correct only in a worker forked from the process that started it; anywhere else (a worker
+    from a fork server, or no worker at all) it writes NaN into every output row."""
+    import multiprocessing
+    import os
+
+    starter = multiprocessing.parent_process()
+    if starter is None or os.getppid() != starter.pid:
+        return out.fill_(float("nan"))
+    return attention(batch, out)
+
+
+correct_in_a_forked_worker = Kernel(name="torch@correct-in-a-forked-worker", run=_correct_in_a_forked_worker,
+                                    capabilities=CAPS, spec="tests.torch_kernels:correct_in_a_forked_worker")

@@ -139,7 +139,7 @@ def note_paths(campaign: Campaign, state_dir) -> None:
 
 def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | None = None, subject=None,
          farm: FarmHandle | None = None, search_seed: int | None = None, start_after=None,
-         **overrides) -> Campaign:
+         prefer_fork: bool = False, **overrides) -> Campaign:
     """Run a campaign; the result holds the shrunk failure, if any (repros are the caller's job).
 
     ``settings`` fields may be overridden by keyword (``device=``, ``max_examples=``, ...).
@@ -148,19 +148,21 @@ def fuzz(kernel: Kernel, settings: Settings | None = None, *, hooks: Hooks | Non
     campaign with a pool starts its own.  ``search_seed``: the seed of its search, where the caller
     picked it to draw the first cases ahead (``CampaignRunner.first_cases``).  ``start_after``: an
     event set once they are drawn and sent to the farm; the campaign starts its worker meanwhile,
-    and its search waits for it (``harness.campaign.compile_ahead``).
+    and its search waits for it (``harness.campaign.compile_ahead``).  ``prefer_fork``: the caller's
+    process is fresh from the fork server and runs no torch op itself (``Supervised``).
     """
     settings = settings or Settings()
     if overrides:
         settings = settings.replace(**overrides)
-    return CampaignRunner(kernel, settings, hooks or Hooks(), subject, farm, search_seed, start_after).run()
+    return CampaignRunner(kernel, settings, hooks or Hooks(), subject, farm, search_seed, start_after,
+                          prefer_fork).run()
 
 
 class CampaignRunner:
     """One campaign against one kernel: what it is, once, and its stages as methods."""
 
     def __init__(self, kernel: Kernel, settings: Settings, hooks: Hooks, subject=None, farm: FarmHandle | None = None,
-                 seed: int | None = None, start_after=None):
+                 seed: int | None = None, start_after=None, prefer_fork: bool = False):
         self.kernel, self.settings, self.hooks = kernel, settings, hooks
         self.profile = settings.profile if isinstance(settings.profile, Profile) else get_profile(settings.profile)
         self.caps, skipped = campaign_capabilities(kernel, settings)
@@ -195,6 +197,7 @@ class CampaignRunner:
         self.database = None
         self.journal: Journal | None = None
         self.start_after = start_after  # an event the search waits for (``fuzz``)
+        self.prefer_fork = prefer_fork  # its own worker: see ``fuzz``
 
     def run(self) -> Campaign:
         try:
@@ -241,7 +244,8 @@ class CampaignRunner:
         # the farm opens its GPU contexts after the worker's: sixteen at once take seconds each
         device_opened = fork_server_context().Event() if plan is not None and settings.isolation else None
         if self._own_subject:
-            self.subject = subject_for(self.kernel, settings, spec, device_opened=device_opened)
+            self.subject = subject_for(self.kernel, settings, spec, prefer_fork=self.prefer_fork,
+                                       device_opened=device_opened)
             self.campaign.startup["worker_started"] = time.time()  # its process started, from here
         if plan is not None:
             # its processes start while this one draws the search's first cases, which they build first

@@ -88,9 +88,11 @@ def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
             def note_example(campaign) -> None:
                 links.examples[index] = campaign.examples
 
+            # this process, fresh from the run's fork server, runs no torch op: its worker is a fork of
+            # it, where a fork server of its own would import torch again (seconds, beside the others)
             campaign = fuzz(kernel, orders.settings, farm=orders.farm, search_seed=orders.search_seed,
                             hooks=Hooks(on_example=note_example, interrupted=stop_requested),
-                            start_after=orders.start_after)
+                            start_after=orders.start_after, prefer_fork=True)
     except NanfuzzError as exc:
         links.results.put((index, str(exc)))
         return
