@@ -278,6 +278,21 @@ def test_each_campaign_s_first_cases_are_drawn_in_a_process_of_its_own_as_this_o
     assert draw_at_once([(dataclasses.replace(orders[1][0], search_seed=12), 12)], None)[1] != drawn[1]
 
 
+def test_drawing_processes_are_told_the_gpu_s_fp8_skips_and_draw_what_a_campaign_told_them_draws(monkeypatch):
+    """Asked of Triton, the skips would initialise CUDA in each drawing process (and here, with no GPU,
+    leave out every fp8 encoding, drawing other cases than the campaign's)."""
+    from nanfuzz.harness.judge import encodings
+    from tests.torch_kernels import TOLD_GPU_SKIPS
+
+    monkeypatch.setattr(drawn_ahead, "LEAST_CORES", 1)
+    monkeypatch.setattr(encodings, "_known_gpu_skips", [TOLD_GPU_SKIPS])  # this run's, as a GPU's would be
+    settings = Settings(device="cuda", pool_size=3, max_examples=40, use_database=False)
+    runner = CampaignRunner(resolve("unified@masked"), settings, Hooks(), seed=5)  # it declares fp8 caches
+    assert {"fp8_e4m3fn", "fp8_e5m2"} <= set(runner.caps.kv_cache_dtypes)
+    orders = [(CampaignOrders(0, "unified@masked", "unified@masked", settings, search_seed=5), 12)]
+    assert draw_at_once(orders, None) == {0: runner.first_cases(12)}
+
+
 def test_a_campaign_its_process_cannot_draw_is_drawn_here(monkeypatch):
     monkeypatch.setattr(drawn_ahead, "LEAST_CORES", 1)
     settings = Settings(device="cuda", pool_size=3, max_examples=40, use_database=False)

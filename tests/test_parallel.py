@@ -123,6 +123,17 @@ def test_a_job_forks_its_worker_itself_rather_than_starting_a_fork_server(tmp_pa
     assert len({chain[1] for chain in chains}) == 2 and len({chain[2] for chain in chains}) == 1
 
 
+def test_jobs_are_told_the_gpu_s_fp8_skips_by_their_run(monkeypatch):
+    """A job that asked Triton itself would initialise CUDA and could not fork its workers."""
+    from nanfuzz.harness.judge import encodings
+    from tests.torch_kernels import TOLD_GPU_SKIPS
+
+    monkeypatch.setattr(encodings, "gpu_skips_for", lambda device: TOLD_GPU_SKIPS)  # as a GPU run's would be
+    campaign = fuzz_parallel(resolve("tests.torch_kernels:correct_where_told_the_gpu_skips"), jobs=2, device="cpu",
+                             max_examples=6, seed=1, use_database=False)
+    assert not campaign.failed and campaign.examples == 6  # NaN rows in a worker whose job was not told
+
+
 def test_the_jobs_examples_reach_one_progress_report_while_they_run():
     seen = []
     campaign = fuzz_parallel(resolve("tests.torch_kernels:correct"), jobs=2, device="cpu", max_examples=40, seed=3,

@@ -259,6 +259,20 @@ def test_the_interpreter_decodes_every_fp8_code_as_torch_does(nanfuzz_device):
     assert encodings._wrong_decodes() == {}
 
 
+def test_a_process_asks_triton_for_the_gpu_s_fp8_skips_once_and_not_at_all_when_told(monkeypatch):
+    asked = []
+    monkeypatch.setattr(encodings, "_known_gpu_skips", [])
+    monkeypatch.setattr(encodings, "_ask_triton", lambda: asked.append(1) or (("fp8_e5m2", "asked"),))
+    assert encodings.skipped("cuda") == encodings.skipped("cuda") == {"fp8_e5m2": "asked"}
+    assert asked == [1]
+    encodings.told_gpu_skips(None)  # nothing told: what it knows stands
+    assert encodings.skipped("cuda") == {"fp8_e5m2": "asked"}
+    monkeypatch.setattr(encodings, "_known_gpu_skips", [])
+    encodings.told_gpu_skips((("fp8_e4m3fnuz", "told"),))
+    assert encodings.skipped("cuda") == {"fp8_e4m3fnuz": "told"} and asked == [1]
+    assert encodings.gpu_skips_for("cpu") is None
+
+
 def test_an_encoding_the_device_cannot_run_is_left_out_with_a_note(monkeypatch, nanfuzz_device):
     why = "Triton 9.9 has no fp8e4b8 type on this GPU (cuda 90); e4m3fnuz is native on MI300-class GPUs only"
     monkeypatch.setattr(encodings, "skipped", lambda device: {"fp8_e4m3fnuz": why})

@@ -122,3 +122,17 @@ def test_a_campaign_beside_others_forks_its_worker_from_its_own_process(tmp_path
     status, out, err = _fuzz(tmp_path, capsys, "in-turn", 1, forked_only)
     assert status == 1, out + err
     assert [(row[0], row[1]) for row in _rows(out)] == [("torch@correct-in-a-forked-worker", "NONFINITE")]
+
+
+def test_campaigns_beside_others_are_told_the_gpu_s_fp8_skips_by_their_run(tmp_path, capsys, monkeypatch):
+    """Asking Triton which fp8 types the GPU compiles initialises CUDA in the asking process, which
+    then cannot fork its worker: the run asks once and tells its campaigns."""
+    from nanfuzz.harness.judge import encodings
+    from tests.torch_kernels import TOLD_GPU_SKIPS
+
+    monkeypatch.setattr(encodings, "gpu_skips_for", lambda device: TOLD_GPU_SKIPS)  # as a GPU run's would be
+    told_only = "tests.torch_kernels:correct_where_told_the_gpu_skips"  # NaN in a process not told them
+    status, out, err = _fuzz(tmp_path, capsys, "at-once", 2, told_only, "paged_decode@masked")
+    assert status == 0, out + err
+    assert [(row[0], row[1]) for row in _rows(out)] == [("torch@correct-where-told-the-gpu-skips", "PASS"),
+                                                        ("paged_decode@masked", "PASS")]

@@ -154,3 +154,22 @@ def _correct_in_a_forked_worker(batch, out):
 
 correct_in_a_forked_worker = Kernel(name="torch@correct-in-a-forked-worker", run=_correct_in_a_forked_worker,
                                     capabilities=CAPS, spec="tests.torch_kernels:correct_in_a_forked_worker")
+
+
+# The GPU's fp8 skips a test's run tells the processes it starts (``encodings.told_gpu_skips``)
+TOLD_GPU_SKIPS = (("fp8_e4m3fnuz", "told by the run that started this process"),)
+
+
+def _correct_where_told_the_gpu_skips(batch, out):
+    """Correct only in a process told that the GPU's fp8 skips are ``TOLD_GPU_SKIPS`` (a worker forked
+    from a campaign's or a job's process knows what that process was told); elsewhere NaN rows."""
+    from nanfuzz.harness.judge import encodings
+
+    if encodings._known_gpu_skips != [TOLD_GPU_SKIPS]:
+        return out.fill_(float("nan"))
+    return attention(batch, out)
+
+
+correct_where_told_the_gpu_skips = Kernel(name="torch@correct-where-told-the-gpu-skips",
+                                          run=_correct_where_told_the_gpu_skips, capabilities=CAPS,
+                                          spec="tests.torch_kernels:correct_where_told_the_gpu_skips")

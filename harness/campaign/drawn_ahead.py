@@ -28,10 +28,14 @@ DRAW_WAIT = 60.0
 LEAST_CORES = 4
 
 
-def _draw(orders: CampaignOrders, count: int, results) -> None:
-    """A drawing process: puts ``(index, cases)``, or ``(index, None)`` where it could not draw them."""
+def _draw(orders: CampaignOrders, count: int, results, gpu_skips=None) -> None:
+    """A drawing process: puts ``(index, cases)``, or ``(index, None)`` where it could not draw them.
+    ``gpu_skips``: the run's (``encodings.told_gpu_skips``), so that it never initialises CUDA."""
     try:
         from nanfuzz.harness.campaign.runner import CampaignRunner, Hooks
+        from nanfuzz.harness.judge.encodings import told_gpu_skips
+
+        told_gpu_skips(gpu_skips)
 
         runner = CampaignRunner(orders.resolve(), orders.settings, Hooks(), seed=orders.search_seed)
         results.put((orders.index, runner.first_cases(count)))
@@ -53,6 +57,7 @@ def draw_at_once(orders: list[tuple[CampaignOrders, int]], draw_here,
 
 def _drawn_in_processes(orders: list[tuple[CampaignOrders, int]], wait: float) -> dict[int, tuple[Case, ...] | None]:
     """What the campaigns' processes drew, by index, within ``wait`` seconds (None: one that could not)."""
+    from nanfuzz.harness.judge.encodings import gpu_skips_for
     from nanfuzz.harness.launch.processes import fork_server_context, start
 
     drawn: dict[int, tuple[Case, ...] | None] = {}
@@ -60,8 +65,10 @@ def _drawn_in_processes(orders: list[tuple[CampaignOrders, int]], wait: float) -
     try:
         context = fork_server_context()
         results = context.Queue()
+        skips = gpu_skips_for(orders[0][0].settings.device) if orders else None
         for order, count in orders:
-            process = context.Process(target=_draw, args=(order, count, results), name="nanfuzz-draw", daemon=True)
+            process = context.Process(target=_draw, args=(order, count, results, skips), name="nanfuzz-draw",
+                                      daemon=True)
             start(process)
             processes.append(process)
         deadline = time.monotonic() + wait

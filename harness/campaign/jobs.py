@@ -62,7 +62,7 @@ class JobLinks:
     ``interrupt`` (a signal reached the run), the ``results`` queue, the warm-up barrier ``ready``,
     ``listening[i]`` (job i's signal handler is in place), ``examples[i]`` (the measured examples
     job i has run so far, a shrink's candidates included), ``shrinking[i]`` (job i is shrinking a
-    failure) and the compile farm's handle."""
+    failure), the compile farm's handle and the GPU's fp8 skips (``encodings.told_gpu_skips``)."""
 
     stop: object
     interrupt: object
@@ -72,6 +72,7 @@ class JobLinks:
     examples: object
     shrinking: object
     farm: object = None
+    gpu_skips: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,9 @@ def _run_job(orders: JobOrders, links: JobLinks) -> None:
     sys.unraisablehook = quiet_about_interrupts(sys.unraisablehook)  # one a callback swallowed: the event stops it
     links.listening[index] = 1
     interpret_if_cpu(settings.device)  # before the kernel's module is imported
+    from nanfuzz.harness.judge.encodings import told_gpu_skips
+
+    told_gpu_skips(links.gpu_skips)  # a job that initialised CUDA could not fork its workers
     try:
         from nanfuzz.harness.campaign.runner import Hooks, fuzz, note_worker_start
         from nanfuzz.harness.launch.subjects import make_subject
@@ -218,6 +222,7 @@ def fuzz_parallel(kernel: Kernel, settings: Settings | None = None, *, warmup: i
 def _run_jobs(kernel, settings, spread: _Spread, notes, farm, on_progress=None):
     from nanfuzz.harness.campaign.result import Campaign
     from nanfuzz.harness.registry import import_path
+    from nanfuzz.harness.judge.encodings import gpu_skips_for
     from nanfuzz.harness.launch.processes import fork_server_context
 
     # Not fork: a forked child of a process that used CUDA cannot use it.  Jobs come from the
@@ -227,7 +232,7 @@ def _run_jobs(kernel, settings, spread: _Spread, notes, farm, on_progress=None):
     links = JobLinks(stop=context.Event(), interrupt=context.Event(), results=context.Queue(),
                      ready=context.Barrier(spread.jobs), listening=context.RawArray("b", spread.jobs),
                      examples=context.RawArray("q", spread.jobs), shrinking=context.RawArray("b", spread.jobs),
-                     farm=farm)
+                     farm=farm, gpu_skips=gpu_skips_for(settings.device))
     processes = []
     done: dict[int, tuple] = {}
     died: list[int] = []

@@ -63,11 +63,13 @@ class CampaignOrders:
 @dataclass(frozen=True)
 class _Links:
     """What the campaigns share with the run: the ``results`` queue, ``listening[i]`` (campaign i's
-    signal handlers are in place) and ``examples[i]`` (its examples so far)."""
+    signal handlers are in place), ``examples[i]`` (its examples so far) and the GPU's fp8 skips
+    (``encodings.told_gpu_skips``; None under the interpreter)."""
 
     results: object
     listening: object
     examples: object
+    gpu_skips: tuple | None = None
 
 
 def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
@@ -76,6 +78,9 @@ def _run_campaign(orders: CampaignOrders, links: _Links) -> None:
 
     index = orders.index
     interpret_if_cpu(orders.settings.device)  # before the kernel's module is imported
+    from nanfuzz.harness.judge.encodings import told_gpu_skips
+
+    told_gpu_skips(links.gpu_skips)  # a campaign that initialised CUDA could not fork its worker
     try:
         # as the run's own process takes them (the search keeps what it found), but once: the run's
         # Ctrl-C that stops its campaigns may come after the group's SIGTERM
@@ -122,14 +127,16 @@ def side_by_side(orders: list[CampaignOrders], at_once: int,
     examples of every campaign so far (a shrink's candidates included).  ``once_started``: called
     here once the first campaigns' processes are started (the self-check draws their first cases
     while they start).  Closing the iterator early ends the campaigns still running."""
+    from nanfuzz.harness.judge.encodings import gpu_skips_for
     from nanfuzz.harness.launch.processes import fork_server_context
 
     # Not fork: a forked child of a process that used CUDA cannot use it.  The fork server has
     # imported torch, Triton and the campaign runner but never touched a GPU.
     context = fork_server_context()
     count = len(orders)
+    device = orders[0].settings.device if orders else "cpu"
     links = _Links(results=context.Queue(), listening=context.RawArray("b", count),
-                   examples=context.RawArray("q", count))
+                   examples=context.RawArray("q", count), gpu_skips=gpu_skips_for(device))
     processes: dict[int, object] = {}
     outcomes: dict[int, object] = {}
     interrupted = False

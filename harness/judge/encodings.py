@@ -35,7 +35,7 @@ NATIVE = {"fp8_e4m3fnuz": "e4m3fnuz is native on MI300-class (gfx94x) GPUs only"
 
 def skipped(device: str) -> dict[str, str]:
     """fp8 encodings that cannot run on ``device`` ("cpu": the interpreter) -> why."""
-    return dict(_interpreter_state()[0] if device == "cpu" else _gpu_skips())
+    return dict(_interpreter_state()[0] if device == "cpu" else gpu_skips())
 
 
 def _dtypes(kv) -> set[str]:
@@ -82,8 +82,33 @@ def describe(device: str) -> str:
 
 # -- GPU ----------------------------------------------------------------------------
 
-@functools.cache
-def _gpu_skips() -> tuple[tuple[str, str], ...]:
+# The visible GPU's skips, once known in this process: asked of Triton, or told by the run that started it
+_known_gpu_skips: list[tuple[tuple[str, str], ...]] = []
+
+
+def gpu_skips() -> tuple[tuple[str, str], ...]:
+    """fp8 encodings the visible GPU cannot run, with why (``skipped("cuda")``'s items).  Triton asks
+    the driver, which initialises CUDA in the asking process."""
+    if not _known_gpu_skips:
+        _known_gpu_skips.append(_ask_triton())
+    return _known_gpu_skips[0]
+
+
+def gpu_skips_for(device: str) -> tuple[tuple[str, str], ...] | None:
+    """What a run on ``device`` tells the processes it starts (``told_gpu_skips``)."""
+    return None if device == "cpu" else gpu_skips()
+
+
+def told_gpu_skips(skips: tuple[tuple[str, str], ...] | None) -> None:
+    """In a process fresh from the fork server: the GPU's skips as the run that started it found them
+    (None: nothing told), so that its campaign never initialises CUDA to ask.  A process that has
+    cannot fork its worker (a fork would copy a CUDA state the worker cannot use) and starts a fork
+    server of its own instead, which imports torch and Triton again: seconds beside other campaigns."""
+    if skips is not None:
+        _known_gpu_skips[:] = [tuple(skips)]
+
+
+def _ask_triton() -> tuple[tuple[str, str], ...]:
     import triton
 
     try:
