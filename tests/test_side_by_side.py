@@ -136,3 +136,26 @@ def test_campaigns_beside_others_are_told_the_gpu_s_fp8_skips_by_their_run(tmp_p
     assert status == 0, out + err
     assert [(row[0], row[1]) for row in _rows(out)] == [("torch@correct-where-told-the-gpu-skips", "PASS"),
                                                         ("paged_decode@masked", "PASS")]
+
+
+def test_a_kernel_that_kills_the_process_it_runs_under_is_a_crash_with_a_repro_beside_others(tmp_path, capsys):
+    """A campaign's worker is a fork of the campaign's process: the kernel takes the campaign down, and
+    the case it left in the campaign's journal, replayed in a fresh worker, is its CRASH."""
+    status, out, err = _fuzz(tmp_path, capsys, "killer", 2, "tests.subjects:kills_the_fork_server",
+                             "paged_decode@masked")
+    assert status == 1, out + err
+    assert [(row[0], row[1]) for row in _rows(out)] == [("hostile@kills_the_fork_server", "CRASH"),
+                                                        ("paged_decode@masked", "PASS")]
+    assert "a campaign process died while running this case earlier; replayed in a fresh worker it gives CRASH" in out + err
+    assert list((tmp_path / "killer" / "repros").glob("hostile-kills_the_fork_server-crash-*.json"))
+
+
+def test_a_campaign_killed_once_under_a_case_that_then_passes_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    """As the host's out-of-memory killer might end it: the case replays PASS, so no verdict, and the
+    run says where the process died rather than pass the kernel."""
+    monkeypatch.chdir(tmp_path)  # where the subject notes that it killed once
+    status, out, err = _fuzz(tmp_path, capsys, "once", 2, "tests.subjects:kills_the_fork_server_once",
+                             "paged_decode@masked")
+    assert status == 2, out + err
+    assert ("nanfuzz: kernel hostile@kills_the_fork_server_once: its campaign's process died while checking a "
+            "case that gives no failure replayed in a fresh worker (exit status -9)") in err

@@ -200,8 +200,26 @@ def _collect_once(processes, links: _Links, outcomes, orders) -> None:
                 continue
             except queue.Empty:
                 pass
-            outcomes[i] = NanfuzzError(f"kernel {orders[i].kernel_name}: its campaign's process died outside the kernel's "
-                                       f"launches (exit status {process.exitcode}); run the kernel alone to see why")
+            outcomes[i] = _after_its_death(orders[i], process.exitcode)
+
+
+def _after_its_death(orders: CampaignOrders, exitcode) -> object:
+    """What a campaign whose process died gives.  Its worker is a fork of that process, so a kernel that
+    kills the process it runs under takes the campaign with it: the case it was checking, left in the
+    campaign's journal, replayed here in a fresh worker, is its failure where it fails again (as a
+    dead job's case is, ``harness.campaign.jobs``).  Otherwise one line: it died outside the launches."""
+    from nanfuzz.harness.campaign.leftovers import recover_leftovers
+
+    try:
+        leftover, notes = recover_leftovers(orders.resolve(), orders.settings)
+    except NanfuzzError:
+        leftover, notes = None, []  # the kernel cannot be resolved here either: the line below says the rest
+    if leftover is not None:
+        return leftover
+    where = ("while checking a case that gives no failure replayed in a fresh worker" if notes else
+             "outside the kernel's launches")
+    return NanfuzzError(f"kernel {orders.kernel_name}: its campaign's process died {where} (exit status "
+                        f"{exitcode}); run the kernel alone to see why")
 
 
 def _outcome(payload):
