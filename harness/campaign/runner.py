@@ -122,9 +122,7 @@ def note_worker_start(campaign: Campaign, subject) -> None:
     campaign's start steps."""
     ready = getattr(subject, "ready_times", None)
     if ready:
-        campaign.startup.update(worker_loaded=ready["loaded"], worker_ready=ready["ready"])
-        if "began" in ready:
-            campaign.startup["worker_began"] = ready["began"]
+        campaign.startup.update({f"worker_{step}": at for step, at in ready.items()})
 
 
 def note_paths(campaign: Campaign, state_dir) -> None:
