@@ -353,6 +353,48 @@ def _asked_again(asked, put_off) -> list:
     return again
 
 
+@pytest.mark.parametrize("taken", [True, False])
+def test_a_large_case_whose_memory_the_farm_holds_is_put_off_until_the_farm_ends_never_declined(
+        tmp_path, monkeypatch, taken):
+    # a farm's compiling tasks give back nothing until their compiles end: a large case's check waits
+    # moments for memory beside the farm, not the search's whole wait; a case that never fits is declined
+    from nanfuzz.harness.campaign.search import FARM_BUSY_PATIENCE
+    from nanfuzz.harness.launch.worker import Declined
+    from nanfuzz.reference import case as case_module
+
+    monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)  # every case drawn counts as large
+    asked = []
+
+    class MemoryHeldByTheFarm(PuttingOff):
+        """Every new case's memory is held while the farm runs (for a wait the farm's patience allows)."""
+
+        def check(self, case, *, digest=False, explain=False, defer=None, patience=None):
+            asked.append((case, patience, farm.peek()))
+            if farm.peek() and (patience is None or patience > FARM_BUSY_PATIENCE):
+                raise AssertionError(f"a large case waits {patience} s for memory beside the farm")
+            if farm.peek() and case not in self.put_off:
+                self.put_off.append(case)
+                return Declined("this case needs about 9 GiB of GPU memory and 2 GiB are free", memory_taken=taken)
+            return super().check(case, digest=digest, explain=explain, defer=defer, patience=patience)
+
+    in_order = PuttingOff(tmp_path, lambda case: False)
+    in_order.defers = False
+    subject = MemoryHeldByTheFarm(tmp_path, lambda case: False, every=10**9)
+    farm = FarmFinishingAfter(polls=120)
+    campaign = _campaign(tmp_path, subject, max_examples=30, seed=5, farm=farm)
+    expected = _campaign(tmp_path, in_order, max_examples=30, seed=5)
+    assert not campaign.failed and subject.put_off
+    if not taken:
+        assert campaign.declined_for_memory == len(subject.put_off) and campaign.deferred == 0
+        return
+    assert campaign.declined_for_memory == 0 and campaign.deferred == len(subject.put_off)
+    late = [patience for case, patience, running in asked if case in subject.put_off and not running]
+    assert len(late) == len(subject.put_off) and all(patience > FARM_BUSY_PATIENCE for patience in late)
+    assert sorted(map(repr, subject.checked)) == sorted(map(repr, in_order.checked))  # each once, as in order
+    put_off = [record for record in campaign.early_examples if record["verdict"] == "put off"]
+    assert len(put_off) == len(subject.put_off)
+
+
 def test_a_late_failure_the_redrawn_run_never_meets_stands_unshrunk_with_a_note(tmp_path, monkeypatch):
     # a Hypothesis that drew differently the second time: the failure found is still the campaign's
     from nanfuzz.harness.campaign import deferrals

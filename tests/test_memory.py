@@ -429,6 +429,27 @@ def test_a_worker_waiting_for_memory_is_no_hang(tmp_path, holders, monkeypatch):
         subject.close()
 
 
+def test_a_worker_tells_memory_held_by_others_from_a_case_that_never_fits(tmp_path, holders):
+    # a search puts off the first beside a compile farm, and declines the second
+    policy = _policy(tmp_path / "ledger", case=6)
+    subject = Supervised(worker_spec(subjects.slow_correct, Settings(device="cpu", memory=policy)), launch_timeout=30.0)
+    try:
+        assert subject.check(PLAIN).verdict is Verdict.PASS
+        _, release = holders(policy).start()  # 6 of 10 GiB held for the whole wait
+        answer = subject.check(PLAIN, patience=0.5)
+        release()
+    finally:
+        subject.close()
+    assert isinstance(answer, Declined) and answer.memory_taken and not answer.judging_failed
+    too_large = _policy(tmp_path / "other", total=3, case=4)
+    subject = Supervised(worker_spec(subjects.slow_correct, Settings(device="cpu", memory=too_large)), launch_timeout=30.0)
+    try:
+        answer = subject.check(PLAIN, patience=0.5)
+    finally:
+        subject.close()
+    assert isinstance(answer, Declined) and not answer.memory_taken and "more than the 3.0 GiB" in answer.reason
+
+
 def test_a_helper_process_opens_its_context_only_while_room_for_cases_stays(tmp_path):
     from nanfuzz.harness.judge.device_memory import CONTEXT_BYTES
     from nanfuzz.harness.judge.ledger import Ledger

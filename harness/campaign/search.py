@@ -61,6 +61,13 @@ _LANDING_POLL = 0.01
 # task has taken (it builds the same entries' cases), at least this.
 LEAST_COMPILE_RESERVE = 10.0
 
+# How long a large case checked while the compile farm runs waits for device memory: the farm's tasks
+# hold theirs until their compiles end (tens of seconds), where an idle worker gives its back within a
+# second of a want.  Past it the case is put off until the farm ends (``_UNTIL_THE_FARM_ENDS``) and the
+# search goes on; beside a farm, a production case's check waited 14 s, only to find its binary unbuilt.
+FARM_BUSY_PATIENCE = 2.0
+_UNTIL_THE_FARM_ENDS = Skipped(claim="", landed="", claimed=False)  # no marker to watch: ready once no farm runs
+
 
 class KernelFailed(Exception):
     """Raised inside the property so that Hypothesis shrinks the case."""
@@ -326,6 +333,9 @@ class Search:
         run.journal.record(case)
         checked = time.perf_counter()
         patience = run.finding_patience if self.first is not None else run.search_patience()
+        beside_the_farm = defer == UNBUILT and case.large and run.waiting.farm_running()
+        if beside_the_farm:
+            patience = min(patience, FARM_BUSY_PATIENCE)
         try:
             outcome = (run.subject.check(case, defer=defer, patience=patience) if defer
                        else run.subject.check(case, patience=patience))
@@ -342,6 +352,9 @@ class Search:
         self._past_the_budget(outcome, checked, round_trip)
         if isinstance(outcome, Deferred):
             self._put_off(case, outcome, checked, round_trip)
+            return None
+        if isinstance(outcome, Declined) and outcome.memory_taken and beside_the_farm:
+            self._put_off_for_the_farm(case, checked, round_trip)
             return None
         if isinstance(outcome, Declined):
             self._spent("memory wait", round_trip)  # waiting for memory that did not come free (or judging out of it)
@@ -384,6 +397,14 @@ class Search:
         if not skipped.claimed and not skipped.stuck:
             skipped = replace(skipped, stuck=run.waiting.stuck_marker(case) or "")
         self.deferrals.add(case, skipped)
+
+    def _put_off_for_the_farm(self, case: Case, checked: float, waited: float) -> None:
+        """A large case whose memory stayed taken for ``FARM_BUSY_PATIENCE`` while the farm ran: put off
+        until the farm ends, then checked with the search's whole wait."""
+        self._spent("memory wait", waited)
+        self.campaign.note_early(put_off_record(Deferred(_UNTIL_THE_FARM_ENDS, waited, waited), checked - self.run.start,
+                                                waited))
+        self.deferrals.add(case, _UNTIL_THE_FARM_ENDS)
 
     def _large_case_s_deferral(self, case: Case) -> str | None:
         """What a large case's check may put off while the farm runs (``UNBUILT``); None where the case

@@ -72,6 +72,11 @@ class TooLargeForDevice(NanfuzzError):
     to it (see ``harness.campaign.runner``)."""
 
 
+class MemoryTaken(TooLargeForDevice):
+    """A case declined because its memory did not come free within the wait: other processes held
+    it, and may give it back later."""
+
+
 class JudgingOutOfMemory(TooLargeForDevice):
     """A case declined because nanfuzz's own allocations failed while judging it, twice."""
 
@@ -202,7 +207,7 @@ class Governor:
                     self.waits += 1
                     waiting(True)
                 if time.monotonic() - started >= patience:
-                    raise TooLargeForDevice(f"this case needs about {amount(need)} of {self.device.where} "
+                    raise MemoryTaken(f"this case needs about {amount(need)} of {self.device.where} "
                                             f"memory{made_of()} and {shortfall} after "
                                             f"{time.monotonic() - started:.0f} s of waiting; declined")
                 time.sleep(_POLL * (1 + random.random()))

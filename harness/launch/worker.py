@@ -152,6 +152,7 @@ class Declined:
 
     reason: str
     judging_failed: bool = False
+    memory_taken: bool = False  # held by other processes for the whole wait (``judge.memory.MemoryTaken``)
 
 
 def judged(answer):
@@ -163,9 +164,9 @@ def judged(answer):
 
 
 def declined(exc) -> Declined:
-    from nanfuzz.harness.judge.memory import JudgingOutOfMemory
+    from nanfuzz.harness.judge.memory import JudgingOutOfMemory, MemoryTaken
 
-    return Declined(str(exc), isinstance(exc, JudgingOutOfMemory))
+    return Declined(str(exc), isinstance(exc, JudgingOutOfMemory), isinstance(exc, MemoryTaken))
 
 
 class InProcess:
@@ -484,7 +485,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
                                     strict_reads=spec.strict_reads, memory=spec.memory, patience=patience)
                 except TooLargeForDevice as exc:
                     answer = declined(exc)
-                    conn.send(("declined", (answer.reason, answer.judging_failed)))
+                    conn.send(("declined", (answer.reason, answer.judging_failed, answer.memory_taken)))
                     continue
                 except NanfuzzError as exc:
                     conn.send(("error", str(exc)))
