@@ -4,7 +4,10 @@ samples per entry after them, and each campaign waiting for its own plan alone."
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+
+import pytest
 
 from nanfuzz.harness.campaign import compile_ahead as ahead_module
 from nanfuzz.harness.campaign.compile_ahead import compile_ahead
@@ -193,6 +196,46 @@ def _samples(plan: Plan, entry, count: int):
     from nanfuzz.harness.launch.farm import sample_cases
 
     return sample_cases(plan, entry, count)
+
+
+@pytest.mark.parametrize("prefer_fork", [True, False])
+def test_a_farm_started_in_a_campaign_s_process_forks_its_processes_from_it(tmp_path, prefer_fork):
+    # a campaign's process beside others is fresh from its run's fork server: a fork server of its own
+    # would import torch again before the farm's first compile
+    import json
+    import subprocess
+    import sys
+
+    script = f"from tests.farm_subjects import report_farm_parents; report_farm_parents({prefer_fork}, {str(tmp_path)!r})"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["built"] and seen["tasks"], seen
+    assert seen["plain_forked"] is prefer_fork
+    if prefer_fork:
+        assert seen["parents"] == [seen["me"]] * 2 and seen["fork_server"] is None
+    else:
+        assert seen["fork_server"] is not None and set(seen["parents"]) == {seen["fork_server"]}
+
+
+def test_a_fork_that_could_not_use_the_gpu_is_looked_at_in_a_fork(monkeypatch):
+    # torch marks forks of a process that asked the driver anything; the farm then takes the fork server
+    import multiprocessing
+
+    import torch
+
+    from nanfuzz.harness.launch import farm as farm_module, processes
+    from nanfuzz.harness.launch.processes import fork_keeps_the_gpu
+
+    # as in a campaign's process (this one may hold other tests' threads)
+    monkeypatch.setattr(processes, "plain_fork_context", lambda: multiprocessing.get_context("fork"))
+    assert fork_keeps_the_gpu()
+    assert farm_module._farm_context(True, "cuda").get_start_method() == "fork"
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)  # what such a fork would find
+    assert not fork_keeps_the_gpu()
+    assert farm_module._farm_context(True, "cuda").get_start_method() == "forkserver"
+    assert farm_module._farm_context(False, "cpu").get_start_method() == "forkserver"
 
 
 def test_a_farm_of_several_plans_sends_each_plan_s_cases_and_samples_before_the_next_plan_s(tmp_path):

@@ -247,7 +247,8 @@ class CampaignRunner:
             self.campaign.startup["worker_started"] = time.time()  # its process started, from here
         if plan is not None:
             # its processes start while this one draws the search's first cases, which they build first
-            self._own_farm = start_farm([plan], settings, after=device_opened, first_cases_later=True)
+            self._own_farm = start_farm([plan], settings, after=device_opened, first_cases_later=True,
+                                        prefer_fork=self.prefer_fork)
             self.farm = self._own_farm.handle if self._own_farm else None
             self.campaign.startup["farm_started"] = time.time()
             if self._own_farm is not None and self._own_farm.awaits_first_cases:

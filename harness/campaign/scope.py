@@ -142,10 +142,12 @@ def plan_for(spec: WorkerSpec | None, caps: Capabilities, pool, settings: Settin
     return Plan(spec, caps, settings.focus.poison_classes, pool, tier=tier)
 
 
-def start_farm(plans: list[Plan | None], settings: Settings, after=None, first_cases_later: bool = False) -> Farm | None:
-    """A compile farm for the plans there are (None when there is none); ``after`` and
-    ``first_cases_later``: see ``Farm``."""
+def start_farm(plans: list[Plan | None], settings: Settings, after=None, first_cases_later: bool = False,
+               prefer_fork: bool = False) -> Farm | None:
+    """A compile farm for the plans there are (None when there is none); ``after``,
+    ``first_cases_later`` and ``prefer_fork``: see ``Farm``."""
     plans = [p for p in plans if p is not None]
     if not plans:
         return None
-    return Farm(plans, settings.compile_jobs or default_processes(), after=after, first_cases_later=first_cases_later)
+    return Farm(plans, settings.compile_jobs or default_processes(), after=after, first_cases_later=first_cases_later,
+                prefer_fork=prefer_fork)

@@ -71,7 +71,7 @@ from pathlib import Path
 from nanfuzz.harness.judge.outcome import one_line
 from nanfuzz.harness.launch import shared_compiles
 from nanfuzz.harness.launch.isolation import end_group, isolate
-from nanfuzz.harness.launch.processes import interpret_if_cpu
+from nanfuzz.harness.launch.processes import interpret_if_cpu, start
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.strategies.geometry import Shape
@@ -329,13 +329,14 @@ class Farm:
 
     def __init__(self, plans: list[Plan], processes: int, task_timeout: float = TASK_TIMEOUT,
                  marks: BuiltMarks | None = None, after=None, device_wait: float = DEVICE_WAIT,
-                 first_cases_later: bool = False):
+                 first_cases_later: bool = False, prefer_fork: bool = False):
         """``after``: an event (of the fork server's context) the farm processes wait for, up to
         ``device_wait`` seconds, before their first device work: a worker's opened GPU context.
         ``first_cases_later``: the processes start now, and the plans' upcoming cases come with
         ``schedule`` (drawing them takes the campaign's process a while, which the processes spend
-        starting, loading the kernel and opening their devices); no task goes out before."""
-        from nanfuzz.harness.launch.processes import fork_server_context
+        starting, loading the kernel and opening their devices); no task goes out before.
+        ``prefer_fork``: the processes are plain forks of this one where that is safe (a campaign's
+        process fresh from its run's fork server, see ``harness.launch.worker.Supervised``)."""
 
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
         self._per_binary = plans[0].spec.device == "cuda" and shared_compiles.available()
@@ -369,7 +370,8 @@ class Farm:
         if warm or not (expected or first_cases_later):  # a warm cache: nothing to start
             self._schedule_none()
             return
-        self._context = fork_server_context()
+        self._context = _farm_context(prefer_fork, plans[0].spec.device)
+        plain_fork = self._context.get_start_method() == "fork"
         self._queue = self._context.Queue()
         count = max(1, processes if first_cases_later else min(processes, expected))
         # per farm process: the task it is on (-1: none) and since when (CLOCK_MONOTONIC)
@@ -381,12 +383,20 @@ class Farm:
             process = self._context.Process(target=_serve, name="nanfuzz-compile", daemon=True, args=(
                 slot, self._plans, self._queue, self._current, self._since, self.folder, self._marks, after,
                 self._turns, device_wait))
-            process.start()
+            if plain_fork:
+                start(process, forked_by_server=False, plain_fork=True)
+            else:
+                process.start()
             self._processes.append(process)
         self._monitor = threading.Thread(target=self._watch, daemon=True, name="nanfuzz-compile-watch")
         if not first_cases_later:
             self.schedule({})
         self._monitor.start()
+
+    @property
+    def plain_forked(self) -> bool:
+        """Are its processes plain forks of the process that started it?"""
+        return bool(self._processes) and self._context.get_start_method() == "fork"
 
     @property
     def awaits_first_cases(self) -> bool:
@@ -642,6 +652,19 @@ def _preload(plan: Plan):
 # (a context is about half a GiB, a production task's tensors a few GiB, and sixteen processes a
 # campaign, several campaigns a device, would otherwise fill it and keep the checks waiting).
 FARM_ROOM_SHARE = 4
+
+
+def _farm_context(prefer_fork: bool, device: str):
+    """Where the farm's processes come from: plain forks of this process where asked and safe (a GPU
+    farm's only where such a fork can still use the GPU), else the fork server.  A campaign's
+    process beside others would otherwise start a fork server of its own, an interpreter importing
+    torch and Triton, seconds before its farm's first compile."""
+    from nanfuzz.harness.launch.processes import fork_keeps_the_gpu, fork_server_context, plain_fork_context
+
+    plain = plain_fork_context() if prefer_fork else None
+    if plain is not None and (device != "cuda" or fork_keeps_the_gpu()):
+        return plain
+    return fork_server_context()
 
 
 def _room_for_a_context(memory) -> bool:

@@ -216,6 +216,23 @@ def plain_fork_context():
     return multiprocessing.get_context("fork")
 
 
+def fork_keeps_the_gpu() -> bool:
+    """Could a plain fork of this process use the GPU?  torch marks the forks of a process that asked
+    its driver anything (``is_available``, ``device_count``) unable to, with no context opened and
+    nothing the parent can look at; only a fork can tell, so one is forked to look and exits."""
+    import torch
+
+    pid = os.fork()
+    if pid == 0:
+        poisoned = True
+        try:
+            poisoned = torch.cuda._is_in_bad_fork()
+        finally:
+            os._exit(1 if poisoned else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
 def interpret_if_cpu(device: str) -> None:
     """In a process fresh from the fork server: a CPU campaign's kernels run under Triton's interpreter
     (which Triton reads when a kernel module is imported)."""
