@@ -363,7 +363,7 @@ def test_a_large_case_whose_memory_the_farm_holds_is_put_off_until_the_farm_ends
     from nanfuzz.reference import case as case_module
 
     monkeypatch.setattr(case_module, "LARGE_ELEMENTS", 0)  # every case drawn counts as large
-    asked = []
+    asked, declined_beside = [], []
 
     class MemoryHeldByTheFarm(PuttingOff):
         """Every new case's memory is held while the farm runs (for a wait the farm's patience allows)."""
@@ -374,6 +374,7 @@ def test_a_large_case_whose_memory_the_farm_holds_is_put_off_until_the_farm_ends
                 raise AssertionError(f"a large case waits {patience} s for memory beside the farm")
             if farm.peek() and case not in self.put_off:
                 self.put_off.append(case)
+                declined_beside.append(len(asked) - 1)
                 return Declined("this case needs about 9 GiB of GPU memory and 2 GiB are free", memory_taken=taken)
             return super().check(case, digest=digest, explain=explain, defer=defer, patience=patience)
 
@@ -388,6 +389,10 @@ def test_a_large_case_whose_memory_the_farm_holds_is_put_off_until_the_farm_ends
         assert campaign.declined_for_memory == len(subject.put_off) and campaign.deferred == 0
         return
     assert campaign.declined_for_memory == 0 and campaign.deferred == len(subject.put_off)
+    # after one is put off, the next gets one look, until one gets its memory
+    beside = [(n, patience) for n, (case, patience, running) in enumerate(asked) if running]
+    expected = [0.0 if m > 0 and beside[m - 1][0] in declined_beside else FARM_BUSY_PATIENCE for m in range(len(beside))]
+    assert [patience for _, patience in beside] == expected and 0.0 in expected
     late = [patience for case, patience, running in asked if case in subject.put_off and not running]
     assert len(late) == len(subject.put_off) and all(patience > FARM_BUSY_PATIENCE for patience in late)
     assert sorted(map(repr, subject.checked)) == sorted(map(repr, in_order.checked))  # each once, as in order

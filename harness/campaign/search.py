@@ -65,6 +65,8 @@ LEAST_COMPILE_RESERVE = 10.0
 # hold theirs until their compiles end (tens of seconds), where an idle worker gives its back within a
 # second of a want.  Past it the case is put off until the farm ends (``_UNTIL_THE_FARM_ENDS``) and the
 # search goes on; beside a farm, a production case's check waited 14 s, only to find its binary unbuilt.
+# The large cases after it get one look at the ledger, until one of them gets its memory: four in a row
+# each waited the whole 2 s.
 FARM_BUSY_PATIENCE = 2.0
 _UNTIL_THE_FARM_ENDS = Skipped(claim="", landed="", claimed=False)  # no marker to watch: ready once no farm runs
 
@@ -158,6 +160,7 @@ class Search:
         self.best: tuple[Outcome, Case] | None = None   # the latest failure of the first's verdict
         self.defers = getattr(run.subject, "defers", False)  # can its worker put off a case whose binary compiles elsewhere?
         self.deferrals = Deferrals()
+        self.farm_holds_memory = False  # a large case was put off for memory the farm held, none checked since
         self.judged: dict[Case, Outcome] = {}  # this Hypothesis run's outcomes, for a replay up to a late failure
         self.replay: Replay | None = None      # the replay under way, if any
         self.calls, self.drawn_ahead = 0, False  # see _target
@@ -334,8 +337,8 @@ class Search:
         checked = time.perf_counter()
         patience = run.finding_patience if self.first is not None else run.search_patience()
         beside_the_farm = defer == UNBUILT and case.large and run.waiting.farm_running()
-        if beside_the_farm:
-            patience = min(patience, FARM_BUSY_PATIENCE)
+        if beside_the_farm:  # once the farm held one's memory, the next look only, until one gets it
+            patience = min(patience, 0.0 if self.farm_holds_memory else FARM_BUSY_PATIENCE)
         try:
             outcome = (run.subject.check(case, defer=defer, patience=patience) if defer
                        else run.subject.check(case, patience=patience))
@@ -354,8 +357,11 @@ class Search:
             self._put_off(case, outcome, checked, round_trip)
             return None
         if isinstance(outcome, Declined) and outcome.memory_taken and beside_the_farm:
+            self.farm_holds_memory = True
             self._put_off_for_the_farm(case, checked, round_trip)
             return None
+        if case.large:
+            self.farm_holds_memory = False
         if isinstance(outcome, Declined):
             self._spent("memory wait", round_trip)  # waiting for memory that did not come free (or judging out of it)
             campaign.declined(outcome, shrinking=self.first is not None)
