@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from nanfuzz.harness.campaign.runner import fuzz
+from nanfuzz.harness.campaign.runner import fuzz, worker_start_steps
 
 from nanfuzz.harness.campaign.scope import compile_plan, start_farm
 
@@ -222,9 +222,8 @@ def measure_throughput(kernel: Kernel, settings: Settings, examples: int, warmup
                     break
             after = subject.specialisations
             total.specialisations = None if before is None or after is None else after - before
-            ready = getattr(subject, "ready_times", None)  # this bench's worker, started before any campaign
-            total.startup = {} if not ready else {"worker_loaded_s": round(ready["loaded"] - started_at, 3),
-                                                  "worker_ready_s": round(ready["ready"] - started_at, 3)}
+            # this bench's worker, started before any campaign
+            total.startup = {f"{step}_s": round(at - started_at, 3) for step, at in worker_start_steps(subject).items()}
         finally:
             subject.close()
             if farm is not None:

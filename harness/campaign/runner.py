@@ -117,12 +117,15 @@ def require_a_judged_case(campaign: Campaign) -> None:
                            "for memory, so nothing was judged; see the note above, or run where the device has room")
 
 
+def worker_start_steps(subject) -> dict[str, float]:
+    """When ``subject``'s first worker's main began, had loaded the kernel and was ready (the wall
+    clock), named as start steps (``worker_began``...); empty for a subject without a worker."""
+    return {f"worker_{step}": at for step, at in (getattr(subject, "ready_times", None) or {}).items()}
+
+
 def note_worker_start(campaign: Campaign, subject) -> None:
-    """When ``subject``'s first worker's main began, had loaded the kernel and was ready, in the
-    campaign's start steps."""
-    ready = getattr(subject, "ready_times", None)
-    if ready:
-        campaign.startup.update({f"worker_{step}": at for step, at in ready.items()})
+    """``subject``'s worker's start steps, in the campaign's."""
+    campaign.startup.update(worker_start_steps(subject))
 
 
 def note_paths(campaign: Campaign, state_dir) -> None:
