@@ -144,8 +144,11 @@ def test_a_kernel_that_kills_the_process_it_runs_under_is_a_crash_with_a_repro_b
     status, out, err = _fuzz(tmp_path, capsys, "killer", 2, "tests.subjects:kills_the_fork_server",
                              "paged_decode@masked")
     assert status == 1, out + err
-    assert [(row[0], row[1]) for row in _rows(out)] == [("hostile@kills_the_fork_server", "CRASH"),
-                                                        ("paged_decode@masked", "PASS")]
+    rows = _rows(out)
+    assert [(row[0], row[1]) for row in rows] == [("hostile@kills_the_fork_server", "CRASH"),
+                                                  ("paged_decode@masked", "PASS")]
+    # its row counts the examples the campaign had told, and the case it died under, its first failure
+    assert int(rows[0][2]) == int(rows[0][3]) >= 1, rows
     assert "a campaign process died while running this case earlier; replayed in a fresh worker it gives CRASH" in out + err
     assert list((tmp_path / "killer" / "repros").glob("hostile-kills_the_fork_server-crash-*.json"))
 

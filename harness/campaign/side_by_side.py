@@ -138,12 +138,13 @@ def side_by_side(orders: list[CampaignOrders], at_once: int,
     links = _Links(results=context.Queue(), listening=context.RawArray("b", count),
                    examples=context.RawArray("q", count), gpu_skips=gpu_skips_for(device))
     processes: dict[int, object] = {}
+    started: dict[int, float] = {}  # when each process started (time.perf_counter)
     outcomes: dict[int, object] = {}
     interrupted = False
     next_to_start = next_to_yield = 0
 
     def stop() -> None:
-        _stop_all(processes, outcomes, links, orders)
+        _stop_all(processes, outcomes, links, orders, started)
         for i in range(count):
             outcomes.setdefault(i, None)  # stopped before a result, or never started
 
@@ -157,11 +158,12 @@ def side_by_side(orders: list[CampaignOrders], at_once: int,
                                                   args=(orders[next_to_start], links))
                         processes[next_to_start] = process
                         start_process(process)
+                        started[next_to_start] = time.perf_counter()
                         next_to_start += 1
                     if once_started is not None:
                         then, once_started = once_started, None
                         then()
-                _collect_once(processes, links, outcomes, orders)
+                _collect_once(processes, links, outcomes, orders, started)
                 if on_progress is not None and processes:
                     on_progress(sum(links.examples))
                 while next_to_yield in outcomes:
@@ -181,7 +183,7 @@ def _running(processes, outcomes) -> int:
     return sum(1 for i in processes if i not in outcomes)
 
 
-def _collect_once(processes, links: _Links, outcomes, orders) -> None:
+def _collect_once(processes, links: _Links, outcomes, orders, started: dict[int, float]) -> None:
     """The results that came in (waiting up to a poll's time for one); a process gone without one died."""
     try:
         index, payload = links.results.get(timeout=_POLL)
@@ -200,14 +202,16 @@ def _collect_once(processes, links: _Links, outcomes, orders) -> None:
                 continue
             except queue.Empty:
                 pass
-            outcomes[i] = _after_its_death(orders[i], process.exitcode)
+            outcomes[i] = _after_its_death(orders[i], process.exitcode, links.examples[i],
+                                           time.perf_counter() - started[i])
 
 
-def _after_its_death(orders: CampaignOrders, exitcode) -> object:
+def _after_its_death(orders: CampaignOrders, exitcode, examples: int, lived: float) -> object:
     """What a campaign whose process died gives.  Its worker is a fork of that process, so a kernel that
     kills the process it runs under takes the campaign with it: the case it was checking, left in the
     campaign's journal, replayed here in a fresh worker, is its failure where it fails again (as a
-    dead job's case is, ``harness.campaign.jobs``).  Otherwise one line: it died outside the launches."""
+    dead job's case is, ``harness.campaign.jobs``), met after the ``examples`` the campaign had told,
+    ``lived`` seconds after its process started.  Otherwise one line: it died outside the launches."""
     from nanfuzz.harness.campaign.leftovers import recover_leftovers
 
     try:
@@ -215,6 +219,9 @@ def _after_its_death(orders: CampaignOrders, exitcode) -> object:
     except NanfuzzError:
         leftover, notes = None, []  # the kernel cannot be resolved here either: the line below says the rest
     if leftover is not None:
+        leftover.examples = examples + 1  # the case it died under, never counted there
+        leftover.examples_to_first_failure = leftover.examples
+        leftover.time_to_first_failure = leftover.elapsed = lived
         return leftover
     where = ("while checking a case that gives no failure replayed in a fresh worker" if notes else
              "outside the kernel's launches")
@@ -226,7 +233,7 @@ def _outcome(payload):
     return NanfuzzError(payload) if isinstance(payload, str) else payload
 
 
-def _stop_all(processes, outcomes, links: _Links, orders) -> None:
+def _stop_all(processes, outcomes, links: _Links, orders, started: dict[int, float]) -> None:
     """Ctrl-C to every campaign under way, then their results for up to ``_INTERRUPT_GRACE`` seconds."""
     for i, process in processes.items():
         if i not in outcomes and links.listening[i] and process.exitcode is None and process.pid is not None:
@@ -237,7 +244,7 @@ def _stop_all(processes, outcomes, links: _Links, orders) -> None:
     deadline = time.monotonic() + _INTERRUPT_GRACE
     while _running(processes, outcomes) and time.monotonic() < deadline:
         try:
-            _collect_once(processes, links, outcomes, orders)
+            _collect_once(processes, links, outcomes, orders, started)
         except KeyboardInterrupt:
             break
 
