@@ -353,15 +353,15 @@ class Search:
         round_trip = time.perf_counter() - checked  # a second look's replays beside the last one's phases: handoff
         run.journal.clear()
         self._past_the_budget(outcome, checked, round_trip)
-        if isinstance(outcome, Deferred):
-            self._put_off(case, outcome, checked, round_trip)
-            return None
         if isinstance(outcome, Declined) and outcome.memory_taken and beside_the_farm:
             self.farm_holds_memory = True
             self._put_off_for_the_farm(case, checked, round_trip)
             return None
         if case.large:
-            self.farm_holds_memory = False
+            self.farm_holds_memory = False  # it got its memory (or never waited for it)
+        if isinstance(outcome, Deferred):
+            self._put_off(case, outcome, checked, round_trip)
+            return None
         if isinstance(outcome, Declined):
             self._spent("memory wait", round_trip)  # waiting for memory that did not come free (or judging out of it)
             campaign.declined(outcome, shrinking=self.first is not None)

@@ -208,8 +208,8 @@ class Governor:
                     waiting(True)
                 if time.monotonic() - started >= patience:
                     raise MemoryTaken(f"this case needs about {amount(need)} of {self.device.where} "
-                                            f"memory{made_of()} and {shortfall} after "
-                                            f"{time.monotonic() - started:.0f} s of waiting; declined")
+                                      f"memory{made_of()} and {shortfall} after "
+                                      f"{time.monotonic() - started:.0f} s of waiting; declined")
                 time.sleep(_POLL * (1 + random.random()))
         except BaseException:
             self._forget_want()

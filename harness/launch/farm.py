@@ -337,7 +337,6 @@ class Farm:
         starting, loading the kernel and opening their devices); no task goes out before.
         ``prefer_fork``: the processes are plain forks of this one where that is safe (a campaign's
         process fresh from its run's fork server, see ``harness.launch.worker.Supervised``)."""
-
         self.folder = tempfile.mkdtemp(prefix="nanfuzz-compiles-")
         self._per_binary = plans[0].spec.device == "cuda" and shared_compiles.available()
         self.handle = FarmHandle(self.folder, self._per_binary)

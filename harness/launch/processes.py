@@ -222,13 +222,16 @@ def fork_keeps_the_gpu() -> bool:
     nothing the parent can look at; only a fork can tell, so one is forked to look and exits."""
     import torch
 
-    pid = os.fork()
-    if pid == 0:
-        poisoned = True
-        try:
-            poisoned = torch.cuda._is_in_bad_fork()
-        finally:
-            os._exit(1 if poisoned else 0)
+    from nanfuzz.harness.launch.isolation import ctrl_c_blocked
+
+    with ctrl_c_blocked(True):  # the child only looks and exits: a Ctrl-C is this process's alone
+        pid = os.fork()
+        if pid == 0:
+            poisoned = True
+            try:
+                poisoned = torch.cuda._is_in_bad_fork()
+            finally:
+                os._exit(1 if poisoned else 0)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
 
