@@ -195,6 +195,9 @@ def figures(side: Install) -> dict[str, float | None]:
             found[f"cpu ms/ex {who}"] = _median(1e3 * t["cpu_seconds_per_example"][who] for t in bench
                                                 if "cpu_seconds_per_example" in t)
         found["cases declined for memory"] = _median(t.get("declined_for_memory") for t in bench)
+        for cause in ("held or wanted by other nanfuzz processes", "not free on the device"):
+            found[f"memory waits: {cause}"] = _median((t.get("memory_wait_causes") or {}).get(cause, 0)
+                                                     if "memory_wait_causes" in t else None for t in bench)
         queued = [(t.get("run_queue_seconds_per_example") or {}).get("campaign") for t in bench]
         found["run-queue ms/ex campaign"] = _median(None if q is None else 1e3 * q for q in queued)
         # where the first example's time goes (an install that reports them)

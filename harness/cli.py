@@ -581,6 +581,7 @@ def _summary_entry(kernel, campaign, kernel_settings, verdict: str) -> dict:
             "declined_for_memory": campaign.declined_for_memory,
             "judging_out_of_memory": campaign.judging_out_of_memory,
             "memory_waits": campaign.memory_waits, "memory_wait_s": round(campaign.memory_wait_seconds, 3),
+            "memory_wait_causes": campaign.memory_wait_causes,
             "early_examples": campaign.early_examples, "past_budget": campaign.past_budget,
             "left_at_budget_end": campaign.left_at_budget_end,
             "began_s": _since_began(campaign.startup.get("started")), "startup_s": campaign.startup_seconds()}

@@ -425,6 +425,7 @@ def test_a_worker_waiting_for_memory_is_no_hang(tmp_path, holders, monkeypatch):
         outcome = subject.check(PLAIN)
         assert outcome.verdict is Verdict.PASS, outcome.summary
         assert outcome.memory_waited > 5.0
+        assert outcome.memory_wait_causes == {"held or wanted by other nanfuzz processes": 1}
     finally:
         subject.close()
 
@@ -594,6 +595,31 @@ def test_a_reservation_that_never_waits_writes_no_want_for_others_to_queue_behin
     with pytest.raises(TooLargeForDevice):
         share.reserve(0, patience=0.0)
     assert written and not any(written)
+
+
+def test_a_wait_is_counted_by_what_stood_in_the_way(tmp_path, holders):
+    # other nanfuzz processes' reservations, or the device's own report of free memory (what allocators
+    # keep): a run's statistics say which its checks waited on
+    from nanfuzz.harness.judge.ledger import Ledger
+    from nanfuzz.harness.judge.memory import HELD_BY_OTHERS, NOT_FREE_ON_THE_DEVICE, Governor
+
+    policy = _policy(tmp_path / "ledger", case=6)
+    _, release = holders(policy).start()  # 6 of 10 GiB reserved by another process
+    share = governor(policy, CPU)
+    with pytest.raises(TooLargeForDevice):
+        share.reserve(0, patience=0.2)
+    release()
+    assert share.wait_causes == {HELD_BY_OTHERS: 1}
+
+    class Gpu(_Gpu):
+        def free(self):
+            return 1 * GiB  # a 16 GiB device whose memory others' allocators keep
+
+    share = Governor(Gpu(), Ledger.open(tmp_path / "device", Gpu.key))
+    with pytest.raises(TooLargeForDevice):
+        share.reserve(2 * GiB, patience=0.2)
+    assert share.reserve(512 << 20, patience=0.2) == 512 << 20
+    assert share.wait_causes == {NOT_FREE_ON_THE_DEVICE: 1}
 
 
 def test_a_reservation_already_allocated_is_not_set_aside_twice_beside_what_the_device_reports_free(tmp_path):

@@ -165,3 +165,17 @@ def test_a_campaign_over_jobs_prints_its_progress_line(monkeypatch, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("torch@")]
     assert any("/30 examples" in line and "searching" in line for line in lines), lines
     assert lines[-1].startswith("torch@correct: 30 examples in ") and lines[-1].endswith("done"), lines
+
+
+def test_jobs_memory_waits_are_summed_by_cause():
+    from nanfuzz.harness.campaign.jobs import _merge
+    from nanfuzz.harness.campaign.result import Campaign
+
+    jobs = [(Campaign(kernel="k", device="cuda", examples=5, memory_waits=2,
+                      memory_wait_causes={"not free on the device": 2}), (0.0, 1.0)),
+            (Campaign(kernel="k", device="cuda", examples=5, memory_waits=3,
+                      memory_wait_causes={"not free on the device": 1, "held or wanted by other nanfuzz processes": 2}),
+             (0.0, 1.0))]
+    merged = _merge("k", "cuda", jobs, 0.0)
+    assert merged.memory_waits == 5
+    assert merged.memory_wait_causes == {"not free on the device": 3, "held or wanted by other nanfuzz processes": 2}

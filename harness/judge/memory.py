@@ -66,6 +66,13 @@ CLAIM_LIMIT = 1 * GiB
 _LOOK_EVERY = 0.25
 
 
+# What a reservation waits on (``Governor.wait_causes``): the ledger's entries of other nanfuzz
+# processes (their reservations, claims and the wants standing ahead), or the device's own report of
+# its free memory (what other processes' allocators keep, nanfuzz's included, and processes outside it).
+HELD_BY_OTHERS = "held or wanted by other nanfuzz processes"
+NOT_FREE_ON_THE_DEVICE = "not free on the device"
+
+
 class TooLargeForDevice(NanfuzzError):
     """A case declined for memory: more than the device has, or more than came free within the
     wait.  A campaign counts such a case and goes on (with a note); a finding's case is never lost
@@ -108,6 +115,8 @@ class Governor:
         self.device, self.ledger = device, ledger
         self.waits = 0           # reservations that had to wait
         self.waited = 0.0        # seconds they waited
+        self.wait_causes: dict[str, int] = {}  # those waits by what stood in the way when each began
+        self._short_of = ""      # what the last shortfall found lacking (``WAIT_CAUSES``)
         self.granted = 0         # what the case in flight reserved
         self.claim = 0           # what this process's entry keeps weighing between small cases (see CLAIM_LIMIT); 0: none
         self.looked = None       # when this process last looked at the ledger (time.monotonic)
@@ -205,6 +214,7 @@ class Governor:
                 if not told:
                     told = True
                     self.waits += 1
+                    self.wait_causes[self._short_of] = self.wait_causes.get(self._short_of, 0) + 1
                     waiting(True)
                 if time.monotonic() - started >= patience:
                     raise MemoryTaken(f"this case needs about {amount(need)} of {self.device.where} "
@@ -273,6 +283,7 @@ class Governor:
         ahead = sum(max(0, e.get("wants", 0) - e.get("weight", 0)) for e in others.values()
                     if e.get("wants") and e.get("since", 0.0) < started)
         if committed + ahead + need > total:
+            self._short_of = HELD_BY_OTHERS
             return (f"{amount(total - committed - ahead)} are not held or wanted by the "
                     f"{len(others)} other nanfuzz process(es) on it")
         free = self.device.free() if look_at_device else None
@@ -281,6 +292,7 @@ class Governor:
         pending = sum(max(0, e.get("weight", 0) - e.get("allocated", 0)) for e in others.values())
         usable = free - pending - self.device.margin()
         if need - self.device.held() > usable:
+            self._short_of = NOT_FREE_ON_THE_DEVICE
             return (f"{amount(usable)} are free to it ({amount(free)} free on the device, "
                     f"{amount(pending)} of it reserved by other nanfuzz processes)")
         return ""

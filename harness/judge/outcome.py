@@ -48,6 +48,8 @@ class Outcome:
     layout: list = field(default_factory=list)
     # seconds the check waited for device memory before it built anything (``harness.judge.memory``)
     memory_waited: float = 0.0
+    # its waits by what stood in the way when each began (``harness.judge.memory.HELD_BY_OTHERS``...)
+    memory_wait_causes: dict = field(default_factory=dict)
     # wall seconds of the whole check in the process that judged it: its phases (``timings``), the
     # memory wait and what none of them counts (admission, the memory ledger, clean-up); 0 where
     # no check ran to the end (an outcome the supervisor made of a dead or hung worker)
