@@ -41,7 +41,7 @@ from nanfuzz.harness.campaign.scope import compile_plan, start_farm
 from nanfuzz.harness.launch.subjects import make_subject
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.harness.campaign.jobs import fuzz_parallel
-from nanfuzz.harness.campaign.result import add_counts, add_known
+from nanfuzz.harness.campaign.result import add_known
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.campaign.stack_samples import in_a_check, innermost, summed
 from nanfuzz.reference.errors import NanfuzzError
@@ -71,7 +71,7 @@ class Throughput:
     run_queue_seconds: float | None = None  # the campaigns' searches waiting for a core (Linux)
     declined_for_memory: int = 0  # cases drawn and declined for memory (their wait is "memory wait")
     memory_waits: int = 0  # checks that waited for device memory, and by what stood in the way
-    memory_wait_causes: dict[str, int] = field(default_factory=dict)
+    memory_wait_causes: Counter = field(default_factory=Counter)
     # seconds from the start to each step of it (Campaign.startup): the first worker loaded and ready,
     # the farm started; with the farm's first task built (farm's summary), where the first example waits
     startup: dict[str, float] | None = None
@@ -84,7 +84,7 @@ class Throughput:
         self.judging_cpu_seconds += campaign.judging_cpu_seconds
         self.declined_for_memory += campaign.declined_for_memory
         self.memory_waits += campaign.memory_waits
-        add_counts(self.memory_wait_causes, campaign.memory_wait_causes)
+        self.memory_wait_causes.update(campaign.memory_wait_causes)
         self.stacks = summed(self.stacks, campaign.stacks)
         self.run_queue_seconds = add_known(self.run_queue_seconds, campaign.run_queue_seconds)
         self.campaigns += campaigns

@@ -360,7 +360,7 @@ def _collect(processes, links: JobLinks, done, died, deadline, on_progress=None)
 
 
 def _merge(kernel_name: str, device: str, results: list, start: float):
-    from nanfuzz.harness.campaign.result import Campaign, add_counts, add_known
+    from nanfuzz.harness.campaign.result import Campaign, add_known
     from nanfuzz.harness.campaign.stack_samples import summed
 
     merged = Campaign(kernel=kernel_name, device=device, busy_seconds=0.0)
@@ -380,7 +380,7 @@ def _merge(kernel_name: str, device: str, results: list, start: float):
         merged.judging_out_of_memory += campaign.judging_out_of_memory
         merged.memory_waits += campaign.memory_waits
         merged.memory_wait_seconds += campaign.memory_wait_seconds
-        add_counts(merged.memory_wait_causes, campaign.memory_wait_causes)
+        merged.memory_wait_causes.update(campaign.memory_wait_causes)
         if campaign.past_budget is not None:
             merged.passed_budget(campaign.past_budget)
         if campaign.compiles is not None:

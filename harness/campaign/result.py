@@ -61,12 +61,6 @@ def declined_record(started: float, seconds: float) -> dict:
     return _record(started, seconds, "declined for memory", memory_wait=seconds)
 
 
-def add_counts(total: dict[str, int], part: dict[str, int]) -> None:
-    """``part``'s counts added into ``total``'s."""
-    for name, count in part.items():
-        total[name] = total.get(name, 0) + count
-
-
 def add_known(total: float | None, part: float | None) -> float | None:
     """``total`` plus ``part`` where the platform measured them (None: not measured, as a run queue
     off Linux)."""
@@ -112,7 +106,7 @@ class Campaign:
     judging_out_of_memory: int = 0  # of those, cases whose judging ran out of memory, twice
     memory_waits: int = 0         # checks that waited for device memory before they built anything
     memory_wait_seconds: float = 0.0
-    memory_wait_causes: dict[str, int] = field(default_factory=dict)  # those waits by what stood in the way
+    memory_wait_causes: Counter = field(default_factory=Counter)  # those waits by what stood in the way
     paths_missed: list[str] = field(default_factory=list)  # Triton kernels earlier campaigns reached, this one not
     farm: dict | None = None      # what its own compile farm did (Farm.summary())
     # CPU seconds: the campaign's own process (judging included where the kernel runs in it), and the
@@ -195,7 +189,7 @@ class Campaign:
         if outcome.memory_waited > 0:
             self.memory_waits += 1
             self.memory_wait_seconds += outcome.memory_waited
-        add_counts(self.memory_wait_causes, outcome.memory_wait_causes)
+        self.memory_wait_causes.update(outcome.memory_wait_causes)
         self.examples += 1
         self.judging_cpu_seconds += outcome.cpu_seconds
         self.verdicts[outcome.verdict.value] = self.verdicts.get(outcome.verdict.value, 0) + 1

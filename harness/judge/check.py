@@ -104,7 +104,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
                 raise NanfuzzError(fault) from exc
             raise
 
-    waited, causes = share.waited, dict(share.wait_causes)
+    waited, causes = share.waited, share.wait_causes.copy()
     try:
         outcome = judged()
     except HarnessOutOfMemory:
@@ -120,8 +120,7 @@ def check(kernel: Kernel, case: Case, device: str | torch.device = "cpu", *,
             outcome.evidence["out_of_memory_twice"] = True  # again with this process's caches given back
     outcome.cpu_seconds = time.process_time() - started
     outcome.memory_waited = share.waited - waited
-    outcome.memory_wait_causes = {cause: count - causes.get(cause, 0) for cause, count in share.wait_causes.items()
-                                  if count > causes.get(cause, 0)}
+    outcome.memory_wait_causes = dict(share.wait_causes - causes)
     outcome.seconds = time.perf_counter() - wall
     return outcome
 

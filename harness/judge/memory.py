@@ -32,6 +32,7 @@ a given amount: how the CPU tests hold the governor to account
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 import os
 import random
 import tempfile
@@ -115,7 +116,7 @@ class Governor:
         self.device, self.ledger = device, ledger
         self.waits = 0           # reservations that had to wait
         self.waited = 0.0        # seconds they waited
-        self.wait_causes: dict[str, int] = {}  # those waits by what stood in the way when each began
+        self.wait_causes: Counter[str] = Counter()  # those waits by what stood in the way when each began
         self._short_of = ""      # what the last shortfall found lacking (``WAIT_CAUSES``)
         self.granted = 0         # what the case in flight reserved
         self.claim = 0           # what this process's entry keeps weighing between small cases (see CLAIM_LIMIT); 0: none
@@ -214,7 +215,7 @@ class Governor:
                 if not told:
                     told = True
                     self.waits += 1
-                    self.wait_causes[self._short_of] = self.wait_causes.get(self._short_of, 0) + 1
+                    self.wait_causes[self._short_of] += 1
                     waiting(True)
                 if time.monotonic() - started >= patience:
                     raise MemoryTaken(f"this case needs about {amount(need)} of {self.device.where} "

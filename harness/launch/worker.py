@@ -341,7 +341,7 @@ class Supervised:
                 if kind == "deferred":
                     return Deferred(*payload)
                 if kind == "declined":
-                    return Declined(*payload)
+                    return payload
                 assert kind == "outcome", kind
                 payload, count = payload
                 self.specialisations = self._counted + (count or 0) if count is not None else None
@@ -484,8 +484,7 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
                     outcome = check(kernel, case, spec.device, digest_pass=digest, events=event, explain=explain,
                                     strict_reads=spec.strict_reads, memory=spec.memory, patience=patience)
                 except TooLargeForDevice as exc:
-                    answer = declined(exc)
-                    conn.send(("declined", (answer.reason, answer.judging_failed, answer.memory_taken)))
+                    conn.send(("declined", declined(exc)))
                     continue
                 except NanfuzzError as exc:
                     conn.send(("error", str(exc)))
@@ -495,8 +494,8 @@ def _serve(conn, spec: WorkerSpec, log_path: str, clock: LaunchClock, device_ope
                     from nanfuzz.harness.judge.outcome import crash as _crash
 
                     if out_of_memory(exc):  # nanfuzz's own allocation: never the kernel's verdict
-                        conn.send(("declined", (f"nanfuzz ran out of memory judging this case "
-                                                f"({type(exc).__name__}); declined", True)))
+                        conn.send(("declined", Declined(f"nanfuzz ran out of memory judging this case "
+                                                        f"({type(exc).__name__}); declined", judging_failed=True)))
                         continue
                     outcome = _crash(exc, "while judging the output")
                 finally:
