@@ -21,6 +21,7 @@ from nanfuzz.harness.registry import resolve
 from nanfuzz.harness.campaign.settings import Settings
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.capabilities import Capabilities
+from nanfuzz.harness.judge.runs import case_bytes
 
 POOL_SIZE, POOL_SEED = 4, 5
 
@@ -346,6 +347,63 @@ def test_a_farm_task_builds_a_large_case_on_its_device_never_on_the_host(monkeyp
     (written, shape, out_shape), = seen
     assert shape[0] == case.geometry.num_blocks and out_shape == (1, 4, 16)
     assert torch.equal(written.view(torch.int16), expected.caches["key_cache"].view(torch.int16))
+
+
+def test_a_large_case_s_stand_in_keeps_each_block_count_s_specialisation():
+    from nanfuzz.harness.launch.stand_in import stand_in_blocks
+
+    for blocks in [*range(1, 200), 2 ** 20, 2 ** 23 - 1, 349527]:
+        kept = stand_in_blocks(blocks)
+        assert kept <= blocks and kept < 32 or kept == blocks <= 32
+        assert (kept == 1) == (blocks == 1) and kept % 16 == blocks % 16
+
+
+def _large_production_cases(count: int) -> list:
+    from nanfuzz.strategies import paged_cases
+    from nanfuzz.strategies.production import PRODUCTION_SIZE
+    from nanfuzz.strategies.steady import drawn
+
+    found = [case for case in drawn(paged_cases(Capabilities(), tier="production", production=PRODUCTION_SIZE), 24)
+             if case.large and case.geometry.num_blocks > 32 and case.num_tokens <= 1024]
+    assert len(found) >= count
+    return found[:count]
+
+
+def test_a_farm_task_launches_a_large_case_s_stand_in_with_every_argument_but_the_cache_s_block_count():
+    # a compile-only launch reads no cache: gigabytes of blocks held through a compile of seconds only kept
+    # the campaign's checks waiting; what picks a binary (shapes but the block count, strides, tables'
+    # width, lengths, dtypes) stays
+    import torch
+
+    from nanfuzz.harness.launch import farm as precompile
+    from nanfuzz.harness.launch.stand_in import stand_in_blocks
+
+    seen = []
+
+    def run(batch, out):
+        seen.append({"q": tuple(batch.q.shape), "out": tuple(out.shape), "key": tuple(batch.key_cache.shape),
+                     "key strides": batch.key_cache.stride(), "value": tuple(batch.value_cache.shape),
+                     "table": batch.block_table.cpu().clone(), "lengths": batch.seq_lens.tolist(),
+                     "starts": batch.query_start_loc.tolist()})
+
+    kernel = Kernel("sees its batch", run, Capabilities())
+    for case in _large_production_cases(3):
+        g = case.geometry
+        precompile._compile_case(kernel, _plan("tests.farm_subjects:slow"), case)
+        launched = seen.pop()
+        blocks = stand_in_blocks(g.num_blocks)
+        slots = (g.block_size, g.num_kv_heads, g.head_size)
+        assert launched["key"] == launched["value"] == (blocks, *slots)
+        assert launched["key strides"] == (g.block_size * g.num_kv_heads * g.head_size, g.num_kv_heads * g.head_size,
+                                           g.head_size, 1)
+        assert launched["q"] == (case.num_tokens, g.num_q_heads, g.head_size)
+        assert launched["out"] == (case.num_tokens, g.num_q_heads, g.v_head_size)
+        assert launched["lengths"] == [s.seq_len for s in case.sequences]
+        assert launched["starts"] == case.query_start_loc()
+        table = torch.tensor([s.block_table for s in case.sequences], dtype=launched["table"].dtype)
+        assert torch.equal(launched["table"], table % blocks)
+        # what it reserves is the stand-in's: the caches of a few blocks, not the case's gigabytes
+        assert precompile.compile_footprint(kernel, case) < case_bytes(case) // 4
 
 
 class _FullDevice:

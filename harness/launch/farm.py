@@ -11,7 +11,8 @@ worker has opened its own.  Each entry stands for a few cases
 batches both occur, and integer arguments meet their specialisations);
 each case is a task of its own.  Farm processes open their GPU contexts one after
 another, before taking a task (many opened at once each take seconds).  A farm
-process materialises the task's case on the device and calls the kernel with every
+process materialises the task's case on the device (a large case as its stand-in,
+``harness.launch.stand_in``: caches of a few blocks) and calls the kernel with every
 Triton launch turned into a compile-only warm-up (``JITFunction.run(warmup=True)``)
 that also loads the binary and builds its launcher: nothing runs on the
 device, and the binaries (and launchers) land in Triton's on-disk cache,
@@ -72,6 +73,7 @@ from nanfuzz.harness.judge.outcome import one_line
 from nanfuzz.harness.launch import shared_compiles
 from nanfuzz.harness.launch.isolation import end_group, isolate
 from nanfuzz.harness.launch.processes import interpret_if_cpu, start
+from nanfuzz.harness.launch.stand_in import compile_stand_in
 from nanfuzz.reference.capabilities import Capabilities
 from nanfuzz.reference.case import Case
 from nanfuzz.strategies.geometry import Shape
@@ -819,13 +821,12 @@ def _compile_case(kernel, plan: Plan, case: Case, stuck: Path | None = None) -> 
     import torch
 
     from nanfuzz.harness.judge.memory import governor
-    from nanfuzz.reference.materialize import materialize
 
     device = torch.device("cuda", torch.cuda.current_device()) if plan.spec.device == "cuda" else torch.device("cpu")
     share = governor(plan.spec.memory, device)
     waited = _reserve_politely(share, compile_footprint(kernel, case), stuck)
     try:
-        batch = _built_on_device(case, device) if case.large else materialize(case, device)
+        batch = compile_batch(case, device)
         share.built()
         g = case.geometry
         out = torch.empty(case.num_tokens, g.num_q_heads, g.v_head_size, dtype=batch.q.dtype, device=device)
@@ -836,13 +837,24 @@ def _compile_case(kernel, plan: Plan, case: Case, stuck: Path | None = None) -> 
     return waited
 
 
+def compile_batch(case: Case, device):
+    """The batch ``_compile_case`` launches: ``case`` itself, materialised; a large case's stand-in
+    (``harness.launch.stand_in``: the same binaries, caches of a few blocks) built on the device."""
+    from nanfuzz.reference.materialize import materialize
+
+    return _built_on_device(compile_stand_in(case), device) if case.large else materialize(case, device)
+
+
 def compile_footprint(kernel, case: Case) -> int:
     """About what ``_compile_case`` holds on the device: the batch, and the output and a layout copy at
-    most (a large case: ``large_build_footprint``)."""
+    most (a large case: its stand-in's ``large_build_footprint``)."""
     from nanfuzz.harness.judge.large import large_build_footprint
     from nanfuzz.harness.judge.runs import case_bytes
 
-    return large_build_footprint(case, kernel.copies_caches_of(case)) if case.large else 2 * case_bytes(case)
+    if not case.large:
+        return 2 * case_bytes(case)
+    stand_in = compile_stand_in(case)
+    return large_build_footprint(stand_in, kernel.copies_caches_of(stand_in))
 
 
 # How long, in all, a farm process asks again for device memory the campaign's own checks hold (a
