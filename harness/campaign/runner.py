@@ -189,9 +189,10 @@ class CampaignRunner:
             self.campaign.pool_seed, self.campaign.pool_round = self.pool_seed, settings.pool_round
         self.campaign.notes += [f"{kernel.name}: {note}" for note in skipped]
         self._check_read_tracing()
-        self.start, self._cpu_start = time.perf_counter(), time.process_time()
+        # one moment on both clocks: a campaign's ``began_s`` plus its elapsed time ends no later than it did
+        self.start, self._cpu_start, began = time.perf_counter(), time.process_time(), time.time()
         self._queued_start = run_queue_seconds()
-        self.campaign.startup["started"] = time.time()
+        self.campaign.startup["started"] = began
         self.subject, self._own_subject = subject, subject is None
         self.farm, self._own_farm = farm, None
         self.waiting: _FarmWait | None = None
