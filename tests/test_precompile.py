@@ -19,9 +19,9 @@ from nanfuzz.harness.launch.subjects import worker_spec
 from nanfuzz.harness.launch.farm import SAMPLES_PER_ENTRY, BuiltMarks, Farm, Plan, entry_key, entry_of, sample_cases
 from nanfuzz.harness.registry import resolve
 from nanfuzz.harness.campaign.settings import Settings
+from nanfuzz.harness.judge.runs import case_bytes
 from nanfuzz.harness.kernel import Kernel
 from nanfuzz.reference.capabilities import Capabilities
-from nanfuzz.harness.judge.runs import case_bytes
 
 POOL_SIZE, POOL_SEED = 4, 5
 
