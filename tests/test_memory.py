@@ -743,3 +743,29 @@ def test_a_layout_copy_is_reserved_only_for_a_kernel_that_makes_one(monkeypatch)
     assert Kernel("plain", built_in.run, built_in.capabilities).copies_caches_of(PLAIN)  # the default
     token_head = dataclasses.replace(PLAIN, kv_cache=LMDEPLOY_INT8)
     assert copies_token_head_caches(token_head) and not copies_token_head_caches(PLAIN)  # TRITON_ATTN's packing
+
+
+def test_a_wait_looks_again_soon_then_less_and_less_often(tmp_path, monkeypatch):
+    # a shortfall beside small cases mostly ends within a look: the first looks again come within tens
+    # of milliseconds, then twice as far apart each time, up to the usual pause
+    from nanfuzz.harness.judge import memory
+    from nanfuzz.harness.judge.ledger import Ledger
+
+    looks = []
+
+    class Gpu(_Gpu):
+        def free(self):  # full for the first four looks, then free
+            looks.append(None)
+            return 0 if len(looks) <= 4 else self.size
+
+    pauses = []
+    monkeypatch.setattr(memory.random, "random", lambda: 0.0)
+    monkeypatch.setattr(memory.time, "sleep", pauses.append)
+    share = memory.Governor(Gpu(), Ledger.open(tmp_path, Gpu.key))
+    assert share.reserve(1 * GiB, patience=60.0) == 1 * GiB
+    assert pauses == [memory._FIRST_POLL * 2 ** n for n in range(4)] and pauses[-1] < memory._POLL
+    pauses.clear()
+    looks.clear()
+    monkeypatch.setattr(Gpu, "free", lambda self: looks.append(None) or (0 if len(looks) <= 12 else self.size))
+    memory.Governor(Gpu(), Ledger.open(tmp_path / "longer", Gpu.key)).reserve(1 * GiB, patience=60.0)
+    assert max(pauses) == memory._POLL and pauses[-4:] == [memory._POLL] * 4
