@@ -61,6 +61,14 @@ class CampaignOrders:
 
 
 @dataclass(frozen=True)
+class _Started:
+    """A campaign's process and when it was started (``time.perf_counter``)."""
+
+    process: object
+    at: float
+
+
+@dataclass(frozen=True)
 class _Links:
     """What the campaigns share with the run: the ``results`` queue, ``listening[i]`` (campaign i's
     signal handlers are in place), ``examples[i]`` (its examples so far) and the GPU's fp8 skips
@@ -137,14 +145,13 @@ def side_by_side(orders: list[CampaignOrders], at_once: int,
     device = orders[0].settings.device if orders else "cpu"
     links = _Links(results=context.Queue(), listening=context.RawArray("b", count),
                    examples=context.RawArray("q", count), gpu_skips=gpu_skips_for(device))
-    processes: dict[int, object] = {}
-    started: dict[int, float] = {}  # when each process started (time.perf_counter)
+    processes: dict[int, _Started] = {}
     outcomes: dict[int, object] = {}
     interrupted = False
     next_to_start = next_to_yield = 0
 
     def stop() -> None:
-        _stop_all(processes, outcomes, links, orders, started)
+        _stop_all(processes, outcomes, links, orders)
         for i in range(count):
             outcomes.setdefault(i, None)  # stopped before a result, or never started
 
@@ -156,14 +163,13 @@ def side_by_side(orders: list[CampaignOrders], at_once: int,
                         process = context.Process(target=_run_campaign, daemon=False,
                                                   name=f"nanfuzz-campaign-{next_to_start}",
                                                   args=(orders[next_to_start], links))
-                        processes[next_to_start] = process
+                        processes[next_to_start] = _Started(process, time.perf_counter())
                         start_process(process)
-                        started[next_to_start] = time.perf_counter()
                         next_to_start += 1
                     if once_started is not None:
                         then, once_started = once_started, None
                         then()
-                _collect_once(processes, links, outcomes, orders, started)
+                _collect_once(processes, links, outcomes, orders)
                 if on_progress is not None and processes:
                     on_progress(sum(links.examples))
                 while next_to_yield in outcomes:
@@ -183,7 +189,7 @@ def _running(processes, outcomes) -> int:
     return sum(1 for i in processes if i not in outcomes)
 
 
-def _collect_once(processes, links: _Links, outcomes, orders, started: dict[int, float]) -> None:
+def _collect_once(processes: dict[int, _Started], links: _Links, outcomes, orders) -> None:
     """The results that came in (waiting up to a poll's time for one); a process gone without one died."""
     try:
         index, payload = links.results.get(timeout=_POLL)
@@ -193,7 +199,8 @@ def _collect_once(processes, links: _Links, outcomes, orders, started: dict[int,
             outcomes[index] = _outcome(payload)
     except queue.Empty:
         pass
-    for i, process in processes.items():
+    for i, started in processes.items():
+        process = started.process
         if i not in outcomes and has_ended(process) and links.results.empty():
             process.join(timeout=1)
             try:  # a result put just before the exit may still be on its way
@@ -203,7 +210,7 @@ def _collect_once(processes, links: _Links, outcomes, orders, started: dict[int,
             except queue.Empty:
                 pass
             outcomes[i] = _after_its_death(orders[i], process.exitcode, links.examples[i],
-                                           time.perf_counter() - started[i])
+                                           time.perf_counter() - started.at)
 
 
 def _after_its_death(orders: CampaignOrders, exitcode, examples: int, lived: float) -> object:
@@ -233,9 +240,10 @@ def _outcome(payload):
     return NanfuzzError(payload) if isinstance(payload, str) else payload
 
 
-def _stop_all(processes, outcomes, links: _Links, orders, started: dict[int, float]) -> None:
+def _stop_all(processes: dict[int, _Started], outcomes, links: _Links, orders) -> None:
     """Ctrl-C to every campaign under way, then their results for up to ``_INTERRUPT_GRACE`` seconds."""
-    for i, process in processes.items():
+    for i, started in processes.items():
+        process = started.process
         if i not in outcomes and links.listening[i] and process.exitcode is None and process.pid is not None:
             try:
                 os.kill(process.pid, signal.SIGINT)
@@ -244,18 +252,19 @@ def _stop_all(processes, outcomes, links: _Links, orders, started: dict[int, flo
     deadline = time.monotonic() + _INTERRUPT_GRACE
     while _running(processes, outcomes) and time.monotonic() < deadline:
         try:
-            _collect_once(processes, links, outcomes, orders, started)
+            _collect_once(processes, links, outcomes, orders)
         except KeyboardInterrupt:
             break
 
 
-def _end(processes, outcomes, links: _Links, orders) -> None:
+def _end(processes: dict[int, _Started], outcomes, links: _Links, orders) -> None:
     """Every campaign process ended: those with a result are joined, the rest killed (a worker dies
     with the campaign that started it).  The case a killed one was checking was never judged and no
     kernel ended it: no case for the next run to replay."""
     from nanfuzz.harness.campaign import journal
 
-    for i, process in processes.items():
+    for i, started in processes.items():
+        process = started.process
         if process.pid is None:
             continue
         process.join(timeout=5 if i in outcomes else 0)
