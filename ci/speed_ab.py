@@ -47,6 +47,10 @@ PHASES = ("generation", "materialize", "kernel", "oracle", "reference", "verdict
           "memory wait", "admission", "handoff", "tally", "startup", "close")  # the last six: installs that measure them
 # what an install that does not measure them counts as generation: the one figure both sides give
 AROUND_CHECKS = ("generation", "memory wait", "admission", "handoff", "tally", "startup", "close")
+# what a check's memory wait stood behind (``harness.judge.memory.WAIT_CAUSES``; an install from before
+# the ledger's two were told apart counts both as "held or wanted by other nanfuzz processes")
+WAIT_CAUSES = ("held by other nanfuzz processes", "wanted first by other nanfuzz processes",
+               "held or wanted by other nanfuzz processes", "not free on the device")
 
 
 @dataclass
@@ -195,7 +199,7 @@ def figures(side: Install) -> dict[str, float | None]:
             found[f"cpu ms/ex {who}"] = _median(1e3 * t["cpu_seconds_per_example"][who] for t in bench
                                                 if "cpu_seconds_per_example" in t)
         found["cases declined for memory"] = _median(t.get("declined_for_memory") for t in bench)
-        for cause in ("held or wanted by other nanfuzz processes", "not free on the device"):
+        for cause in WAIT_CAUSES:
             found[f"memory waits: {cause}"] = _median((t.get("memory_wait_causes") or {}).get(cause, 0)
                                                      if "memory_wait_causes" in t else None for t in bench)
         queued = [(t.get("run_queue_seconds_per_example") or {}).get("campaign") for t in bench]

@@ -425,7 +425,7 @@ def test_a_worker_waiting_for_memory_is_no_hang(tmp_path, holders, monkeypatch):
         outcome = subject.check(PLAIN)
         assert outcome.verdict is Verdict.PASS, outcome.summary
         assert outcome.memory_waited > 5.0
-        assert outcome.memory_wait_causes == {"held or wanted by other nanfuzz processes": 1}
+        assert outcome.memory_wait_causes == {"held by other nanfuzz processes": 1}
     finally:
         subject.close()
 
@@ -620,6 +620,32 @@ def test_a_wait_is_counted_by_what_stood_in_the_way(tmp_path, holders):
         share.reserve(2 * GiB, patience=0.2)
     assert share.reserve(512 << 20, patience=0.2) == 512 << 20
     assert share.wait_causes == {NOT_FREE_ON_THE_DEVICE: 1}
+
+
+def test_a_wait_behind_another_process_s_earlier_want_is_told_from_memory_held(tmp_path):
+    # a want standing ahead (another check waiting for its memory) is no reservation: a run whose
+    # checks wait behind wants has a line of waiters, not memory held
+    from nanfuzz.harness.judge.ledger import Ledger
+    from nanfuzz.harness.judge.memory import HELD_BY_OTHERS, WANTED_FIRST_BY_OTHERS, Governor
+
+    class Gpu(_Gpu):
+        def free(self):
+            return self.size
+
+    def another_process(weight: int, wants: int) -> None:  # the parent of this test's process, alive
+        with Ledger.open(tmp_path, Gpu.key).entries() as entries:
+            entries[str(os.getppid())] = {"started": None, "weight": weight, "allocated": weight, "wants": wants,
+                                          "since": 0.0, "kept": 0}
+
+    another_process(weight=2 * GiB, wants=12 * GiB)  # holds 2 of 16 GiB, waits for 10 more
+    share = Governor(Gpu(), Ledger.open(tmp_path, Gpu.key))
+    with pytest.raises(TooLargeForDevice):
+        share.reserve(8 * GiB, patience=0.05)  # fits beside what it holds, not behind what it waits for
+    assert share.wait_causes == {WANTED_FIRST_BY_OTHERS: 1}
+    another_process(weight=10 * GiB, wants=0)
+    with pytest.raises(TooLargeForDevice):
+        share.reserve(8 * GiB, patience=0.05)
+    assert share.wait_causes == {WANTED_FIRST_BY_OTHERS: 1, HELD_BY_OTHERS: 1}
 
 
 def test_a_reservation_already_allocated_is_not_set_aside_twice_beside_what_the_device_reports_free(tmp_path):

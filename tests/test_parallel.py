@@ -174,8 +174,8 @@ def test_jobs_memory_waits_are_summed_by_cause():
     jobs = [(Campaign(kernel="k", device="cuda", examples=5, memory_waits=2,
                       memory_wait_causes={"not free on the device": 2}), (0.0, 1.0)),
             (Campaign(kernel="k", device="cuda", examples=5, memory_waits=3,
-                      memory_wait_causes={"not free on the device": 1, "held or wanted by other nanfuzz processes": 2}),
+                      memory_wait_causes={"not free on the device": 1, "held by other nanfuzz processes": 2}),
              (0.0, 1.0))]
     merged = _merge("k", "cuda", jobs, 0.0)
     assert merged.memory_waits == 5
-    assert merged.memory_wait_causes == {"not free on the device": 3, "held or wanted by other nanfuzz processes": 2}
+    assert merged.memory_wait_causes == {"not free on the device": 3, "held by other nanfuzz processes": 2}

@@ -71,10 +71,13 @@ _LOOK_EVERY = 0.25
 
 
 # What a reservation waits on (``Governor.wait_causes``): the ledger's entries of other nanfuzz
-# processes (their reservations, claims and the wants standing ahead), or the device's own report of
-# its free memory (what other processes' allocators keep, nanfuzz's included, and processes outside it).
-HELD_BY_OTHERS = "held or wanted by other nanfuzz processes"
+# processes, by their reservations and claims alone or only with the wants standing ahead of it, or
+# the device's own report of its free memory (what other processes' allocators keep, nanfuzz's
+# included, and processes outside it).
+HELD_BY_OTHERS = "held by other nanfuzz processes"
+WANTED_FIRST_BY_OTHERS = "wanted first by other nanfuzz processes"
 NOT_FREE_ON_THE_DEVICE = "not free on the device"
+WAIT_CAUSES = (HELD_BY_OTHERS, WANTED_FIRST_BY_OTHERS, NOT_FREE_ON_THE_DEVICE)
 
 
 class TooLargeForDevice(NanfuzzError):
@@ -288,7 +291,7 @@ class Governor:
         ahead = sum(max(0, e.get("wants", 0) - e.get("weight", 0)) for e in others.values()
                     if e.get("wants") and e.get("since", 0.0) < started)
         if committed + ahead + need > total:
-            self._short_of = HELD_BY_OTHERS
+            self._short_of = HELD_BY_OTHERS if committed + need > total else WANTED_FIRST_BY_OTHERS
             return (f"{amount(total - committed - ahead)} are not held or wanted by the "
                     f"{len(others)} other nanfuzz process(es) on it")
         free = self.device.free() if look_at_device else None
