@@ -82,3 +82,16 @@ def test_the_self_check_keeps_each_campaign_s_figures():
     assert kept["shrink_s"] == 33.0 and kept["early_examples"] == entry["early_examples"]
     assert "repro" not in kept  # where its time went, not what it found
     assert kept["phase_seconds"] is None  # an older install's summary without the field
+
+
+def test_the_table_has_a_row_for_every_cause_a_memory_wait_can_have():
+    # the script drives installs of any age and imports none: its list of causes is its own copy
+    from nanfuzz.harness.judge.memory import WAIT_CAUSES
+
+    ab = _script()
+    assert set(WAIT_CAUSES) <= set(ab.WAIT_CAUSES)
+    side = ab.Install("A", "python", Path("."))
+    side.results["bench"] = [{**_throughput(100, 1.0, 1.0), "memory_wait_causes": {WAIT_CAUSES[1]: 3}}]
+    figures = ab.figures(side)
+    assert figures[f"memory waits: {WAIT_CAUSES[1]}"] == 3
+    assert all(figures[f"memory waits: {cause}"] == 0 for cause in WAIT_CAUSES if cause != WAIT_CAUSES[1])
